@@ -1,0 +1,285 @@
+"""A decoder-only LLaMA in plain PyTorch, with a named hook point on every intermediate tensor.
+
+    tokens [batch, pos] -> embed -> N x Block -> final norm -> unembed -> logits [batch, pos, vocab]
+
+One Pre-Norm block (LLaMA):
+    h = x + Attn(Norm(x))                      Attn: RoPE on Q and K (never V), causal mask, GQA
+    y = h + W_down(SiLU(W_gate n) * W_up n),   n = Norm(h)
+The Post-Norm variant (original Transformer) computes h = Norm(x + Attn(x)), y = Norm(h + FFN(h)) and
+has no final norm, since every block output is already normalized.
+
+RoPE rotates adjacent pairs (see rope.py). Hook names and meanings follow TransformerLens; README lists them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .hooks import HookedModule, HookPoint
+from .rope import apply_rope, cos_sin, model_inverse_frequencies
+
+
+# --------------------------------------------------------------------------- norms
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))  # gamma
+        self.hook_scale = HookPoint()  # [batch, pos, 1] the RMS divisor sqrt(mean(x^2) + eps)
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model] x / scale, before gamma
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.weight
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        self.hook_scale = HookPoint()  # [batch, pos, 1] the std divisor sqrt(var(x) + eps)
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model] (x - mean) / scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(centred / scale) * self.weight + self.bias
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    return (RMSNorm if cfg.norm_type == "rms" else LayerNorm)(cfg.d_model, cfg.norm_eps)
+
+
+# --------------------------------------------------------------------------- attention
+def causal_scores(rot_q: torch.Tensor, rot_k: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
+    """Scaled, masked scores QK^T / sqrt(d_head): [batch, head, q_pos, k_pos], -inf where k_pos > q_pos.
+
+    rot_q is [batch, q_pos, head, d_head]; rot_k is [batch, k_pos, kv_head, d_head]. Query head h reads
+    KV head h // n_rep (repeat_interleave), as in every GQA checkpoint. The recorder rebuilds scores
+    with this same function, so recorded and computed values are identical.
+    """
+    n_rep = rot_q.shape[2] // rot_k.shape[2]
+    q = rot_q.transpose(1, 2)  # [batch, head, q_pos, d_head]
+    k = rot_k.repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    n_q, n_k = scores.shape[-2:]
+    future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1 + q_offset)
+    return scores.masked_fill(future, float("-inf"))
+
+
+def attention_pattern(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys in float32; masked cells become exact zeros."""
+    return torch.softmax(scores.float(), dim=-1)
+
+
+class KVCache:
+    """Rotated keys and values of the positions seen so far, per layer: [batch, pos, kv_head, d_head]."""
+
+    def __init__(self, n_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * n_layers
+        self.v: list[torch.Tensor | None] = [None] * n_layers
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k[layer] is not None:
+            k = torch.cat([self.k[layer], k], dim=1)
+            v = torch.cat([self.v[layer], v], dim=1)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[1]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, kv_head, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, kv_head, d_head]
+        self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_rot_k = HookPoint()  # [batch, pos, kv_head, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos] scaled and masked (-inf)
+        self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos] softmax, zeros above the diagonal
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head] pattern @ V
+        self.force_explicit = False
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None) -> torch.Tensor:
+        batch, n_pos, _ = x.shape
+        q = self.hook_q(self.q_proj(x).view(batch, n_pos, self.n_heads, self.d_head))
+        k = self.hook_k(self.k_proj(x).view(batch, n_pos, self.n_kv_heads, self.d_head))
+        v = self.hook_v(self.v_proj(x).view(batch, n_pos, self.n_kv_heads, self.d_head))
+        rot_q = self.hook_rot_q(apply_rope(q, cos, sin))
+        rot_k = self.hook_rot_k(apply_rope(k, cos, sin))
+        q_offset = 0
+        if cache is not None:
+            q_offset = cache.length
+            rot_k, v = cache.extend(self.layer, rot_k, v)
+
+        wants_weights = self.force_explicit or self.hook_attn_scores.active or self.hook_pattern.active
+        if wants_weights or (q_offset and n_pos > 1):
+            scores = self.hook_attn_scores(causal_scores(rot_q, rot_k, q_offset))
+            pattern = self.hook_pattern(attention_pattern(scores)).to(v.dtype)
+            v_rep = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2).transpose(1, 2)
+            z = torch.matmul(pattern, v_rep).transpose(1, 2)  # [batch, pos, head, d_head]
+        else:
+            # Fused path: nothing asked for the weights, so they need not exist in memory.
+            z = F.scaled_dot_product_attention(
+                rot_q.transpose(1, 2), rot_k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=q_offset == 0 and n_pos > 1, enable_gqa=True,
+            ).transpose(1, 2)
+        z = self.hook_z(z)
+        return self.o_proj(z.reshape(batch, n_pos, self.n_heads * self.d_head))
+
+
+# --------------------------------------------------------------------------- feed-forward
+class MLP(nn.Module):
+    """SwiGLU: W_down(SiLU(W_gate x) * W_up x); or the classic ReLU FFN W_down(ReLU(W_up x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gated = cfg.ffn_type == "swiglu"
+        if self.gated:
+            self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.hook_pre = HookPoint()  # [batch, pos, d_ff] W_gate x (ReLU FFN: W_up x)
+        self.hook_act = HookPoint()  # [batch, pos, d_ff] SiLU(W_gate x) (ReLU FFN: ReLU(W_up x))
+        if self.gated:
+            self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff] W_up x
+        self.hook_post = HookPoint()  # [batch, pos, d_ff] SiLU(gate) * up, the input of W_down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            act = self.hook_act(F.silu(self.hook_pre(self.gate_proj(x))))
+            post = self.hook_post(act * self.hook_pre_linear(self.up_proj(x)))
+        else:
+            post = self.hook_post(self.hook_act(F.relu(self.hook_pre(self.up_proj(x)))))
+        return self.down_proj(post)
+
+
+# --------------------------------------------------------------------------- block and model
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.pre_norm = cfg.norm_placement == "pre"
+        # Registration order is forward order, so hook_names() reads like the computation.
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.ln1, self.attn = make_norm(cfg), Attention(cfg, layer)
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.ln2, self.mlp = make_norm(cfg), MLP(cfg)
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x, cos, sin, cache: KVCache | None = None) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        if self.pre_norm:
+            attn_out = self.hook_attn_out(self.attn(self.ln1(x), cos, sin, cache))
+            h = self.hook_resid_mid(x + attn_out)
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(h)))
+            return self.hook_resid_post(h + mlp_out)
+        attn_out = self.hook_attn_out(self.attn(x, cos, sin, cache))
+        h = self.hook_resid_mid(self.ln1(x + attn_out))
+        mlp_out = self.hook_mlp_out(self.mlp(h))
+        return self.hook_resid_post(self.ln2(h + mlp_out))
+
+
+class LlamaModel(HookedModule):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.logits = HookPoint()  # [batch, pos, vocab]
+        self.tie_weights()
+        self._inv_freq: torch.Tensor | None = None
+        self.setup_hooks()
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        if self._inv_freq is None:
+            self._inv_freq = model_inverse_frequencies(self.cfg)  # [d_head / 2]
+        return self._inv_freq
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens [batch, pos] -> logits [batch, pos, vocab]. With a cache, positions continue after it."""
+        start = 0 if cache is None else cache.length
+        positions = torch.arange(start, start + tokens.shape[1])
+        cos, sin = cos_sin(self.inv_freq, positions)  # [pos, d_head/2]
+        x = self.hook_embed(self.embed(tokens))
+        for block in self.blocks:
+            x = block(x, cos, sin, cache)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        return self.logits(self.unembed(x))
+
+    # ------------------------------------------------------------------ weights
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Canonical checkpoint keys and shapes; a tied model has no separate unembed.weight."""
+        shapes = {k: tuple(v.shape) for k, v in self.state_dict(keep_vars=True).items()}
+        if self.cfg.tie_embeddings:
+            shapes.pop("unembed.weight")
+        return shapes
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> "LlamaModel":
+        """Load a canonical state dict, checking every key and shape, keeping the given tensors (no copy)."""
+        expected = self.expected_shapes()
+        missing = sorted(set(expected) - set(state))
+        extra = sorted(set(state) - set(expected))
+        if missing or extra:
+            raise ValueError(f"checkpoint keys do not match the config: missing {missing[:3]}, unexpected {extra[:3]}")
+        for k, shape in expected.items():
+            if tuple(state[k].shape) != shape:
+                raise ValueError(f"shape mismatch for {k}: checkpoint {list(state[k].shape)}, config {list(shape)}")
+        state = {k: v.to(torch.float32) for k, v in state.items()}
+        if self.cfg.tie_embeddings:
+            state["unembed.weight"] = state["embed.weight"]
+        self.load_state_dict(state, strict=True, assign=True)
+        self.tie_weights()
+        return self
+
+    @classmethod
+    def from_weights(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> "LlamaModel":
+        with torch.device("meta"):
+            model = cls(cfg)
+        return model.load_weights(state).eval().requires_grad_(False)
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters per component; a tied output matrix is counted once, under embedding."""
+        groups = {"embedding": 0, "attention": 0, "ffn": 0, "norms": 0, "output": 0}
+        for name, p in self.named_parameters():  # shared tensors are listed once
+            if name.startswith("embed."):
+                groups["embedding"] += p.numel()
+            elif ".attn." in name:
+                groups["attention"] += p.numel()
+            elif ".mlp." in name:
+                groups["ffn"] += p.numel()
+            elif name.startswith("unembed."):
+                groups["output"] += p.numel()
+            else:
+                groups["norms"] += p.numel()
+        groups["total"] = sum(groups.values())
+        return groups
+
+    def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
+        return 2 * self.cfg.n_layers * self.cfg.n_kv_heads * self.cfg.head_dim * bytes_per_value
