@@ -92,9 +92,13 @@ class KVCache:
         self.k[layer], self.v[layer] = k, v
         return k, v
 
+    def layer_length(self, layer: int) -> int:
+        return 0 if self.k[layer] is None else self.k[layer].shape[1]
+
     @property
     def length(self) -> int:
-        return 0 if self.k[0] is None else self.k[0].shape[1]
+        """Positions cached so far (layer 0 is extended first, so read it only between forwards)."""
+        return self.layer_length(0)
 
 
 class Attention(nn.Module):
@@ -125,7 +129,7 @@ class Attention(nn.Module):
         rot_k = self.hook_rot_k(apply_rope(k, cos, sin))
         q_offset = 0
         if cache is not None:
-            q_offset = cache.length
+            q_offset = cache.layer_length(self.layer)
             rot_k, v = cache.extend(self.layer, rot_k, v)
 
         wants_weights = self.force_explicit or self.hook_attn_scores.active or self.hook_pattern.active

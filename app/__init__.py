@@ -1,0 +1,1 @@
+"""LLaMA Explorer's Streamlit app."""

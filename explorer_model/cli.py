@@ -1,0 +1,192 @@
+"""`llama-explorer`: inspect, tokenize, record and generate from the command line.
+
+Every problem with the input ends in one line on stderr and exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+SOURCE_HELP = "smollm2 (default), a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
+
+
+class CliError(Exception):
+    pass
+
+
+def _load(source: str):
+    from .loaders import load
+
+    return load(source)
+
+
+def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
+    """Token ids from --prompt or --token-ids, checked against the vocabulary and context length."""
+    cfg = loaded.model.cfg
+    if token_ids is not None:
+        try:
+            ids = [int(x) for x in token_ids.replace(" ", "").split(",") if x != ""]
+        except ValueError:
+            raise CliError(f"--token-ids must be comma-separated integers, got {token_ids!r}") from None
+        bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+        if bad:
+            raise CliError(f"token id {bad[0]} is out of range (the vocabulary has {cfg.vocab_size} tokens)")
+    else:
+        if text is None or not text.strip():
+            raise CliError("the prompt is empty: give some text with --prompt")
+        ids = loaded.tokenizer.encode(text, add_bos=getattr(loaded.tokenizer, "add_bos", False))
+    if not ids:
+        raise CliError("the prompt has no tokens")
+    if len(ids) > cfg.max_seq_len:
+        raise CliError(f"the prompt has {len(ids)} tokens, more than this model's context of {cfg.max_seq_len}")
+    return ids
+
+
+def cmd_info(args) -> None:
+    t0 = time.perf_counter()
+    loaded = _load(args.source)
+    seconds = time.perf_counter() - t0
+    model, cfg = loaded.model, loaded.model.cfg
+    info = {
+        "source": loaded.source,
+        "description": loaded.description,
+        "format": loaded.format,
+        "load_seconds": round(seconds, 2),
+        "config": cfg.to_dict(),
+        "parameters": model.param_counts(),
+        "kv_cache_bytes_per_token_fp32": model.kv_cache_bytes_per_token(4),
+        "kv_cache_bytes_per_token_fp16": model.kv_cache_bytes_per_token(2),
+        "tokenizer": getattr(loaded.tokenizer, "kind", type(loaded.tokenizer).__name__),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return
+    print(f"{loaded.description}  [{loaded.format}]  loaded in {seconds:.2f} s")
+    for k, v in info["config"].items():
+        print(f"  {k:<16} {v}")
+    print("parameters:")
+    for k, v in info["parameters"].items():
+        print(f"  {k:<16} {v:>12,}")
+    print(f"KV cache per token: {info['kv_cache_bytes_per_token_fp32']:,} bytes (fp32), "
+          f"{info['kv_cache_bytes_per_token_fp16']:,} bytes (fp16)")
+
+
+def cmd_tokenize(args) -> None:
+    loaded = _load(args.source)
+    ids = prompt_ids(loaded, args.text, None)
+    tok = loaded.tokenizer
+    rows = [{"id": i, "piece": tok.piece(i), "bytes": tok.token_bytes(i).hex(" ")} for i in ids]
+    if args.json:
+        print(json.dumps({"ids": ids, "pieces": [r["piece"] for r in rows]}, ensure_ascii=False))
+        return
+    for r in rows:
+        print(f"{r['id']:>8}  {r['piece']!r:<24} {r['bytes']}")
+
+
+def cmd_record(args) -> None:
+    import numpy as np
+    import torch
+
+    from .recording import record
+
+    loaded = _load(args.source)
+    ids = prompt_ids(loaded, args.prompt, args.token_ids)
+    names = args.names or None
+    if names and not loaded.model.select_hooks(names):
+        raise CliError(f"no hook point matches {names}; see the README for the names")
+    dtype = torch.float16 if args.float16 else torch.float32
+    rec = record(loaded.model, ids, names=names, dtype=dtype)
+    try:
+        np.savez(args.out, **rec.to_numpy())
+    except OSError as e:
+        raise CliError(f"cannot write {args.out}: {e.strerror}") from None
+    print(f"recorded {len(rec)} tensors over {len(ids)} tokens to {args.out}")
+
+
+def cmd_generate(args) -> None:
+    from .sampling import generate
+
+    loaded = _load(args.source)
+    ids = prompt_ids(loaded, args.prompt, None)
+    if args.max_new_tokens < 0 or args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise CliError("need --max-new-tokens >= 0, --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
+    eos = loaded.tokenizer.eos_id
+    new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                   args.seed, stop_ids={eos} if eos is not None else None)
+    if args.json:
+        print(json.dumps({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}, ensure_ascii=False))
+    else:
+        print(args.prompt + loaded.tokenizer.decode(new))
+
+
+def cmd_serve(args) -> None:
+    from app.launch import serve
+
+    serve(port=args.port, source=args.source)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llama-explorer", description="See what a LLaMA model does inside.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="config, parameter counts, KV-cache size")
+    s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_info)
+
+    s = sub.add_parser("tokenize", help="ids and pieces of a text")
+    s.add_argument("source", help=SOURCE_HELP)
+    s.add_argument("--text", required=True)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_tokenize)
+
+    s = sub.add_parser("record", help="record hooked tensors to an .npz file")
+    s.add_argument("source", help=SOURCE_HELP)
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt")
+    g.add_argument("--token-ids", help="comma-separated ids, e.g. 1,2,3")
+    s.add_argument("--out", required=True)
+    s.add_argument("--names", nargs="*", help="hook-name globs, e.g. 'blocks.*.attn.hook_pattern'")
+    s.add_argument("--float16", action="store_true", help="store tensors in float16 (half the size)")
+    s.set_defaults(fn=cmd_record)
+
+    s = sub.add_parser("generate", help="continue a prompt (KV cache)")
+    s.add_argument("source", help=SOURCE_HELP)
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--max-new-tokens", type=int, default=32)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-k", type=int, default=0)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("serve", help="start the explorer app in the browser")
+    s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
+    s.add_argument("--port", type=int, default=8501)
+    s.set_defaults(fn=cmd_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .config import ConfigError
+    from .loaders import LoadError
+
+    try:
+        args.fn(args)
+    except (CliError, LoadError, ConfigError) as e:
+        print(f"llama-explorer: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except MemoryError:
+        print("llama-explorer: error: out of memory; try a shorter prompt or a smaller model", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Next-token choice: temperature, top-k, top-p, and generation with a KV cache.
+
+`filter_steps` returns the distribution after each step, so the app can show what every knob removes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model import KVCache, LlamaModel
+
+
+@dataclass(frozen=True)
+class SamplingSteps:
+    raw: torch.Tensor  # [vocab] softmax(logits), temperature 1
+    tempered: torch.Tensor  # [vocab] softmax(logits / T)
+    top_k: torch.Tensor  # [vocab] after keeping the k most likely, renormalized
+    top_p: torch.Tensor  # [vocab] after keeping the smallest set with mass >= p, renormalized
+
+    @property
+    def final(self) -> torch.Tensor:
+        return self.top_p
+
+
+def filter_steps(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> SamplingSteps:
+    """logits [vocab]. temperature 0 means greedy (all mass on the arg-max); top_k 0 and top_p 1 disable."""
+    logits = logits.float()
+    raw = torch.softmax(logits, -1)
+    if temperature <= 0:
+        tempered = torch.zeros_like(raw)
+        tempered[logits.argmax()] = 1.0
+    else:
+        tempered = torch.softmax(logits / temperature, -1)
+    kept = tempered
+    if 0 < top_k < kept.numel():
+        threshold = torch.topk(kept, top_k).values[-1]
+        kept = torch.where(kept >= threshold, kept, torch.zeros_like(kept))
+        kept = kept / kept.sum()
+    after_k = kept
+    if top_p < 1.0:
+        probs, order = torch.sort(kept, descending=True)
+        mass_before = torch.cumsum(probs, 0) - probs
+        keep_sorted = mass_before < top_p  # the token that crosses p is kept, so at least one survives
+        keep = torch.zeros_like(kept, dtype=torch.bool)
+        keep[order[keep_sorted]] = True
+        kept = torch.where(keep, kept, torch.zeros_like(kept))
+        kept = kept / kept.sum()
+    return SamplingSteps(raw, tempered, after_k, kept)
+
+
+def choose(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None) -> int:
+    probs = filter_steps(logits, temperature, top_k, top_p).final
+    if temperature <= 0:
+        return int(probs.argmax())
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_ids: set[int] | None = None) -> list[int]:
+    """New token ids after prompt_ids. The prompt runs once; each new token runs alone against the cache."""
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens")
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    cache = KVCache(model.cfg.n_layers)
+    logits = model(torch.tensor([prompt_ids]), cache)[0, -1]
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        if cache.length >= model.cfg.max_seq_len:
+            break
+        token = choose(logits, temperature, top_k, top_p, generator)
+        out.append(token)
+        if stop_ids and token in stop_ids:
+            break
+        logits = model(torch.tensor([[token]]), cache)[0, -1]
+    return out
