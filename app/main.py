@@ -1,0 +1,175 @@
+"""LLaMA Explorer: `streamlit run app/main.py`. Sidebar and layout only; each view lives in app/panels.
+
+State that a copied link must reproduce (model, prompt, language, view, layer, head, token) is read
+from the URL's query parameters once per session and written back after every run. (Streamlit's own
+widget binding keys options by their displayed label, which changes with the language.)
+"""
+from __future__ import annotations
+
+import logging
+
+import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+import streamlit as st
+
+from app import state
+from app.context import ViewContext, display_piece
+from app.panels import VIEWS
+from app.presets import PRESETS
+
+log = logging.getLogger("llama_explorer.app")
+URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt")
+
+st.set_page_config(page_title="LLaMA Explorer", page_icon="🦙", layout="wide")
+
+
+def tr(en: str, zh: str) -> str:
+    return zh if st.session_state.get("lang") == "zh" else en
+
+
+def clamp_state(key: str, hi: int) -> None:
+    """A link made for a bigger model or a longer prompt must not break the sliders."""
+    v = st.session_state.get(key)
+    try:
+        v = int(v)
+    except (TypeError, ValueError):
+        v = 0
+    st.session_state[key] = min(max(v, 0), hi)
+
+
+def choose_model() -> object | None:
+    """The model in use. A failed load keeps the previous model and says why."""
+    qp_model = st.query_params.get("model")
+    if "active_model" not in st.session_state:
+        st.session_state.active_model = qp_model or state.DEFAULT_SOURCE
+        st.session_state.model_input = st.session_state.active_model
+    sb = st.sidebar
+    sb.text_input(tr("Model", "模型"), key="model_input",
+                  help=tr("smollm2 (default), a .gguf file, an HF folder or a Meta folder on this computer",
+                          "smollm2（默认）、本机上的 .gguf 文件、HF 文件夹或 Meta 文件夹"))
+    wanted = (st.session_state.model_input or "").strip() or state.DEFAULT_SOURCE
+    if wanted != st.session_state.active_model:
+        with st.spinner(tr(f"Loading {wanted} …", f"正在加载 {wanted} …")):
+            loaded, err = state.try_load(wanted)
+        if loaded is None:
+            st.session_state.load_error = (wanted, err)
+        else:
+            st.session_state.active_model = wanted
+            st.session_state.pop("load_error", None)
+    if st.session_state.get("load_error"):
+        bad, err = st.session_state.load_error
+        sb.error(tr(f"Could not load {bad}: {err}. Still using {st.session_state.active_model}.",
+                    f"无法加载 {bad}：{err}。仍在使用 {st.session_state.active_model}。"))
+    with st.spinner(tr("Loading the model …", "正在加载模型 …")):
+        loaded, err = state.try_load(st.session_state.active_model)
+    if loaded is None:
+        st.error(tr(f"Could not load {st.session_state.active_model}: {err}",
+                    f"无法加载 {st.session_state.active_model}：{err}"))
+        return None
+    st.query_params["model"] = st.session_state.active_model
+    return loaded
+
+
+def apply_preset() -> None:
+    i = st.session_state.get("preset")
+    if i is not None:
+        st.session_state.prompt = PRESETS[i][2]
+
+
+def sidebar_prompt() -> str:
+    sb = st.sidebar
+    sb.selectbox(tr("Preset", "预设"), range(len(PRESETS)), index=None, key="preset", on_change=apply_preset,
+                 format_func=lambda i: tr(PRESETS[i][0], PRESETS[i][1]),
+                 placeholder=tr("Pick a classroom example", "选择一个课堂示例"))
+    if "prompt" not in st.session_state:
+        st.session_state.prompt = PRESETS[0][2]
+    sb.text_area(tr("Prompt (Ctrl+Enter to run)", "提示词（Ctrl+Enter 运行）"), key="prompt", height=110)
+    sb.number_input(tr("Token limit", "token 上限"), min_value=1, max_value=2048, value=state.DEFAULT_MAX_TOKENS,
+                    step=64, key="max_tokens")
+    return st.session_state.get("prompt") or ""
+
+
+def read_url_once() -> None:
+    if st.session_state.get("_url_read"):
+        return
+    st.session_state._url_read = True
+    for key in URL_KEYS:
+        if key in st.query_params:
+            st.session_state[key] = st.query_params[key]
+    if st.session_state.get("lang") not in ("en", "zh"):
+        st.session_state.lang = "en"
+    if st.session_state.get("view") not in [v[0] for v in VIEWS]:
+        st.session_state.view = VIEWS[0][0]
+
+
+def write_url() -> None:
+    wanted = {k: str(st.session_state[k]) for k in URL_KEYS if st.session_state.get(k) not in (None, "")}
+    wanted["model"] = st.session_state.get("active_model", state.DEFAULT_SOURCE)
+    if dict(st.query_params) != wanted:
+        st.query_params.from_dict(wanted)
+
+
+def main() -> None:
+    read_url_once()
+    st.sidebar.radio("Language / 语言", ["en", "zh"], key="lang", horizontal=True,
+                     format_func=lambda v: "English" if v == "en" else "中文")
+    st.sidebar.toggle(tr("Presenter mode (large fonts)", "演示模式（大字体）"), key="presenter")
+    if st.session_state.get("presenter"):
+        st.markdown("<style>html, .stMarkdown, p, li, label {font-size: 1.3rem !important;}</style>",
+                    unsafe_allow_html=True)
+    st.title(tr("🦙 LLaMA Explorer", "🦙 LLaMA 探索器"))
+
+    loaded = choose_model()
+    prompt = sidebar_prompt()
+    if loaded is None:
+        return
+    cfg = loaded.model.cfg
+    if not prompt.strip():
+        st.info(tr("Type a prompt in the sidebar, or pick a preset, to see what the model does with it.",
+                   "在侧边栏输入提示词或选择预设，即可查看模型如何处理它。"))
+        return
+    ids, n_total = state.encode_prompt(loaded, prompt, int(st.session_state.max_tokens))
+    if n_total > len(ids):
+        st.warning(tr(f"The prompt has {n_total} tokens; only the first {len(ids)} are used (token limit).",
+                      f"提示词共有 {n_total} 个 token，只使用前 {len(ids)} 个（token 上限）。"))
+    if not ids:
+        st.info(tr("The prompt produced no tokens.", "该提示词没有产生任何 token。"))
+        return
+    with st.spinner(tr("Running the model …", "正在运行模型 …")):
+        rec = state.get_recording(st.session_state.active_model, tuple(ids))
+
+    pieces = [display_piece(loaded.tokenizer.piece(i)) for i in ids]
+    sb = st.sidebar
+    sb.divider()
+    for key, hi in (("layer", cfg.n_layers - 1), ("head", cfg.n_heads - 1), ("token", len(ids) - 1)):
+        clamp_state(key, hi)
+    sb.slider(tr("Layer", "层"), 0, max(cfg.n_layers - 1, 1), key="layer", disabled=cfg.n_layers == 1)
+    sb.slider(tr("Head", "头"), 0, max(cfg.n_heads - 1, 1), key="head", disabled=cfg.n_heads == 1,
+              help=tr(f"Query head; heads {cfg.n_rep} at a time share one KV head",
+                      f"查询头；每 {cfg.n_rep} 个头共享一个 KV 头"))
+    sb.slider(tr("Token", "token"), 0, max(len(ids) - 1, 1), key="token", disabled=len(ids) == 1)
+    layer = min(int(st.session_state.layer), cfg.n_layers - 1)
+    head = min(int(st.session_state.head), cfg.n_heads - 1)
+    token = min(int(st.session_state.token), len(ids) - 1)
+    sb.caption(tr(f"Token {token} is “{pieces[token]}” (id {ids[token]}); head {head} reads KV head {head // cfg.n_rep}.",
+                  f"第 {token} 个 token 是“{pieces[token]}”（id {ids[token]}）；头 {head} 读取 KV 头 {head // cfg.n_rep}。"))
+    sb.download_button(tr("Download the recording (.npz)", "下载本次记录（.npz）"),
+                       data=lambda: state.recording_npz(st.session_state.active_model, tuple(ids)),
+                       file_name="recording.npz", mime="application/octet-stream", on_click="ignore")
+
+    keys = [v[0] for v in VIEWS]
+    view = st.segmented_control(tr("View", "视图"), keys, key="view", required=True,
+                                format_func=lambda k: tr(*next(v[1:3] for v in VIEWS if v[0] == k)))
+    view = view or keys[0]
+    ctx = ViewContext(loaded=loaded, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
+                      lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
+                      extras={"source": st.session_state.active_model})
+    write_url()
+    draw = next(v[3] for v in VIEWS if v[0] == view)
+    try:
+        draw(ctx)
+    except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
+        log.exception("view %s failed", view)
+        st.error(tr(f"This view failed: {e}", f"该视图出错：{e}"))
+
+
+main()

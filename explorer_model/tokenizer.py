@@ -1,0 +1,402 @@
+"""
+One tokenizer interface over the three ways LLaMA-family models ship their vocabulary:
+a SentencePiece `tokenizer.model`, a HF `tokenizer.json`, or GGUF metadata.
+
+Encoding is delegated to the reference libraries (`sentencepiece`, `tokenizers`) rather than
+reimplemented, because "exactly like the model's own tokenizer" is the whole point here.
+GGUF vocabularies are rebuilt into one of those two libraries in memory:
+
+- `tokenizer.ggml.model == "gpt2"`: byte-level BPE in `tokenizers`, with the pre-tokenizer named by
+  `tokenizer.ggml.pre` (smollm, gpt2/default, llama3/llama-bpe family, qwen2). Any other `pre` falls
+  back to GPT-2's regex with a warning: exact for GPT-2-style vocabs, possibly off on digit and
+  whitespace runs for others.
+- `tokenizer.ggml.model == "llama"`: a SentencePiece ModelProto assembled from tokens/scores/types.
+  It is always a BPE model, as llama.cpp's SPM tokenizer is, whatever the original .model was.
+
+Control tokens typed in the text (`<s>`, `<|im_start|>`, ...) become single tokens for every kind.
+SentencePiece cannot do this itself, so we split the text on control/unknown pieces first and encode
+each chunk on its own; each chunk then gets the dummy-prefix space, like llama.cpp and HF's legacy
+LlamaTokenizer. User-defined pieces are left to sentencepiece, which matches them in text natively.
+"""
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+# GGUF token types; the numbering is SentencePiece's ModelProto.SentencePiece.Type
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+# Pre-tokenizer regexes as llama.cpp names them in `tokenizer.ggml.pre`
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_PRES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3", "dbrx"}
+_GPT2_PRES = {None, "", "default", "gpt2", "gpt-2"}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file is missing, truncated or not a tokenizer; the message is one line."""
+
+
+def _bytes_to_unicode():
+    # GPT-2's reversible map from bytes to printable unicode chars, so BPE never sees whitespace/control bytes
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _one_line(e):
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+class Tokenizer:
+    """Use the from_* constructors; __init__ just wires a backend up."""
+
+    def __init__(self, kind, tokens, special_ids, bos_id=None, eos_id=None, hf=None, sp=None,
+                 byte_level=False, add_bos=False):
+        self.kind = kind
+        self.vocab_size = len(tokens)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.add_bos = add_bos  # whether the model expects BOS in front; encode() leaves it to the caller
+        self._tokens = tokens  # id -> token string as the vocab spells it
+        self._special = frozenset(special_ids)
+        self._hf, self._sp, self._byte_level = hf, sp, byte_level
+        self._special_re = None
+        texts = sorted({tokens[i] for i in self._special if tokens[i]}, key=len, reverse=True)
+        if sp is not None and texts:
+            # longest first, so that e.g. "<|im_start|>" wins over a shorter control token it contains
+            self._special_re = re.compile("|".join(map(re.escape, texts)))
+            self._special_by_text = {}
+            for i in sorted(self._special, reverse=True):  # lowest id wins on duplicate spellings
+                self._special_by_text[tokens[i]] = i
+
+    # ------------------------------------------------------------------ encode / decode
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        if self._hf is not None:
+            ids = self._hf.encode(text, add_special_tokens=False).ids
+        elif self._special_re is None:
+            ids = self._sp.encode(text)
+        else:
+            ids, pos = [], 0
+            for m in self._special_re.finditer(text):
+                if m.start() > pos:
+                    ids += self._sp.encode(text[pos:m.start()])
+                ids.append(self._special_by_text[m.group()])
+                pos = m.end()
+            if pos < len(text):
+                ids += self._sp.encode(text[pos:])
+        if add_bos and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return list(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        ids = [int(i) for i in ids]
+        if self._hf is not None:
+            return self._hf.decode(ids, skip_special_tokens=False)
+        # sentencepiece renders control tokens as "", so decode the runs between them separately
+        out, run = [], []
+        for i in ids:
+            if i in self._special:
+                if run:
+                    out.append(self._sp.decode(run))
+                    run = []
+                out.append(self._tokens[i])
+            else:
+                run.append(i)
+        if run:
+            out.append(self._sp.decode(run))
+        return "".join(out)
+
+    # ------------------------------------------------------------------ per-token views
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special
+
+    def token_bytes(self, token_id: int) -> bytes:
+        tok = self._tokens[token_id]
+        if token_id in self._special:
+            return tok.encode("utf-8")
+        if self._byte_level:
+            if all(c in _UNICODE_TO_BYTE for c in tok):
+                return bytes(_UNICODE_TO_BYTE[c] for c in tok)
+            return tok.encode("utf-8")  # added tokens like "<think>" are stored as plain text
+        m = _BYTE_PIECE.fullmatch(tok)
+        if m:
+            return bytes([int(m.group(1), 16)])
+        return tok.replace("\u2581", " ").encode("utf-8")
+
+    def piece(self, token_id: int) -> str:
+        if token_id in self._special:
+            return self._tokens[token_id]
+        # half a UTF-8 character (common for CJK/emoji) shows as \xNN rather than a bare "\ufffd"
+        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+
+    def __repr__(self):
+        return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "
+                f"bos_id={self.bos_id}, eos_id={self.eos_id})")
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_path(cls, folder) -> "Tokenizer":
+        path = Path(folder)
+        if path.is_file():  # also accept the file itself, dispatching on its name
+            if path.suffix == ".json":
+                return cls.from_tokenizer_json(path)
+            if path.suffix == ".gguf":
+                return cls.from_gguf(path)
+            return cls.from_sentencepiece(path)
+        if (path / "tokenizer.json").is_file():
+            return cls.from_tokenizer_json(path / "tokenizer.json")
+        if (path / "tokenizer.model").is_file():
+            return cls.from_sentencepiece(path / "tokenizer.model")
+        raise TokenizerError(f"{path}: no tokenizer.json or tokenizer.model found")
+
+    @classmethod
+    def from_sentencepiece(cls, path) -> "Tokenizer":
+        import sentencepiece as spm
+
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TokenizerError(f"{path}: cannot read SentencePiece model ({_one_line(e)})") from None
+        try:
+            sp = spm.SentencePieceProcessor(model_proto=data)
+        except Exception as e:
+            raise TokenizerError(f"{path}: not a valid SentencePiece model ({_one_line(e)})") from None
+        n = sp.get_piece_size()
+        if n == 0:
+            raise TokenizerError(f"{path}: SentencePiece model has an empty vocabulary")
+        tokens = [sp.id_to_piece(i) for i in range(n)]
+        # user-defined pieces are already matched in text by sentencepiece itself; control and unk are not
+        special = [i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)]
+        bos, eos = sp.bos_id(), sp.eos_id()
+        return cls("sentencepiece", tokens, special, bos if bos >= 0 else None, eos if eos >= 0 else None,
+                   sp=sp, add_bos=bos >= 0)
+
+    @classmethod
+    def from_tokenizer_json(cls, path) -> "Tokenizer":
+        import tokenizers
+
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            spec = json.loads(text)
+            hf = tokenizers.Tokenizer.from_str(text)
+            hf.no_truncation()  # a saved max_length/padding would silently cut or pad prompts
+            hf.no_padding()
+        except OSError as e:
+            raise TokenizerError(f"{path}: cannot read tokenizer.json ({_one_line(e)})") from None
+        except Exception as e:  # truncated JSON, or JSON that is not a tokenizer
+            raise TokenizerError(f"{path}: not a valid tokenizer.json ({_one_line(e)})") from None
+
+        vocab = hf.get_vocab(with_added_tokens=True)
+        tokens = [""] * max(hf.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+        for tok, i in vocab.items():
+            tokens[i] = tok
+        special = [t["id"] for t in spec.get("added_tokens") or [] if t.get("special")]
+        byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
+
+        # bos/eos live next to tokenizer.json, not in it
+        def load(name):
+            try:
+                return json.loads((path.parent / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return {}
+
+        tok_cfg, model_cfg = load("tokenizer_config.json"), load("config.json")
+
+        def token_id(name):
+            t = tok_cfg.get(f"{name}_token")
+            if isinstance(t, dict):
+                t = t.get("content")
+            if isinstance(t, str) and t in vocab:
+                return vocab[t]
+            i = model_cfg.get(f"{name}_token_id")
+            if isinstance(i, list):  # e.g. Llama-3.1 lists several eos ids; the first is the canonical one
+                i = i[0] if i else None
+            return i if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+        bos_id, eos_id = token_id("bos"), token_id("eos")
+        add_bos = tok_cfg.get("add_bos_token")
+        if add_bos is None:  # the post-processor template says it when the config doesn't
+            add_bos = bos_id is not None and bos_id in hf.encode("", add_special_tokens=True).ids
+        return cls("tokenizer.json", tokens, special, bos_id, eos_id, hf=hf, byte_level=byte_level,
+                   add_bos=bool(add_bos))
+
+    @classmethod
+    def from_gguf(cls, path) -> "Tokenizer":
+        import gguf
+
+        try:
+            reader = gguf.GGUFReader(path)
+        except Exception as e:
+            raise TokenizerError(f"{path}: not a readable GGUF file ({_one_line(e)})") from None
+        return cls.from_gguf_fields(read_gguf_tokenizer_fields(reader), source=str(path))
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict, source: str = "GGUF") -> "Tokenizer":
+        tokens = fields.get("tokenizer.ggml.tokens")
+        model = fields.get("tokenizer.ggml.model")
+        if not tokens:
+            raise TokenizerError(f"{source}: no tokenizer.ggml.tokens in metadata")
+        tokens = list(tokens)
+        n = len(tokens)
+        types = fields.get("tokenizer.ggml.token_type")
+        if types is not None and len(types) != n:
+            raise TokenizerError(f"{source}: token_type has {len(types)} entries for {n} tokens")
+        types = list(types) if types is not None else [NORMAL] * n
+
+        def tid(key):
+            i = fields.get(key)
+            return int(i) if i is not None and 0 <= int(i) < n else None
+
+        bos_id, eos_id = tid("tokenizer.ggml.bos_token_id"), tid("tokenizer.ggml.eos_token_id")
+        add_bos = fields.get("tokenizer.ggml.add_bos_token")
+        if model == "gpt2":
+            special = [i for i, t in enumerate(types) if t in (CONTROL, UNKNOWN)]
+            hf = _gguf_bpe(fields, tokens, types, source)
+            return cls("gguf-gpt2", tokens, special, bos_id, eos_id, hf=hf, byte_level=True,
+                       add_bos=bool(add_bos))
+        if model == "llama":
+            sp, types = _gguf_spm(fields, tokens, types, source)
+            special = [i for i, t in enumerate(types) if t in (CONTROL, UNKNOWN)]
+            return cls("gguf-llama", tokens, special, bos_id, eos_id, sp=sp,
+                       add_bos=True if add_bos is None else bool(add_bos))
+        raise TokenizerError(f"{source}: unsupported tokenizer.ggml.model {model!r} (expected 'gpt2' or 'llama')")
+
+
+def _gguf_bpe(fields, tokens, types, source):
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    merges = fields.get("tokenizer.ggml.merges")
+    if not merges:
+        raise TokenizerError(f"{source}: gpt2 tokenizer without tokenizer.ggml.merges")
+    vocab = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)  # a duplicate spelling can map to one id only; keep the first
+    try:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        pre = fields.get("tokenizer.ggml.pre")
+        # Llama-3's tokenizer.json sets ignore_merges, and llama.cpp mirrors it for this pre type
+        hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _LLAMA3_PRES, fuse_unk=False))
+    except Exception as e:
+        raise TokenizerError(f"{source}: invalid BPE vocab/merges ({_one_line(e)})") from None
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)
+    if pre == "smollm":  # SmolLM2's tokenizer.json: every digit alone, then GPT-2's regex
+        hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in _LLAMA3_PRES:
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False), bytes_only])
+    elif pre == "qwen2":
+        hf.normalizer = normalizers.NFC()
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False), bytes_only])
+    else:
+        if pre not in _GPT2_PRES:
+            warnings.warn(f"{source}: unknown tokenizer.ggml.pre {pre!r}; using GPT-2's pre-tokenizer", stacklevel=3)
+        hf.pre_tokenizer = byte_level
+    hf.decoder = decoders.ByteLevel()
+
+    # added tokens keep their existing ids; without this "<|im_start|>" in text would be spelled out
+    hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                           for i, t in enumerate(types) if t == CONTROL and vocab[tokens[i]] == i])
+    hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                   for i, t in enumerate(types) if t == USER_DEFINED and vocab[tokens[i]] == i])
+    return hf
+
+
+def _gguf_spm(fields, tokens, types, source):
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    n = len(tokens)
+    scores = fields.get("tokenizer.ggml.scores")
+    if scores is None:
+        scores = [float(-i) for i in range(n)]  # no scores: assume the usual most-frequent-first order
+    elif len(scores) != n:
+        raise TokenizerError(f"{source}: scores has {len(scores)} entries for {n} tokens")
+    types = [t if t in (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE) else NORMAL for t in types]
+    if fields.get("tokenizer.ggml.token_type") is None:  # untyped vocab: recover what matters
+        types = [BYTE if _BYTE_PIECE.fullmatch(t) else NORMAL for t in tokens]
+        for key, ty in (("bos", CONTROL), ("eos", CONTROL)):
+            i = fields.get(f"tokenizer.ggml.{key}_token_id")
+            if i is not None and 0 <= int(i) < n:
+                types[int(i)] = ty
+    types = [NORMAL if t == BYTE and not _BYTE_PIECE.fullmatch(tok) else t for t, tok in zip(types, tokens)]
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    if unk is None and "<unk>" in tokens:
+        unk = tokens.index("<unk>")
+    if UNKNOWN not in types and unk is not None and 0 <= int(unk) < n:
+        types[int(unk)] = UNKNOWN
+
+    m = pb.ModelProto()
+    m.trainer_spec.model_type = pb.TrainerSpec.BPE  # llama.cpp's SPM tokenizer is score-driven BPE
+    m.trainer_spec.byte_fallback = BYTE in types
+    m.normalizer_spec.name = "identity"
+    add_prefix = fields.get("tokenizer.ggml.add_space_prefix")
+    m.normalizer_spec.add_dummy_prefix = True if add_prefix is None else bool(add_prefix)
+    m.normalizer_spec.remove_extra_whitespaces = False
+    m.normalizer_spec.escape_whitespaces = True
+    seen = set()
+    Piece = pb.ModelProto.SentencePiece
+    for i, (tok, score, ty) in enumerate(zip(tokens, scores, types)):
+        if not tok or tok in seen:  # sentencepiece rejects empty/duplicate pieces; park them unreachable
+            tok, ty = f"<gguf-unreachable-{i}>", UNUSED
+        seen.add(tok)
+        m.pieces.append(Piece(piece=tok, score=float(score), type=ty))
+    if UNKNOWN not in types:  # sentencepiece refuses a vocab without unk; with byte fallback it is never emitted
+        m.pieces.append(Piece(piece="<unk>" if "<unk>" not in seen else "<gguf-unk>", score=0.0, type=UNKNOWN))
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=m.SerializeToString())
+    except Exception as e:
+        raise TokenizerError(f"{source}: cannot build SentencePiece model from GGUF vocab ({_one_line(e)})") from None
+    return sp, types
+
+
+_GGUF_KEYS = ("model", "pre", "tokens", "scores", "token_type", "merges", "bos_token_id", "eos_token_id",
+              "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token", "add_space_prefix")
+
+
+def read_gguf_tokenizer_fields(reader) -> dict:
+    """Every `tokenizer.*` metadata field of a gguf.GGUFReader as plain Python values (missing ones None)."""
+    from gguf import GGUFValueType
+
+    out = {f"tokenizer.ggml.{k}": None for k in _GGUF_KEYS}
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        try:
+            out[name] = field.contents()
+        except Exception:  # old gguf without contents(), or a token that is not valid UTF-8
+            s = lambda part: bytes(part).decode("utf-8", errors="replace")  # noqa: E731
+            if field.types[0] == GGUFValueType.ARRAY:
+                if field.types[-1] == GGUFValueType.STRING:
+                    out[name] = [s(field.parts[i]) for i in field.data]
+                else:
+                    out[name] = [v for i in field.data for v in field.parts[i].tolist()]
+            elif field.types[0] == GGUFValueType.STRING:
+                out[name] = s(field.parts[-1])
+            else:
+                out[name] = field.parts[-1].tolist()[0]
+    return out

@@ -1,0 +1,44 @@
+"""Helpers for driving app/main.py with streamlit.testing.v1.AppTest and reading its figures."""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+
+
+def run_app(timeout: float = 120, **query) -> AppTest:
+    """Open the app as a copied link would: query parameters such as view, prompt, lang, layer, head, token."""
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    for k, v in query.items():
+        at.query_params[k] = str(v)
+    return at.run()
+
+
+def figures(at: AppTest) -> list[dict]:
+    """Every Plotly figure on the page, as Plotly JSON dicts, in page order."""
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def decode(v):
+    """Plotly encodes numpy arrays as {'dtype', 'bdata', 'shape'}; turn that (or nested lists) into an array."""
+    if isinstance(v, dict) and "bdata" in v:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        shape = v.get("shape")
+        if shape:
+            a = a.reshape([int(s) for s in str(shape).split(",")])
+        return a.astype(np.float64)
+    return np.array([[np.nan if x is None else x for x in row] if isinstance(row, list) else
+                     (np.nan if row is None else row) for row in v], dtype=np.float64)
+
+
+def all_text(at: AppTest) -> str:
+    """Concatenated markdown/caption/title/info/warning/error text, for language and message checks."""
+    parts = []
+    for kind in ("markdown", "caption", "title", "header", "subheader", "info", "warning", "error", "latex"):
+        parts += [str(e.value) for e in at.get(kind)]
+    return "\n".join(parts)
