@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 
 SOURCE_HELP = "smollm2 (default), a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
 
@@ -171,13 +172,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch's unpickler warns about pickle protocols on the way to refusing a file; the user needs
+    # our one line, not its internals.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
     args = build_parser().parse_args(argv)
     from .config import ConfigError
     from .loaders import LoadError
+    from .tokenizer import TokenizerError
 
     try:
         args.fn(args)
-    except (CliError, LoadError, ConfigError) as e:
+    except (CliError, LoadError, ConfigError, TokenizerError) as e:
         print(f"llama-explorer: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -177,6 +177,8 @@ class Tokenizer:
             data = path.read_bytes()
         except OSError as e:
             raise TokenizerError(f"{path}: cannot read SentencePiece model ({_one_line(e)})") from None
+        if not data:  # sentencepiece would accept it and then log C++ errors on every call
+            raise TokenizerError(f"{path}: the SentencePiece model file is empty")
         try:
             sp = spm.SentencePieceProcessor(model_proto=data)
         except Exception as e:

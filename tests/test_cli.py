@@ -1,0 +1,146 @@
+"""The command line: real runs on the default model, and one clear line (no traceback) for bad input."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from explorer_model import cli
+
+pytest.importorskip("gguf")
+
+
+def run_cli(*args, timeout=120):
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    return subprocess.run([sys.executable, "-m", "explorer_model.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("llama-explorer: error:")
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_info_json_on_default_model(capsys):
+    assert cli.main(["info", "smollm2", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    cfg = info["config"]
+    assert (cfg["n_layers"], cfg["n_heads"], cfg["n_kv_heads"], cfg["d_model"]) == (30, 9, 3, 576)
+    assert info["parameters"]["output"] == 0 and cfg["tie_embeddings"] is True
+    assert 130e6 < info["parameters"]["total"] < 140e6
+    assert info["kv_cache_bytes_per_token_fp32"] == 2 * 30 * 3 * 64 * 4
+
+
+def test_tokenize_json(capsys):
+    assert cli.main(["tokenize", "smollm2", "--text", "<|im_start|>user 2024", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ids"][0] == 1  # the special token is recognised in the text
+    assert len(out["ids"]) == len(out["pieces"])
+
+
+def test_record_npz_with_globs(tmp_path, capsys):
+    out = tmp_path / "rec.npz"
+    assert cli.main(["record", "smollm2", "--prompt", "I love machine learning.", "--out", str(out),
+                     "--names", "blocks.2.attn.hook_pattern", "blocks.*.ln1.hook_scale"]) == 0
+    data = np.load(out)
+    assert set(data.files) == {"blocks.2.attn.hook_pattern", "token_ids", "logits"} | {
+        f"blocks.{l}.ln1.hook_scale" for l in range(30)}
+    T = data["token_ids"].shape[1]
+    assert data["blocks.2.attn.hook_pattern"].shape == (1, 9, T, T)
+    assert data["logits"].shape == (1, T, 49152)
+
+
+def test_record_token_ids_float16(tmp_path, capsys):
+    out = tmp_path / "rec16.npz"
+    assert cli.main(["record", "smollm2", "--token-ids", "504,3575,282", "--out", str(out), "--float16",
+                     "--names", "hook_embed"]) == 0
+    data = np.load(out)
+    assert data["hook_embed"].dtype == np.float16 and data["token_ids"].tolist() == [[504, 3575, 282]]
+
+
+def test_generate_greedy_paris():
+    r = run_cli("generate", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"].startswith(" Paris")
+
+
+def test_generate_sampling_is_reproducible_with_seed(capsys):
+    args = ["generate", "smollm2", "--prompt", "Once upon a time", "--max-new-tokens", "5", "--temperature", "0.9",
+            "--top-k", "40", "--top-p", "0.9", "--seed", "7", "--json"]
+    assert cli.main(args) == 0
+    a = json.loads(capsys.readouterr().out)["new_ids"]
+    assert cli.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["new_ids"] == a
+
+
+@pytest.mark.parametrize("make_source, needle", [
+    (lambda d: d / "nope", "no such file"),
+    (lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt", "not a GGUF"),
+    (lambda d: (d / "junk.gguf").write_bytes(b"GGUF" + os.urandom(64)) and d / "junk.gguf", "junk.gguf"),
+    (lambda d: d, "not a GGUF file, HF folder"),
+])
+def test_bad_sources_give_one_line(tmp_path, make_source, needle):
+    src = make_source(tmp_path)
+    r = run_cli("info", str(src))
+    assert_one_line_error(r.returncode, r.stderr, needle)
+
+
+def test_truncated_default_gguf(tmp_path):
+    from explorer_model.loaders import default_gguf_path
+
+    data = default_gguf_path().read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 3])
+    r = run_cli("info", str(cut))
+    assert_one_line_error(r.returncode, r.stderr, "cut.gguf")
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_hostile_pickle_is_refused_and_not_run(tmp_path):
+    (tmp_path / "params.json").write_text(json.dumps({"dim": 8, "n_layers": 1, "n_heads": 2, "norm_eps": 1e-5}))
+    with open(tmp_path / "consolidated.00.pth", "wb") as f:
+        pickle.dump({"tok_embeddings.weight": Evil()}, f)
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["hello world", "a tiny corpus"] * 20), model_writer=model,
+                                   vocab_size=30, model_type="bpe", minloglevel=2)
+    (tmp_path / "tokenizer.model").write_bytes(model.getvalue())
+    r = subprocess.run([sys.executable, "-m", "explorer_model.cli", "info", str(tmp_path)], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=60)
+    assert_one_line_error(r.returncode, r.stderr)
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["tokenize", "smollm2", "--text", "   "], "prompt is empty"),
+    (["record", "smollm2", "--token-ids", "1,999999", "--out", "x.npz"], "out of range"),
+    (["record", "smollm2", "--token-ids", "1,a", "--out", "x.npz"], "comma-separated"),
+    (["record", "smollm2", "--prompt", "hi", "--out", "x.npz", "--names", "no.such.*"], "no hook point"),
+    (["generate", "smollm2", "--prompt", "hi", "--top-p", "0"], "top-p"),
+])
+def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(args)
+    assert_one_line_error(code, capsys.readouterr().err, needle)
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_unwritable_output(tmp_path, capsys):
+    code = cli.main(["record", "smollm2", "--prompt", "hi", "--names", "hook_embed", "--out",
+                     str(tmp_path / "missing" / "dir" / "r.npz")])
+    assert_one_line_error(code, capsys.readouterr().err, "cannot write")
