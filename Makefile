@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 
 # Browser tests use Debian's Chromium; install it when missing and we are root (CI is).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh 2>/dev/null | grep -q . ; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver fonts-noto-cjk >/dev/null; \
 	  else echo "chromium missing: browser tests will be skipped (apt-get install chromium chromium-driver)"; fi; }
 
 bench: setup

@@ -1,0 +1,64 @@
+"""App latency, measured as server time with streamlit's AppTest on the default model.
+
+- prompt: a new 30-token prompt entered -> recording made and every view drawn once
+- switch: changing layer, head, token or view on an existing recording (no forward pass)
+Usage: .venv/bin/python bench/bench_app.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from apptest_util import run_app  # noqa: E402
+
+PROMPTS = [
+    "The animal didn't cross the street because it was too tired, so it lay down under a tree and slept there.",
+    "In the morning the teacher wrote three equations on the board and asked the class to explain each term.",
+    "The bank near the river collapsed after weeks of heavy rain, and the town council met to decide the plan.",
+]
+
+
+def main() -> None:
+    from app import state
+    from app.panels import VIEWS
+
+    at = run_app(view="tokens", prompt="warm up")  # loads the model once, as a running server would have
+    views = [v[0] for v in VIEWS]
+    prompt_times, switch_times = [], {"layer": [], "head": [], "token": [], "view": []}
+    for text in PROMPTS:
+        n_tokens = len(state.get_model("smollm2").tokenizer.encode(text))
+        before = state.FORWARDS["count"]
+        t0 = time.perf_counter()
+        at.sidebar.text_area(key="prompt").set_value(text).run()
+        for v in views[1:] + views[:1]:
+            at.segmented_control(key="view").set_value(v).run()
+        prompt_times.append(time.perf_counter() - t0)
+        assert state.FORWARDS["count"] == before + 1, "one forward pass per new prompt"
+        for v in views:
+            at.segmented_control(key="view").set_value(v).run()
+            for key, value in (("layer", 7), ("head", 5), ("token", n_tokens - 2), ("layer", 20)):
+                t0 = time.perf_counter()
+                at.sidebar.slider(key=key).set_value(value).run()
+                switch_times[key].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            at.segmented_control(key="view").set_value(views[(views.index(v) + 1) % len(views)]).run()
+            switch_times["view"].append(time.perf_counter() - t0)
+        assert state.FORWARDS["count"] == before + 1, "switching must not run the model"
+        assert not at.exception, [e.value for e in at.exception]
+    report = {
+        "prompt_tokens": n_tokens,
+        "prompt_to_all_views_s": {"median": round(statistics.median(prompt_times), 3), "all": [round(x, 3) for x in prompt_times]},
+        "switch_s": {k: {"median": round(statistics.median(v), 3), "max": round(max(v), 3)} for k, v in switch_times.items()},
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
