@@ -10,6 +10,7 @@ import logging
 
 import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
+from explorer_model.runtime import keep_freed_memory
 
 from app import state
 from app.context import ViewContext, display_piece
@@ -20,6 +21,7 @@ log = logging.getLogger("llama_explorer.app")
 URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt")
 
 st.set_page_config(page_title="LLaMA Explorer", page_icon="🦙", layout="wide")
+keep_freed_memory()  # each new prompt's recording reuses the memory of evicted ones
 
 
 def tr(en: str, zh: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -22,6 +23,9 @@ import torch  # noqa: E402
 from explorer_model.loaders import load  # noqa: E402
 from explorer_model.recording import record  # noqa: E402
 from explorer_model.rope import adjacent_to_hf  # noqa: E402
+from explorer_model.runtime import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as the app and the CLI run
 
 
 def hf_twin(model):
@@ -51,10 +55,13 @@ def hf_twin(model):
     return hf
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
+def timed(fn) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (all threads) and minor page faults of one call."""
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    c0, t0 = time.process_time(), time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 
 
 def bench_length(model, hf, T: int, repeats: int) -> dict:
@@ -73,7 +80,9 @@ def bench_length(model, hf, T: int, repeats: int) -> dict:
         for _ in range(repeats):  # interleaved, so drift hits every contender alike
             for k, fn in runs.items():
                 times[k].append(timed(fn))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(w for w, _, _ in v) for k, v in times.items()}
+    cpu = {k: statistics.median(c for _, c, _ in v) for k, v in times.items()}
+    faults = {k: int(statistics.median(f for _, _, f in v)) for k, v in times.items()}
     with torch.no_grad():
         rec16, rec32 = record(model, ids, dtype=torch.float16), record(model, ids)
         hf_out = hf(ids, output_attentions=True, output_hidden_states=True)
@@ -82,6 +91,9 @@ def bench_length(model, hf, T: int, repeats: int) -> dict:
     return {
         "tokens": T,
         "median_seconds": {k: round(v, 4) for k, v in med.items()},
+        "median_cpu_seconds": {k: round(v, 4) for k, v in cpu.items()},
+        "median_page_faults": faults,
+        "cpu_ratio_record_fp32_vs_plain": round(cpu["record_all_fp32"] / cpu["plain"], 3),
         "ratio_record_fp32_vs_plain": round(med["record_all_fp32"] / med["plain"], 3),
         "ratio_record_fp16_vs_plain": round(med["record_all_fp16"] / med["plain"], 3),
         "ratio_record_fp32_vs_hf": round(med["record_all_fp32"] / med["hf_eager_attn_hidden"], 3),

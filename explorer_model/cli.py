@@ -176,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     # our one line, not its internals.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
     args = build_parser().parse_args(argv)
+    from .runtime import keep_freed_memory
+
+    keep_freed_memory()
     from .config import ConfigError
     from .loaders import LoadError
     from .tokenizer import TokenizerError
