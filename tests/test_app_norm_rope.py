@@ -1,0 +1,229 @@
+"""The RMSNorm and RoPE views show exactly the recorded tensors, and their own RoPE checks hold."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from apptest_util import all_text, decode, figures, run_app
+
+PROMPT = "The animal didn't cross the street because it was too tired."
+LAYER, HEAD, TOKEN = 7, 5, 9
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from explorer_model.loaders import load
+    from explorer_model.recording import record
+
+    loaded = load("smollm2")
+    tok = loaded.tokenizer
+    ids = tok.encode(PROMPT, add_bos=getattr(tok, "add_bos", False))
+    return loaded, ids, record(loaded.model, ids)
+
+
+def by_id(at, fig_id: str) -> dict:
+    found = [f for f in figures(at) if (f["layout"].get("meta") or {}).get("id") == fig_id]
+    assert len(found) == 1, f"figure {fig_id} not found"
+    return found[0]
+
+
+def trace(fig: dict, meta) -> dict:
+    found = [t for t in fig["data"] if t.get("meta") == meta]
+    assert len(found) == 1, f"trace {meta} not found"
+    return found[0]
+
+
+def forwards() -> int:
+    from app import state
+
+    return state.FORWARDS["count"]
+
+
+# --------------------------------------------------------------------------- RMSNorm
+@pytest.fixture(scope="module")
+def norm_page():
+    return run_app(view="norm", prompt=PROMPT, layer=LAYER, head=HEAD, token=TOKEN)
+
+
+def test_divisor_heatmaps_equal_recording(norm_page, reference):
+    _, ids, rec = reference
+    assert not norm_page.exception
+    z = decode(by_id(norm_page, "norm_divisors")["data"][0]["z"])
+    expected = rec.stack("ln1.hook_scale")[:, 0, :, 0].double().numpy()
+    assert z.shape == (rec.cfg.n_layers, len(ids))
+    np.testing.assert_allclose(z, expected, rtol=1e-6)
+    final = decode(by_id(norm_page, "norm_final")["data"][0]["y"])
+    np.testing.assert_allclose(final, rec["ln_final.hook_scale"][0, :, 0].double().numpy(), rtol=1e-6)
+
+
+def test_token_vectors_equal_recording_and_gamma(norm_page, reference):
+    loaded, _, rec = reference
+    fig = by_id(norm_page, "norm_vectors")
+    x = rec[f"blocks.{LAYER}.hook_resid_pre"][0, TOKEN].double().numpy()
+    normalized = rec[f"blocks.{LAYER}.ln1.hook_normalized"][0, TOKEN].double().numpy()
+    gamma = loaded.model.blocks[LAYER].ln1.weight.double().numpy()
+    np.testing.assert_allclose(decode(trace(fig, "x")["y"]), x, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(decode(trace(fig, "normalized")["y"]), normalized, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(decode(trace(fig, "out")["y"]), normalized * gamma, rtol=1e-5, atol=1e-6)
+    # the highlighted dims are the largest |x|
+    top = decode(trace(fig, "x_outliers")["x"]).astype(int)
+    assert set(top) == set(np.argsort(-np.abs(x))[: len(top)])
+    np.testing.assert_allclose(decode(by_id(norm_page, "norm_gamma")["data"][0]["x"]), gamma, rtol=1e-6)
+    ln = decode(trace(by_id(norm_page, "norm_layernorm"), "layernorm")["y"])
+    np.testing.assert_allclose(ln, (x - x.mean()) / np.sqrt(x.var() + rec.cfg.norm_eps), rtol=1e-5, atol=1e-6)
+
+
+def test_ln2_switch_reads_resid_mid(norm_page, reference):
+    _, _, rec = reference
+    norm_page.radio(key="norm_which").set_value("ln2").run()
+    assert not norm_page.exception
+    z = decode(by_id(norm_page, "norm_divisors")["data"][0]["z"])
+    np.testing.assert_allclose(z, rec.stack("ln2.hook_scale")[:, 0, :, 0].double().numpy(), rtol=1e-6)
+    x = decode(trace(by_id(norm_page, "norm_vectors"), "x")["y"])
+    np.testing.assert_allclose(x, rec[f"blocks.{LAYER}.hook_resid_mid"][0, TOKEN].double().numpy(), rtol=1e-6,
+                               atol=1e-7)
+    norm_page.radio(key="norm_which").set_value("ln1").run()
+
+
+def test_norm_switching_selection_runs_no_forward(norm_page):
+    before = forwards()
+    norm_page.sidebar.slider(key="layer").set_value(2).run()
+    norm_page.sidebar.slider(key="token").set_value(1).run()
+    norm_page.sidebar.slider(key="head").set_value(0).run()
+    assert not norm_page.exception
+    assert forwards() == before
+
+
+def test_norm_chinese():
+    at = run_app(view="norm", prompt=PROMPT, lang="zh", layer=3, token=2)
+    assert not at.exception
+    text = all_text(at)
+    assert "可学习的增益" in text and "均方根" in text
+    assert "一个 token 经过归一化" in str(by_id(at, "norm_vectors")["layout"]["title"])
+
+
+# --------------------------------------------------------------------------- RoPE
+@pytest.fixture(scope="module")
+def rope_page():
+    return run_app(view="rope", prompt=PROMPT, layer=LAYER, head=HEAD, token=TOKEN)
+
+
+def test_theta_and_angles(rope_page, reference):
+    from explorer_model.rope import model_inverse_frequencies
+
+    _, ids, rec = reference
+    assert not rope_page.exception
+    theta = model_inverse_frequencies(rec.cfg).double().numpy()
+    np.testing.assert_allclose(decode(trace(by_id(rope_page, "rope_theta"), "theta_model")["y"]), theta, rtol=1e-7)
+    heat = by_id(rope_page, "rope_angles")["data"][0]
+    exact = decode(heat["customdata"])
+    np.testing.assert_allclose(exact, np.arange(len(ids))[:, None] * theta[None, :], rtol=1e-9)
+    np.testing.assert_allclose(decode(heat["z"]), np.mod(exact, 2 * math.pi), atol=1e-9)
+
+
+def test_arrows_equal_recorded_q_and_k_pairs(rope_page, reference):
+    _, _, rec = reference
+    fig = by_id(rope_page, "rope_arrows")
+    a, kv = f"blocks.{LAYER}.attn", rec.kv_head(HEAD)
+    sources = {("q", "before"): rec[f"{a}.hook_q"][0, TOKEN, HEAD], ("q", "after"): rec[f"{a}.hook_rot_q"][0, TOKEN, HEAD],
+               ("k", "before"): rec[f"{a}.hook_k"][0, TOKEN, kv], ("k", "after"): rec[f"{a}.hook_rot_k"][0, TOKEN, kv]}
+    pairs = sorted({t["meta"]["pair"] for t in fig["data"] if isinstance(t.get("meta"), dict)})
+    n = rec.cfg.head_dim // 2
+    assert pairs == [0, 1, 2, n - 3, n - 2, n - 1]  # default: fast and slow pairs
+    for (kind, stage), vec in sources.items():
+        for i in pairs:
+            t = trace(fig, {"kind": kind, "stage": stage, "pair": i})
+            assert t["x"][0] == 0 and t["y"][0] == 0
+            np.testing.assert_allclose([t["x"][1], t["y"][1]], vec[2 * i: 2 * i + 2].double().numpy(), rtol=1e-6)
+    rope_page.multiselect(key="rope_pairs").set_value([4, 20]).run()
+    fig = by_id(rope_page, "rope_arrows")
+    assert sorted({t["meta"]["pair"] for t in fig["data"] if isinstance(t.get("meta"), dict)}) == [4, 20]
+
+
+def shift_df(at):
+    tables = [d.value for d in at.dataframe if "diff vs s=0" in d.value.columns]
+    assert len(tables) == 1
+    return tables[0]
+
+
+@pytest.mark.parametrize("key_token", [0, 4, TOKEN])
+def test_shift_invariance_and_recorded_score(rope_page, reference, key_token):
+    _, _, rec = reference
+    rope_page.number_input(key="rope_key_token").set_value(key_token).run()
+    assert not rope_page.exception
+    df = shift_df(rope_page)
+    assert len(df) >= 5 and df["shift s"].max() >= 1000
+    scores = df["score q·k/√d"].to_numpy()
+    assert np.abs(scores - scores[0]).max() < 1e-3
+    assert (df["query pos m+s"] - df["key pos n+s"] == TOKEN - key_token).all()
+    recorded = float(rec.scores(LAYER)[0, HEAD, TOKEN, key_token])
+    assert abs(scores[0] - recorded) < 1e-4
+    # q·k itself is √d times the (scaled) attention score
+    np.testing.assert_allclose(df["q·k"].to_numpy()[0], recorded * math.sqrt(rec.cfg.head_dim), rtol=1e-5)
+
+
+def test_decay_curve_hits_recorded_pair(rope_page, reference):
+    _, _, rec = reference
+    rope_page.number_input(key="rope_key_token").set_value(2).run()
+    fig = by_id(rope_page, "rope_decay")
+    delta, y = decode(trace(fig, "score")["x"]), decode(trace(fig, "score")["y"])
+    assert delta[-1] >= 512
+    recorded = float(rec.scores(LAYER)[0, HEAD, TOKEN, 2]) * math.sqrt(rec.cfg.head_dim)
+    assert abs(y[TOKEN - 2] - recorded) < 1e-3 * max(1.0, abs(recorded))
+    rope_page.radio(key="rope_decay_src").set_value("ones").run()
+    y = decode(trace(by_id(rope_page, "rope_decay"), "score")["y"])
+    assert y[0] == pytest.approx(rec.cfg.head_dim)  # all-ones q = k: every pair contributes |q_i|² = 2
+
+
+def test_rope_switching_selection_runs_no_forward(rope_page):
+    before = forwards()
+    rope_page.sidebar.slider(key="head").set_value(1).run()
+    rope_page.sidebar.slider(key="layer").set_value(0).run()
+    rope_page.sidebar.slider(key="token").set_value(3).run()
+    rope_page.slider(key="rope_clock_pos").set_value(5000).run()
+    assert not rope_page.exception
+    assert forwards() == before
+    hands = [t for t in by_id(rope_page, "rope_clock")["data"] if isinstance(t.get("meta"), dict)]
+    assert hands and all(t["meta"]["angle"] == pytest.approx(5000 * _theta(rope_page)[t["meta"]["pair"]],
+                                                             rel=1e-9) for t in hands)
+
+
+def _theta(at):
+    return decode(trace(by_id(at, "rope_theta"), "theta_model")["y"])
+
+
+def test_rope_chinese():
+    at = run_app(view="rope", prompt=PROMPT, lang="zh", layer=1, head=2, token=5)
+    assert not at.exception
+    text = all_text(at)
+    assert "旋转" in text and "相邻" in text
+    assert "每一对的旋转速度" in str(by_id(at, "rope_theta")["layout"]["title"])
+
+
+# --------------------------------------------------------------------------- pure functions, other model kinds
+def test_post_norm_layernorm_model_with_llama3_scaling():
+    """Variants the default model doesn't exercise: post-norm (no final norm), LayerNorm, scaled RoPE."""
+    from app.panels import norm, rope
+    from explorer_model import LlamaModel, ModelConfig
+    from explorer_model.config import RopeScaling
+    from explorer_model.recording import record
+
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
+                      norm_eps=1e-5, rope_theta=500000.0, max_seq_len=64, tie_embeddings=False,
+                      rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64), norm_placement="post", norm_type="layer")
+    torch.manual_seed(0)
+    model = LlamaModel(cfg).eval().requires_grad_(False)
+    rec = record(model, [3, 1, 4, 1, 5, 9, 2])
+    assert norm.final_divisors(rec) is None
+    v = norm.norm_vectors(rec, model, 1, 3, "ln2")
+    x = (rec["blocks.1.hook_resid_mid"] + rec["blocks.1.hook_mlp_out"])[0, 3].numpy()
+    np.testing.assert_allclose(v["x"], x, rtol=1e-6)
+    np.testing.assert_allclose(v["scale"], np.sqrt(x.var() + cfg.norm_eps), rtol=1e-5)  # LayerNorm: σ, not RMS
+    plain, used = rope.theta_data(cfg)
+    assert not np.allclose(plain, used) and np.allclose(plain[0], used[0])  # slow pairs stretched, fast kept
+    fig = rope.theta_figure(plain, used, lambda en, zh: en, True)
+    assert [t.meta for t in fig.data] == ["theta_unscaled", "theta_model"]
+    df = rope.shift_table(rec, used, 1, 3, 6, 2)
+    assert np.abs(df["diff vs s=0"]).max() < 1e-9
+    assert abs(df["score q·k/√d"].iloc[0] - float(rec.scores(1)[0, 3, 6, 2])) < 1e-5
