@@ -205,7 +205,9 @@ class LlamaModel(HookedModule):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
+        if not self.embed.weight.is_meta:  # on meta, normal_ imports torch._dynamo (~1 s) for an init load_weights replaces
+            nn.init.normal_(self.embed.weight)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None

