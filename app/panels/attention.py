@@ -11,7 +11,6 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 import torch
-from plotly.subplots import make_subplots
 
 from app import plots, state
 from app.context import ViewContext
@@ -125,15 +124,16 @@ def draw_head_grid(ctx: ViewContext, kind: str) -> None:
     titles = [""] * (n_rows * n_cols)
     for h, (r, c) in slots.items():
         titles[r * n_cols + c] = head_label(ctx, h)
-    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=titles, horizontal_spacing=0.03,
-                        vertical_spacing=0.06)
+    layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.03, vspace=0.06)
+    traces = []
     for h, (r, c) in slots.items():
-        m = head_matrix(ctx, ctx.layer, h, kind)
-        fig.add_trace(go.Heatmap(z=m, x=ctx.labels, y=ctx.labels, coloraxis="coloraxis", hoverongaps=False,
-                                 hovertemplate="q %{y}<br>k %{x}<br>%{z:.4f}<extra>" + f"head {h}</extra>"),
-                      row=r + 1, col=c + 1)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, type="category")
-    fig.update_xaxes(showticklabels=False, type="category")
+        xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
+        traces.append(go.Heatmap(z=head_matrix(ctx, ctx.layer, h, kind), x=ctx.labels, y=ctx.labels,
+                                 coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya,
+                                 hovertemplate="q %{y}<br>k %{x}<br>%{z:.4f}<extra>" + f"head {h}</extra>"))
+        layout["yaxis" + ya[1:]].update(autorange="reversed", showticklabels=False, type="category")
+        layout["xaxis" + xa[1:]].update(showticklabels=False, type="category")
+    fig = go.Figure(traces, layout)
     fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
                                      cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
                       title=ctx.t(f"Every head of layer {ctx.layer} (columns = shared KV head)",

@@ -12,7 +12,7 @@ import streamlit as st
 
 from app import plots
 from app.context import ViewContext
-from app.panels.rope import axis_ids, grid_layout
+from app.plots import axis_ids, grid_layout
 
 N_OUTLIERS = 5
 NORMS = ("ln1", "ln2")
