@@ -38,17 +38,35 @@ def clamp_state(key: str, hi: int) -> None:
     st.session_state[key] = min(max(v, 0), hi)
 
 
+OTHER = "__other__"
+
+
 def choose_model() -> object | None:
-    """The model in use. A failed load keeps the previous model and says why."""
-    qp_model = st.query_params.get("model")
+    """The model in use. A failed load keeps the previous model and says why.
+
+    Visitors of a shared server choose from a list; locally any path the loader accepts may be typed.
+    """
+    offered = state.offered_models()
+    options = offered if state.shared() else offered + [OTHER]
     if "active_model" not in st.session_state:
-        st.session_state.active_model = qp_model or state.DEFAULT_SOURCE
-        st.session_state.model_input = st.session_state.active_model
+        wanted = st.query_params.get("model") or state.DEFAULT_SOURCE
+        st.session_state.active_model = state.DEFAULT_SOURCE
+        if wanted in offered:
+            st.session_state.model_pick = wanted
+        elif state.shared():
+            st.session_state.load_error = (wanted, tr("this server only offers the models in its list",
+                                                      "此服务器只提供列表中的模型"))
+        else:
+            st.session_state.model_pick, st.session_state.model_input = OTHER, wanted
     sb = st.sidebar
-    sb.text_input(tr("Model", "模型"), key="model_input",
-                  help=tr("smollm2 (default), a .gguf file, an HF folder or a Meta folder on this computer",
-                          "smollm2（默认）、本机上的 .gguf 文件、HF 文件夹或 Meta 文件夹"))
-    wanted = (st.session_state.model_input or "").strip() or state.DEFAULT_SOURCE
+    pick = sb.selectbox(tr("Model", "模型"), options, key="model_pick",
+                        format_func=lambda o: tr("Other (a path on this computer)…", "其他（本机上的路径）…")
+                        if o == OTHER else o)
+    wanted = pick
+    if pick == OTHER:
+        sb.text_input(tr("Path to a .gguf file, an HF folder or a Meta folder", "GGUF 文件、HF 文件夹或 Meta 文件夹的路径"),
+                      key="model_input")
+        wanted = (st.session_state.get("model_input") or "").strip() or st.session_state.active_model
     if wanted != st.session_state.active_model:
         with st.spinner(tr(f"Loading {wanted} …", f"正在加载 {wanted} …")):
             loaded, err = state.try_load(wanted)
@@ -67,7 +85,7 @@ def choose_model() -> object | None:
         st.error(tr(f"Could not load {st.session_state.active_model}: {err}",
                     f"无法加载 {st.session_state.active_model}：{err}"))
         return None
-    st.query_params["model"] = st.session_state.active_model
+    sb.caption(loaded.description)
     return loaded
 
 
@@ -85,8 +103,8 @@ def sidebar_prompt() -> str:
     if "prompt" not in st.session_state:
         st.session_state.prompt = PRESETS[0][2]
     sb.text_area(tr("Prompt (Ctrl+Enter to run)", "提示词（Ctrl+Enter 运行）"), key="prompt", height=110)
-    sb.number_input(tr("Token limit", "token 上限"), min_value=1, max_value=2048, value=state.DEFAULT_MAX_TOKENS,
-                    step=64, key="max_tokens")
+    sb.number_input(tr("Token limit", "token 上限"), min_value=1, max_value=state.token_cap(),
+                    value=min(state.DEFAULT_MAX_TOKENS, state.token_cap()), step=64, key="max_tokens")
     return st.session_state.get("prompt") or ""
 
 

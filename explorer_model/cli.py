@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -125,7 +126,10 @@ def cmd_generate(args) -> None:
 def cmd_serve(args) -> None:
     from app.launch import serve
 
-    serve(port=args.port, source=args.source)
+    if args.models_dir and not os.path.isdir(args.models_dir):
+        raise CliError(f"--models-dir {args.models_dir}: no such folder")
+    serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
+          max_tokens=args.max_tokens, cache_mb=args.cache_mb)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the explorer app in the browser")
     s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
     s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--share", action="store_true",
+                   help="listen on the network for a classroom; visitors pick from a list of models, never a path")
+    s.add_argument("--models-dir", help="with --share: a folder whose models (.gguf files, model folders) are offered")
+    s.add_argument("--max-tokens", type=int, help="longest prompt a visitor may run (default 512 shared, 2048 local)")
+    s.add_argument("--cache-mb", type=int, help="memory for cached recordings (default 2048)")
     s.set_defaults(fn=cmd_serve)
     return p
 

@@ -54,6 +54,7 @@ def test_failed_model_load_keeps_the_previous_model(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 40)
     at = run_app(view="attention", prompt="I love machine learning.")
+    at.sidebar.selectbox(key="model_pick").set_value("__other__").run()
     at.sidebar.text_input(key="model_input").set_value(str(bad)).run()
     assert not at.exception
     errors = " ".join(e.value for e in at.sidebar.error)

@@ -1,0 +1,56 @@
+"""Shared (classroom) mode: visitors choose from a list and cannot load paths; recordings are bounded."""
+import pytest
+
+from apptest_util import all_text, figures, run_app
+
+
+@pytest.fixture
+def shared_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+    monkeypatch.setenv("LLAMA_EXPLORER_MODELS_DIR", str(tmp_path))
+    monkeypatch.setenv("LLAMA_EXPLORER_MAX_TOKENS", "32")
+    return tmp_path
+
+
+def test_shared_mode_offers_a_list_and_refuses_paths(shared_env):
+    secret = shared_env / "secret.txt"
+    secret.write_text("teacher's notes")
+    at = run_app(view="attention", prompt="I love machine learning.", model=str(secret))
+    assert not at.exception
+    assert "only offers the models in its list" in " ".join(e.value for e in at.sidebar.error)
+    assert at.session_state["active_model"] == "smollm2" and figures(at)
+    options = at.sidebar.selectbox(key="model_pick").options
+    assert "smollm2" in options and not any("Other" in o for o in options)
+    assert not at.sidebar.get("text_input") or all(t.key != "model_input" for t in at.sidebar.text_input)
+
+
+def test_shared_mode_caps_prompt_length(shared_env):
+    at = run_app(view="attention", prompt="word " * 200)
+    assert "only the first 32 are used" in all_text(at)
+
+
+def test_recording_cache_is_bounded_in_bytes():
+    from app.state import RecordingCache
+
+    cache = RecordingCache(budget_bytes=1)  # everything but the newest is evicted
+    a = cache.get("smollm2", (504, 3575))
+    cache.get("smollm2", (504, 3575, 282))
+    assert len(cache._items) == 1 and cache.stored_bytes() > 0
+    assert cache.get("smollm2", (504, 3575)) is not a  # it was evicted and recomputed
+
+
+def test_concurrent_visitors_share_one_forward(monkeypatch):
+    import threading
+
+    from app import state
+
+    cache = state.RecordingCache(budget_bytes=2**30)
+    before = state.FORWARDS["count"]
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(cache.get("smollm2", (1, 2, 3, 4)))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state.FORWARDS["count"] == before + 1
+    assert all(r is out[0] for r in out)
