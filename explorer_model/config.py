@@ -62,6 +62,8 @@ class ModelConfig:
     norm_placement: str = "pre"  # "pre": x + F(Norm(x)); "post": Norm(x + F(x))
     norm_type: str = "rms"  # "rms" | "layer"
     ffn_type: str = "swiglu"  # "swiglu" | "relu"
+    attention_bias: bool = False  # biases on q/k/v/o (HF LlamaConfig.attention_bias)
+    mlp_bias: bool = False  # biases on gate/up/down (HF LlamaConfig.mlp_bias)
     name: str = "llama"
     # Derived
     n_rep: int = field(init=False)  # query heads per KV head (GQA group size)
@@ -140,6 +142,8 @@ class ModelConfig:
                 rope_scaling=RopeScaling.from_hf(scaling),
                 bos_id=_first_id(c.get("bos_token_id")),
                 eos_id=_first_id(c.get("eos_token_id")),
+                attention_bias=bool(c.get("attention_bias", False)),
+                mlp_bias=bool(c.get("mlp_bias", False)),
                 name=c.get("_name_or_path") or arch,
             )
         except KeyError as e:

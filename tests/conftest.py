@@ -44,6 +44,8 @@ CASES = {
                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                      "original_max_position_embeddings": 8192}),
     "mha": dict(num_key_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 50000.0}),
+    # LlamaConfig's optional biases; q/k biases must be permuted with their rows
+    "bias": dict(attention_bias=True, mlp_bias=True),
 }
 
 

@@ -31,7 +31,7 @@ def load_and_compare(ckpt, folder, model, tol=TOL):
     return loaded
 
 
-@pytest.mark.parametrize("case", ["gqa", "tied_llama3", "linear", "head_dim", "llama31", "mha"])
+@pytest.mark.parametrize("case", ["gqa", "tied_llama3", "linear", "head_dim", "llama31", "mha", "bias"])
 def test_hf_safetensors_parity(ckpt, tmp_path, case):
     model = ckpt.hf_model(case)
     folder = ckpt.save_hf(model, tmp_path / case)

@@ -28,6 +28,9 @@ _BLOCK = {
     "mlp.up_proj.weight": "mlp.up_proj.weight",
     "mlp.down_proj.weight": "mlp.down_proj.weight",
 }
+# LlamaConfig(attention_bias=True / mlp_bias=True) checkpoints add biases next to the same weights.
+_BLOCK.update({k.replace(".weight", ".bias"): v.replace(".weight", ".bias") for k, v in list(_BLOCK.items())
+               if "proj" in k})
 # Older checkpoints saved RoPE's inverse frequencies as buffers; they are recomputed from the config.
 _SKIP = ("rotary_emb.inv_freq",)
 
@@ -112,11 +115,12 @@ def to_canonical(state: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path)
         raise LoadError(f"{folder}: config.json says tie_word_embeddings is false but lm_head.weight is missing")
     for i in range(cfg.n_layers):
         for name, heads in (("q_proj", cfg.n_heads), ("k_proj", cfg.n_kv_heads)):
-            key = f"blocks.{i}.attn.{name}.weight"
-            w = out.get(key)
-            # A wrongly shaped matrix is left as it is, for load_weights to report the shape mismatch.
-            if w is not None and w.ndim == 2 and w.shape[0] == heads * cfg.head_dim:
-                out[key] = hf_to_adjacent(w, heads)
+            for kind in ("weight", "bias"):  # a bias is permuted with the rows it is added to
+                key = f"blocks.{i}.attn.{name}.{kind}"
+                w = out.get(key)
+                # A wrongly shaped tensor is left as it is, for load_weights to report the shape mismatch.
+                if w is not None and w.ndim == (2 if kind == "weight" else 1) and w.shape[0] == heads * cfg.head_dim:
+                    out[key] = hf_to_adjacent(w, heads)
     return out
 
 
