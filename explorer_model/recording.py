@@ -145,12 +145,24 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
 
 def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[str] | None = None,
            layers: Iterable[int] | None = None, dtype: torch.dtype = torch.float32,
-           attention: str = "derived") -> Recording:
-    """One forward pass over tokens [batch, pos] (or a list of ids), recording the selected hooks."""
+           attention: str = "derived", interventions: Iterable | None = None, source_tokens=None) -> Recording:
+    """One forward pass over tokens [batch, pos] (or a list of ids), recording the selected hooks.
+
+    `interventions` (string forms or objects, see interventions.py) change this run; `source_tokens` is the
+    source prompt of `patch:` interventions. Scores and patterns are then hooked, not rebuilt, if an
+    intervention replaces them (no-mask), since the rebuild would put the causal mask back.
+    """
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     if tokens.dim() == 1:
         tokens = tokens[None]
-    with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
-        model(tokens)
+    if interventions is None:
+        with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
+            model(tokens)
+    else:
+        from .interventions import intervene
+
+        with torch.no_grad(), intervene(model, interventions, source_tokens) as active:
+            with recorder(model, names, layers, dtype, "stored" if active.alters_attention else attention) as rec:
+                model(tokens)
     rec.token_ids = tokens.cpu()
     return rec

@@ -6,7 +6,6 @@ Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); the README's 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time

@@ -219,8 +219,8 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
     rows = len(ctx.ids) * (2 if quantity == "all" else 1)
     plots.show(fig, ctx, key="swiglu_heatmap", filename=f"swiglu_layer{ctx.layer}",
                height=int(min(900, 160 + 20 * rows)))
-    st.caption(t(f"Red = positive, blue = negative. Neurons are ordered by their mean |product| over the prompt; "
-                 "most of the {ctx.cfg.d_ff} neurons are near zero for any given token.",
+    st.caption(t("Red = positive, blue = negative. Neurons are ordered by their mean |product| over the prompt; "
+                 f"most of the {ctx.cfg.d_ff} neurons are near zero for any given token.",
                  "红色为正，蓝色为负。神经元按其在整个提示词上的平均 |乘积| 排序；对任一 token，"
                  f"这一层 {ctx.cfg.d_ff} 个神经元中的大多数都接近 0。"))
 

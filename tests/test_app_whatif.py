@@ -1,0 +1,170 @@
+"""The What-if view: its figures show exactly what the intervention functions compute on the real model."""
+import numpy as np
+import pytest
+import torch
+
+from apptest_util import all_text, decode, figures, run_app
+
+import app.state as app_state
+from app.context import display_piece
+from app.presets import BANK_PAIR
+from explorer_model import measures as M
+
+pytestmark = pytest.mark.slow
+PROMPT = "The cat sat on the mat. The cat sat on the mat."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Small CPU runs: on a busy machine OpenMP's second thread mostly waits (several times slower).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from explorer_model.loaders import load
+    return load("smollm2")
+
+
+def runs(loaded, text, specs, source=None):
+    from explorer_model.recording import record
+    ids = loaded.tokenizer.encode(text)
+    src = loaded.tokenizer.encode(source) if source else None
+    return ids, record(loaded.model, ids), record(loaded.model, ids, interventions=specs, source_tokens=src)
+
+
+def fig_with(at, title_part):
+    for f in figures(at):
+        title = f["layout"].get("title", {})
+        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
+            return f
+    raise AssertionError(f"no figure titled …{title_part}…")
+
+
+def bar_ids(labels):
+    return [int(x.rsplit("(", 1)[1].rstrip(")")) for x in labels]
+
+
+@pytest.fixture(scope="module")
+def no_mask_page():
+    return run_app(view="whatif", whatif="no-mask", prompt=PROMPT, layer=2, head=3)
+
+
+def test_no_mask_figures_equal_the_functions(no_mask_page, loaded):
+    at = no_mask_page
+    assert not at.exception
+    ids, clean, changed = runs(loaded, PROMPT, ["no-mask"])
+    p, q = (torch.softmax(r.logits[0, -1], -1).numpy() for r in (clean, changed))
+
+    dist = fig_with(at, "Next-token probabilities at the last position")["data"]
+    shown = bar_ids(dist[0]["x"])
+    np.testing.assert_allclose(decode(dist[0]["y"]), p[shown], atol=1e-5)
+    np.testing.assert_allclose(decode(dist[1]["y"]), q[shown], atol=1e-5)
+    assert set(np.argsort(-p)[:10]) <= set(shown) and set(np.argsort(-q)[:10]) <= set(shown)
+
+    moved = fig_with(at, "moved most")["data"][0]
+    expected = np.argsort(-np.abs(q - p))[:10]
+    assert bar_ids(moved["y"]) == expected.tolist()
+    np.testing.assert_allclose(decode(moved["x"]), (q - p)[expected], atol=1e-5)
+
+    kl = decode(fig_with(at, "KL(unchanged ‖ changed)")["data"][0]["y"])
+    assert kl.shape == (30,) and kl[-1] > 0.1
+    for layer in (0, 12, 29):  # written out: final norm + unembedding of each run's resid_post, KL, mean over positions
+        name = f"blocks.{layer}.hook_resid_post"
+        lp, lq = (torch.log_softmax(loaded.model.unembed(loaded.model.ln_final(r[name][0])), -1) for r in (clean, changed))
+        assert kl[layer] == pytest.approx(float((lp.exp() * (lp - lq)).sum(-1).mean()), rel=1e-3, abs=1e-5)
+
+    own = fig_with(at, "prompt's own next token")["data"]
+    np.testing.assert_allclose(decode(own[0]["y"]), M.next_token_logprobs(clean.logits, ids).exp().numpy(), atol=1e-5)
+    np.testing.assert_allclose(decode(own[1]["y"]), M.next_token_logprobs(changed.logits, ids).exp().numpy(), atol=1e-5)
+    # seeing the future, the model predicts its prompt far better: the loss collapses
+    metrics = {m.label: m.value for m in at.metric}
+    loss0, loss1 = M.prompt_loss(clean.logits, ids), M.prompt_loss(changed.logits, ids)
+    assert metrics["Loss on the prompt, unchanged"] == f"{loss0:.3f}" and metrics["Loss on the prompt, changed"] == f"{loss1:.3f}"
+    assert loss1 < 0.5 * loss0
+
+    attn = fig_with(at, "Attention of layer 2, head 3")["data"]
+    assert len(attn) == 2
+    before, after = decode(attn[0]["z"]), decode(attn[1]["z"])
+    upper = np.triu(np.ones_like(before, dtype=bool), 1)
+    assert np.isnan(before[upper]).all() and (after[upper] > 0).all()  # the changed head reads the future
+    np.testing.assert_allclose(before[~upper], clean.pattern(2)[0, 3].numpy()[~upper], atol=1e-6)
+    np.testing.assert_allclose(after, changed.pattern(2)[0, 3].numpy(), atol=1e-6)
+    assert at.query_params["whatif"] == "no-mask"  # the link reproduces the experiment
+
+
+def test_switching_layer_and_head_runs_nothing(no_mask_page):
+    n = app_state.FORWARDS["count"]
+    no_mask_page.sidebar.slider(key="head").set_value(5).run()
+    no_mask_page.sidebar.slider(key="layer").set_value(7).run()
+    assert not no_mask_page.exception
+    assert fig_with(no_mask_page, "Attention of layer 7, head 5")
+    assert app_state.FORWARDS["count"] == n
+
+
+def test_shortened_sweep(no_mask_page, loaded):
+    at = no_mask_page
+    ids, clean, _ = runs(loaded, PROMPT, [])
+    at.number_input(key="whatif_sweep_layers").set_value(2).run()
+    n = app_state.FORWARDS["count"]
+    at.button(key="whatif_sweep_run").click().run()
+    assert not at.exception and app_state.FORWARDS["count"] == n + 1
+    heat = fig_with(at, "Which heads matter")["data"][0]
+    z = decode(heat["z"])
+    assert z.shape == (2, 9)
+    np.testing.assert_allclose(z, M.head_sweep(loaded.model, clean, range(2))["delta"].numpy(), atol=1e-4)
+    at.sidebar.slider(key="head").set_value(1).run()  # cached: shown again without a forward
+    assert fig_with(at, "Which heads matter") and app_state.FORWARDS["count"] == n + 1
+
+
+def test_no_rope_shuffle(loaded):
+    at = run_app(view="whatif", whatif="no-rope", prompt=PROMPT, layer=1, head=0)
+    assert not at.exception
+    attn = fig_with(at, "Attention of layer 1, head 0")["data"]
+    assert len(attn) == 3  # unchanged, changed, changed on the shuffled words
+    ids, _, changed = runs(loaded, PROMPT, ["no-rope"])
+    np.testing.assert_allclose(np.nan_to_num(decode(attn[1]["z"])), changed.pattern(1)[0, 0].numpy(), atol=1e-6)
+    table = at.dataframe[0].value
+    gap = dict(zip(table.iloc[:, 0], table.iloc[:, 3]))
+    assert gap["unchanged"] > 1 and gap["no-rope"] > 1e-2  # the causal mask still reveals order ...
+    assert gap["no-rope,no-mask"] < 1e-3  # ... without it the last prediction ignores the order
+    perm = M.shuffle_keep_last(len(ids))
+    assert "Shuffled: " + " ".join(display_piece(loaded.tokenizer.piece(ids[i])) for i in perm) in all_text(at)
+
+
+def test_bank_patch_and_chinese(loaded):
+    spec = "patch:blocks.20.hook_resid_post@-1"
+    at = run_app(view="whatif", whatif=spec, prompt=BANK_PAIR[0], lang="zh")
+    assert not at.exception
+    assert "哪些头重要" in all_text(at) and "施加" in all_text(at)
+    assert at.text_input(key="whatif_source_text").value == BANK_PAIR[1]  # the other bank sentence by default
+    _, clean, changed = runs(loaded, BANK_PAIR[0], [spec], BANK_PAIR[1])
+    dist = figures(at)[0]
+    assert "修改前后" in dist["layout"]["title"]["text"]
+    shown = bar_ids(dist["data"][0]["x"])
+    np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
+                               atol=1e-5)
+
+
+def test_builder_and_bad_input():
+    at = run_app(view="whatif", prompt="I love machine learning.", layer=3, head=5)
+    assert not at.exception and not any("Next-token" in str(f["layout"].get("title")) for f in figures(at))
+    at.selectbox(key="whatif_kind").set_value("ablate-head").run()
+    at.button(key="whatif_add").click().run()
+    at.selectbox(key="whatif_kind").set_value("skip-mlp").run()
+    at.button(key="whatif_add").click().run()
+    assert not at.exception
+    assert at.query_params["whatif"] == "ablate:blocks.3.attn.head5,skip:blocks.3.mlp"
+    assert at.text_input(key="whatif_specs").value == "ablate:blocks.3.attn.head5,skip:blocks.3.mlp"
+    assert fig_with(at, "Next-token probabilities")
+    at.segmented_control(key="view").set_value("attention").run()  # the experiment survives a visit elsewhere
+    assert at.query_params["whatif"] == "ablate:blocks.3.attn.head5,skip:blocks.3.mlp"
+    at.segmented_control(key="view").set_value("whatif").run()
+    assert at.text_input(key="whatif_specs").value == "ablate:blocks.3.attn.head5,skip:blocks.3.mlp"
+    at.text_input(key="whatif_specs").set_value("ablate:blocks.99.attn").run()
+    assert not at.exception and "layer 99 does not exist" in " ".join(e.value for e in at.error)
+    at.text_input(key="whatif_specs").set_value("nonsense").run()
+    assert "unknown intervention" in " ".join(e.value for e in at.error)
