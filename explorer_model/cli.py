@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 
-SOURCE_HELP = "smollm2 (default), a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
+SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
 
 
 class CliError(Exception):
@@ -91,6 +91,7 @@ def cmd_record(args) -> None:
     import numpy as np
     import torch
 
+    from .interventions import format_list
     from .recording import record
 
     loaded = _load(args.source)
@@ -99,12 +100,37 @@ def cmd_record(args) -> None:
     if names and not loaded.model.select_hooks(names):
         raise CliError(f"no hook point matches {names}; see the README for the names")
     dtype = torch.float16 if args.float16 else torch.float32
-    rec = record(loaded.model, ids, names=names, dtype=dtype)
+    ivs, source_ids = what_if(loaded, args)
+    try:
+        rec = record(loaded.model, ids, names=names, dtype=dtype, interventions=ivs, source_tokens=source_ids)
+    except ValueError as e:  # e.g. a patch position beyond one of the prompts
+        raise CliError(str(e)) from None
     try:
         np.savez(args.out, **rec.to_numpy())
     except OSError as e:
         raise CliError(f"cannot write {args.out}: {e.strerror}") from None
-    print(f"recorded {len(rec)} tensors over {len(ids)} tokens to {args.out}")
+    changed = f" with {format_list(ivs)}" if ivs else ""
+    print(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {args.out}")
+
+
+def what_if(loaded, args):
+    """Interventions from --ablate/--intervene (None if there are none) and the ids of --patch-source."""
+    from .interventions import needs_source, parse
+
+    specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
+    if not specs:
+        return None, None
+    try:
+        ivs = [parse(s) for s in specs]
+        for iv in ivs:
+            iv.check(loaded.model)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if not needs_source(ivs):
+        return ivs, None
+    if not args.patch_source:
+        raise CliError("a patch: intervention needs --patch-source TEXT (the prompt to copy the activation from)")
+    return ivs, prompt_ids(loaded, args.patch_source, None)
 
 
 def cmd_generate(args) -> None:
@@ -121,6 +147,23 @@ def cmd_generate(args) -> None:
         print(json.dumps({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}, ensure_ascii=False))
     else:
         print(args.prompt + loaded.tokenizer.decode(new))
+
+
+# --- train-tiny (issue 4: the Pre-Norm / Post-Norm twins; see explorer_model/train.py) ---
+def cmd_train_tiny(args) -> None:
+    from dataclasses import fields
+    from pathlib import Path
+
+    from .train import TrainConfig, train_tiny
+
+    keys = {f.name for f in fields(TrainConfig)}
+    tc = TrainConfig(**{k: v for k, v in vars(args).items() if k in keys and v is not None})
+    out = Path(args.out) if args.out else Path(__file__).resolve().parents[1] / "assets" / f"tiny-{tc.norm}"
+    log = train_tiny(tc, out, **({"tokenizer_path": Path(args.tokenizer)} if args.tokenizer else {}))
+    f = log["final"]
+    print(f"wrote {out}: train loss {f['train_loss']:.3f}, held-out {f['heldout_loss']:.3f} "
+          f"(unigram entropy {log['unigram_entropy_train']:.3f}) in {log['seconds']:.0f} s")
+# --- end train-tiny ---
 
 
 def cmd_serve(args) -> None:
@@ -155,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--names", nargs="*", help="hook-name globs, e.g. 'blocks.*.attn.hook_pattern'")
     s.add_argument("--float16", action="store_true", help="store tensors in float16 (half the size)")
+    s.add_argument("--ablate", action="append", metavar="HEADS",
+                   help="ablate heads for this run: blocks.3.attn.head5, blocks.3.attn.head2+5 or blocks.3.attn")
+    s.add_argument("--intervene", action="append", metavar="SPEC",
+                   help="any what-if form, e.g. no-mask, no-rope, skip:blocks.3.mlp, patch:blocks.5.hook_resid_pre@4")
+    s.add_argument("--patch-source", metavar="TEXT", help="source prompt for patch: interventions")
     s.set_defaults(fn=cmd_record)
 
     s = sub.add_parser("generate", help="continue a prompt (KV cache)")
@@ -167,6 +215,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_generate)
+
+    # --- train-tiny (issue 4) ---
+    s = sub.add_parser("train-tiny", help="train a tiny Pre-Norm or Post-Norm LLaMA on the shipped corpus")
+    s.add_argument("--norm", choices=["pre", "post"], required=True)
+    for flag, typ in (("layers", int), ("d-model", int), ("heads", int), ("kv-heads", int), ("d-ff", int),
+                      ("context", int), ("batch", int), ("steps", int), ("warmup", int), ("lr", float),
+                      ("seed", int), ("log-every", int), ("threads", int)):
+        s.add_argument(f"--{flag}", type=typ, help="default: see TrainConfig in explorer_model/train.py")
+    s.add_argument("--out", help="output folder (default assets/tiny-NORM)")
+    s.add_argument("--tokenizer", help="SentencePiece model (default assets/tiny/tokenizer.model)")
+    s.set_defaults(fn=cmd_train_tiny)
+    # --- end train-tiny ---
 
     s = sub.add_parser("serve", help="start the explorer app in the browser")
     s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)

