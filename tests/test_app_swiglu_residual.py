@@ -172,7 +172,7 @@ def test_residual_matches_recording(loaded):
 
 def test_take_top_token_and_undo(loaded):
     prompt = "The capital of France is"
-    app_state.get_recording.clear()  # other tests may have recorded the extended prompt already
+    app_state.recording_cache.clear()  # other tests may have recorded the extended prompt already
     at = run_app(view="residual", prompt=prompt)
     assert not at.exception
     before = app_state.FORWARDS["count"]

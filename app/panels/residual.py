@@ -65,16 +65,13 @@ def logit_lens_data(model, rec, start: int = 0) -> tuple[np.ndarray, np.ndarray]
 
     Each row applies the model's own final norm and unembedding, so the last row is the model's prediction.
     """
-    ids, probs = [], []
-    for layer in range(rec.cfg.n_layers):
-        x = rec[f"blocks.{layer}.hook_resid_post"][0, start:].float()
-        if model.ln_final is not None:
-            x = model.ln_final(x)
-        logits = model.unembed(x)
-        top, arg = logits.max(-1)
-        ids.append(arg.numpy())
-        probs.append(torch.exp(top - torch.logsumexp(logits, -1)).numpy())
-    return np.stack(ids), np.stack(probs)
+    # One matmul for all layers: the 113 MB unembedding matrix is read once, not once per layer.
+    x = rec.stack("hook_resid_post")[:, 0, start:].float()  # [layer, pos, d_model]
+    if model.ln_final is not None:
+        x = model.ln_final(x)
+    logits = model.unembed(x)  # [layer, pos, vocab]
+    top, arg = logits.max(-1)
+    return arg.numpy(), torch.exp(top - torch.logsumexp(logits, -1)).numpy()
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
