@@ -18,7 +18,7 @@ from app.panels import VIEWS
 from app.presets import PRESETS
 
 log = logging.getLogger("llama_explorer.app")
-URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt")
+URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt", "whatif", "whatif_source")
 
 st.set_page_config(page_title="LLaMA Explorer", page_icon="🦙", layout="wide")
 keep_freed_memory()  # each new prompt's recording reuses the memory of evicted ones
@@ -190,6 +190,8 @@ def main() -> None:
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
         st.error(tr(f"This view failed: {e}", f"该视图出错：{e}"))
+    finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
+        ctx.rec = state.RecordingRef(st.session_state.active_model, tuple(ids))
 
 
 main()

@@ -18,6 +18,7 @@ import streamlit as st
 
 from explorer_model.loaders import LoadedModel, LoadError, load
 from explorer_model.recording import Recording, record
+from explorer_model.runtime import release_freed_memory
 
 DEFAULT_SOURCE = "smollm2"
 DEFAULT_MAX_TOKENS = 256
@@ -99,9 +100,14 @@ class RecordingCache:
             FORWARDS["count"] += 1
         with self._lock:
             self._items[key], self._bytes[key] = rec, rec.stored_bytes()
+            evicted = []
             while len(self._items) > 1 and sum(self._bytes.values()) > self.budget:
-                old, _ = self._items.popitem(last=False)
+                old, gone = self._items.popitem(last=False)
                 self._bytes.pop(old)
+                evicted.append(gone)
+        if evicted:
+            del evicted, gone  # (a visitor still drawing it keeps its own reference until done)
+            release_freed_memory()
         return rec
 
     def stored_bytes(self) -> int:
@@ -116,6 +122,33 @@ def recording_cache() -> RecordingCache:
 
 def get_recording(source: str, ids: tuple[int, ...]) -> Recording:
     return recording_cache().get(source, tuple(ids))
+
+
+class RecordingRef:
+    """Stands in for a drawn page's Recording. Format functions of widgets and download callables close over
+    the ViewContext and live as long as the visitor's session; through this they keep only (source, ids),
+    so the byte-bounded cache stays the only owner of recordings. Reading fetches it again (recomputed if
+    it was evicted)."""
+
+    def __init__(self, source: str, ids: tuple[int, ...]):
+        self._key = (source, tuple(ids))
+
+    def __getattr__(self, name):
+        if name == "_key":  # not set yet (e.g. a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(get_recording(*self._key), name)
+
+    def __getitem__(self, name):
+        return get_recording(*self._key)[name]
+
+    def __contains__(self, name) -> bool:
+        return name in get_recording(*self._key)
+
+    def __iter__(self):
+        return iter(get_recording(*self._key))
+
+    def __len__(self) -> int:
+        return len(get_recording(*self._key))
 
 
 def encode_prompt(loaded: LoadedModel, text: str, max_tokens: int) -> tuple[list[int], int]:

@@ -2,11 +2,14 @@
 
 A HookPoint returns its input unchanged unless a function is attached. Attached functions are global
 state on the model, so they are only ever added through `HookedModule.hooks()`, a context manager that
-removes them on exit whatever happens inside.
+removes them on exit whatever happens inside. A function fires only for forward passes run by the thread
+that attached it: the app shares one model among all visitors, and a panel calling e.g. `model.ln_final`
+in one session must not land in a recording being made in another.
 """
 from __future__ import annotations
 
 import fnmatch
+import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
@@ -23,7 +26,14 @@ class HookPoint(nn.Module):
         self.fns: list[HookFn] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fns:
+            return x
+        me = threading.get_ident()
         for fn in self.fns:
+            if isinstance(fn, _Owned):
+                if fn.thread != me:
+                    continue
+                fn = fn.fn
             out = fn(x, self)
             if out is not None:
                 x = out
@@ -31,10 +41,24 @@ class HookPoint(nn.Module):
 
     @property
     def active(self) -> bool:
-        return bool(self.fns)
+        """Whether a function fires for this thread (the model may then take a slower, observable path)."""
+        me = threading.get_ident()
+        return any(not isinstance(fn, _Owned) or fn.thread == me for fn in self.fns)
 
     def extra_repr(self) -> str:
         return self.name
+
+
+_EDIT = threading.Lock()  # attaching and removing are read-modify-write of HookPoint.fns
+
+
+class _Owned:
+    """A hook function and the thread that attached it."""
+
+    __slots__ = ("fn", "thread")
+
+    def __init__(self, fn: HookFn):
+        self.fn, self.thread = fn, threading.get_ident()
 
 
 class HookedModule(nn.Module):
@@ -70,14 +94,17 @@ class HookedModule(nn.Module):
             for name, fn in fwd_hooks:
                 if name not in self.hook_dict:
                     raise KeyError(f"no hook point named {name!r}")
-                hp = self.hook_dict[name]
-                hp.fns.append(fn)
-                added.append((hp, fn))
+                hp, owned = self.hook_dict[name], _Owned(fn)
+                with _EDIT:  # a new list, so a forward pass iterating the old one in another thread
+                    hp.fns = hp.fns + [owned]  # neither skips nor repeats a function
+                added.append((hp, owned))
             yield self
         finally:
-            for hp, fn in added:
-                hp.fns.remove(fn)
+            with _EDIT:
+                for hp, owned in added:
+                    hp.fns = [f for f in hp.fns if f is not owned]
 
     def reset_hooks(self) -> None:
-        for hp in self.hook_dict.values():
-            hp.fns.clear()
+        with _EDIT:
+            for hp in self.hook_dict.values():
+                hp.fns = []

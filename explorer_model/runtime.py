@@ -31,3 +31,17 @@ def keep_freed_memory() -> bool:
     ok &= libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1  # an int: larger values wrap to "trim always"
     _done = bool(ok)
     return _done
+
+
+def release_freed_memory() -> None:
+    """Give freed heap memory back to the OS now (glibc malloc_trim), in every thread's arena.
+
+    For a server that has just dropped something big (an evicted recording): kept freed memory is only reused
+    by the thread whose arena holds it, so with many visitors' threads it would pile up past any budget.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,499 @@
+"""Classroom load: N simulated visitors on one shared server, spoken to over Streamlit's own websocket.
+
+Each visitor is a websocket client doing what the browser does: it opens /_stcore/stream with the
+"streamlit" subprotocol, sends BackMsg.rerun_script (query string on the first run, then only the widget
+it changed, identified by the id the server sent in the element's proto) and reads ForwardMsgs until
+script_finished. Latency is measured from sending the BackMsg to receiving script_finished, i.e. what a
+visitor waits for the page to settle. 30 such clients cost a few % of one core; 30 browsers would not
+fit on the 2 cores that also run the server.
+
+Per visitor: open the page, then for each of its prompts (all different, 10-60 tokens): type the prompt,
+switch view, layer, head, view, layer, with a random pause ("think time") between actions.
+An error is an exception element or an st.error on the page, a run that did not finish successfully, a
+page whose URL state disagrees with what was asked, a dropped connection, or no answer within --timeout.
+The server's memory is the RSS of its process tree, read from /proc every 0.2 s; it must stay under
+model weights + the recording-cache bound (--cache-mb) + a fixed overhead (--overhead-mb, see OVERHEAD_MB).
+
+Determinism is checked apart from the server: the same prompt recorded in several threads at once (plain
+`record` calls, and through app.state.RecordingCache with a zero budget so each get recomputes), and in
+two separate `llama-explorer record` processes; every tensor must be bit-identical.
+
+Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5]   (prints a JSON report;
+exit status 0 when there were no errors, memory stayed under the bound and recordings were identical)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
+# libraries (~0.42 GB after the first page), one recording in flight (~1.7 MB per token of SmolLM2: 100 MB
+# at 60 tokens, 0.9 GB at the shared-mode cap of 512), the working arrays of the page runs in progress,
+# and memory glibc keeps in its per-thread arenas between trims. Measured with 30 visitors on 2 cores:
+# 1.3-1.56 GB over five runs; the bound allows 1.75 GB. It grows with the page runs in progress at once,
+# not with the number of visitors connected.
+OVERHEAD_MB = 1792
+ACTIONS = ("open", "new_prompt", "switch_view", "switch_layer", "switch_head")
+
+EN = (["The teacher", "A small robot", "My grandmother", "The old library", "Every student", "The river pilot",
+       "A tired engineer", "The city council", "Our neighbour's cat", "The young doctor"],
+      ["explained", "painted", "carried", "forgot", "repaired", "described", "counted", "found", "sold", "opened"],
+      ["three equations on the board", "a map of the northern islands", "the broken bicycle",
+       "a letter from nineteen years ago", "seven baskets of apples", "the secret garden gate",
+       "a recipe for bread", "the noisy printer", "two paintings of the sea", "the last train ticket"],
+      ["before lunch", "in the rain", "while the bells rang", "after the long meeting", "near the harbour",
+       "during the exam", "on a quiet Sunday", "at the edge of town"])
+ZH = ["今天老师在黑板上写了三个方程，", "小机器人在雨中修好了自行车，", "图书馆里有一封很旧的信，",
+      "我们在公园里数了七篮苹果，", "医生在会议之后打开了花园的门，"]
+
+
+def make_prompts(visitor: int, count: int, seed: int) -> list[str]:
+    """`count` different prompts for one visitor, unique across visitors (so every one is a forward pass)."""
+    rng = random.Random(seed * 1000 + visitor)
+    out = []
+    for i in range(count):
+        if rng.random() < 0.2:
+            text = "".join(rng.sample(ZH, rng.randint(1, 3))) + f"第{visitor}号学生问了第{i}个问题。"
+        else:
+            parts = [f"{rng.choice(EN[0])} {rng.choice(EN[1])} {rng.choice(EN[2])} {rng.choice(EN[3])}"
+                     for _ in range(rng.randint(1, 3))]
+            text = f"Visitor {visitor}, question {i}: " + ", and then ".join(parts) + "."
+        out.append(text)
+    return out
+
+
+def percentile(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+
+
+# --------------------------------------------------------------------------- server and its memory
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree_pids(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def rss_kb(pids: list[int]) -> dict[str, int]:
+    total = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    if k in total:
+                        total[k] += int(v.split()[0])
+        except OSError:
+            pass
+    return total
+
+
+class MemorySampler(threading.Thread):
+    """Peak RSS of a process tree, sampled from /proc."""
+
+    def __init__(self, pid: int, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.samples = pid, every, 0
+        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+        self.last = dict(self.peak)
+        self.history: list[int] = []  # VmRSS of every sample, kB
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.last = rss_kb(tree_pids(self.pid))
+            self.samples += 1
+            self.history.append(self.last["VmRSS"])
+            if self.last["VmRSS"] > self.peak["VmRSS"]:
+                self.peak = self.last
+            self._halt.wait(self.every)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path) -> subprocess.Popen:
+    from app.launch import server_env, streamlit_command
+
+    log = open(log_path, "wb")
+    return subprocess.Popen(streamlit_command(port, "127.0.0.1"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb),
+                            start_new_session=True)  # its own process group, so stopping it stops only it
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("the server did not become healthy")
+
+
+# --------------------------------------------------------------------------- one visitor
+class Visitor:
+    """One browser tab, reduced to Streamlit's protocol."""
+
+    def __init__(self, port: int, timeout: float):
+        self.url, self.timeout = f"ws://127.0.0.1:{port}/_stcore/stream", timeout
+        self.ws, self.ids, self.query, self.view_labels = None, {}, {}, []
+
+    async def connect(self) -> None:
+        import websockets
+
+        self.ws = await websockets.connect(self.url, subprotocols=["streamlit"], max_size=None,
+                                           open_timeout=self.timeout)
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+
+    async def rerun(self, query: str = "", widget: tuple[str, str, object] | None = None) -> tuple[float, list[str]]:
+        """One script run; (seconds until script_finished, problems seen on the page)."""
+        from streamlit.proto.BackMsg_pb2 import BackMsg
+
+        msg = BackMsg()
+        msg.rerun_script.query_string = query
+        if widget is not None:
+            key, kind, value = widget
+            ws = msg.rerun_script.widget_states.widgets.add()
+            ws.id = self.ids[key]
+            if kind == "string":
+                ws.string_value = value
+            elif kind == "double_array":
+                ws.double_array_value.data[:] = value
+            else:
+                ws.string_array_value.data[:] = value
+        t0 = time.perf_counter()
+        await self.ws.send(msg.SerializeToString())
+        problems = await asyncio.wait_for(self._read_run(), self.timeout)
+        return time.perf_counter() - t0, problems
+
+    async def _read_run(self) -> list[str]:
+        from streamlit.proto.Alert_pb2 import Alert
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        problems = []
+        while True:
+            f = ForwardMsg()
+            f.ParseFromString(await self.ws.recv())
+            kind = f.WhichOneof("type")
+            if kind == "delta" and f.delta.WhichOneof("type") == "new_element":
+                el_kind = f.delta.new_element.WhichOneof("type")
+                el = getattr(f.delta.new_element, el_kind)
+                if getattr(el, "id", ""):
+                    self.ids[el.id.rsplit("-", 1)[-1]] = el.id
+                if el_kind == "button_group":
+                    self.view_labels = [o.content for o in el.options]
+                if el_kind == "exception":
+                    problems.append(f"exception: {el.type}: {el.message}")
+                elif el_kind == "alert" and el.format == Alert.ERROR:
+                    problems.append(f"error: {el.body[:200]}")
+            elif kind == "page_info_changed":
+                self.query = {k: v[0] for k, v in parse_qs(f.page_info_changed.query_string).items()}
+            elif kind == "script_finished":
+                if f.script_finished != ForwardMsg.FINISHED_SUCCESSFULLY:
+                    problems.append(f"script_finished status {f.script_finished}")
+                return problems
+
+    def mismatch(self, **wanted) -> list[str]:
+        return [f"URL has {k}={self.query.get(k)!r}, expected {v!r}" for k, v in wanted.items()
+                if self.query.get(k) != str(v)]
+
+
+async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], args, deadline: float,
+                      times: dict[str, list[float]], errors: list[dict]) -> int:
+    """All actions of one visitor; returns how many it completed."""
+    from app.panels import VIEWS
+
+    all_views = [x[0] for x in VIEWS]  # the server's option order
+    rng = random.Random(args.seed * 7919 + n)
+    await asyncio.sleep(rng.uniform(0, args.ramp))  # a class does not arrive in the same millisecond
+    v = Visitor(port, args.timeout)
+    done, action = 0, "open"
+    state = {"view": rng.choice(views), "layer": 0, "head": 0}
+
+    async def act(name: str, query: str = "", widget=None, **wanted) -> None:
+        nonlocal done, action
+        action = name
+        dt, problems = await v.rerun(query, widget)
+        problems += v.mismatch(**wanted)
+        times[name].append(dt)
+        if name == "switch_view":
+            times.setdefault(f"switch_view:{state['view']}", []).append(dt)
+        for p in problems:
+            errors.append({"visitor": n, "action": name, "problem": p})
+        done += 1
+        await asyncio.sleep(rng.uniform(0.5, 1.5) * args.think)
+
+    try:
+        await v.connect()
+        lang = "zh" if n % 3 == 2 else "en"
+        await act("open", urlencode({"view": state["view"], "lang": lang}), view=state["view"], lang=lang)
+        for text in prompts:
+            if time.monotonic() > deadline:
+                break
+            await act("new_prompt", widget=("prompt", "string", text), prompt=text)
+            for kind in ("view", "layer", "head", "view", "layer"):
+                if kind == "view":
+                    state["view"] = rng.choice([x for x in views if x != state["view"]])
+                    label = v.view_labels[all_views.index(state["view"])]
+                    await act("switch_view", widget=("view", "string_array", [label]), view=state["view"])
+                else:
+                    hi = 29 if kind == "layer" else 8  # SmolLM2: 30 layers, 9 heads
+                    state[kind] = rng.choice([x for x in range(hi + 1) if x != state[kind]])
+                    await act(f"switch_{kind}", widget=(kind, "double_array", [float(state[kind])]),
+                              **{kind: state[kind]})
+    except asyncio.TimeoutError:
+        errors.append({"visitor": n, "action": action, "problem": f"timeout: no script_finished within {args.timeout} s"})
+    except Exception as e:  # a dropped connection, or anything else that ends this visitor early
+        errors.append({"visitor": n, "action": action, "problem": f"{type(e).__name__}: {e}"})
+    finally:
+        try:
+            await v.close()
+        except Exception:
+            pass
+    return done
+
+
+async def run_visitors(port: int, args, deadline: float) -> tuple[dict, list, list[int]]:
+    from app.panels import VIEWS
+
+    views = [x[0] for x in VIEWS if not args.views or x[0] in args.views.split(",")]
+    times = {a: [] for a in ACTIONS}
+    errors: list[dict] = []
+    done = await asyncio.gather(*[
+        visitor_run(n, port, make_prompts(n, args.prompts, args.seed), views, args, deadline, times, errors)
+        for n in range(args.visitors)])
+    return times, errors, list(done)
+
+
+# --------------------------------------------------------------------------- determinism
+def array_digest(arrays: dict) -> str:
+    import numpy as np
+
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def determinism(model, prompt: str, threads: int = 4) -> dict:
+    """Bit-identical recordings for one prompt: across threads, through the app's cache, across processes."""
+    import numpy as np
+    import torch
+
+    from app import state
+    from explorer_model.recording import record
+
+    ids = model.tokenizer.encode(prompt, add_bos=getattr(model.tokenizer, "add_bos", False))
+    recs: list = [None] * threads
+
+    def rec_into(i: int) -> None:
+        recs[i] = record(model.model, ids)
+
+    workers = [threading.Thread(target=rec_into, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+    cache = state.RecordingCache(budget_bytes=0)  # keeps only the newest: alternating prompts recompute
+    other = tuple(ids[:-1]) or (1,)
+    cached: list = []
+
+    def through_cache() -> None:
+        for _ in range(2):
+            cached.append(cache.get("smollm2", tuple(ids)))
+            cache.get("smollm2", other)
+
+    workers = [threading.Thread(target=through_cache) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    ref = recs[0]
+    distinct_cached = len({id(r) for r in cached})
+    unequal = sorted({name for r in recs[1:] + cached for name in ref.names
+                      if not torch.equal(r[name], ref[name])} |
+                     {"logits" for r in recs[1:] + cached if not torch.equal(r.logits, ref.logits)})
+    digests = {"in_process": array_digest(ref.to_numpy())}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(2):
+            out = Path(tmp) / f"r{i}.npz"
+            subprocess.run([sys.executable, "-m", "explorer_model.cli", "record", "smollm2", "--prompt", prompt,
+                            "--out", str(out)], check=True, capture_output=True, cwd=ROOT,
+                           env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+            with np.load(out) as data:
+                digests[f"process_{i}"] = array_digest({k: data[k] for k in data.files})
+    return {"prompt": prompt, "tokens": len(ids), "tensors": len(ref.names) + 1, "thread_recordings": threads,
+            "cache_recordings": len(cached), "cache_recomputed": distinct_cached,
+            "unequal_tensors": unequal, "digests": digests,
+            "identical": not unequal and len(set(digests.values())) == 1}
+
+
+# --------------------------------------------------------------------------- the whole run
+def run(args) -> dict:
+    t_start = time.monotonic()
+    report: dict = {"visitors": args.visitors, "prompts_per_visitor": args.prompts, "think_s": args.think,
+                    "ramp_s": args.ramp, "timeout_s": args.timeout, "cpus": os.cpu_count(),
+                    "loadavg_before": round(os.getloadavg()[0], 2)}  # other work on the machine skews latency
+    from explorer_model.loaders import load
+
+    loaded = load("smollm2")
+    weights = list(loaded.model.parameters()) + list(loaded.model.buffers())
+    model_mb = sum(t.numel() * t.element_size() for t in weights) / 2**20
+    if not args.no_determinism:
+        report["determinism"] = determinism(loaded, args.determinism_prompt)
+    del loaded, weights
+    cache_mb = args.cache_mb if args.cache_mb else 2048  # app.state's default
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
+    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log")
+    sampler = MemorySampler(proc.pid)
+    sampler.start()
+    client_cpu0 = time.process_time()
+    try:
+        wait_healthy(port, proc)
+        report["rss_idle_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
+
+        async def warm_up() -> float:  # the teacher opens the page first: the model loads once
+            v = Visitor(port, args.timeout)
+            await v.connect()
+            dt, problems = await v.rerun("view=tokens")
+            await v.close()
+            if problems:
+                raise RuntimeError(f"the first page failed: {problems}")
+            return dt
+
+        report["first_page_s"] = round(asyncio.run(warm_up()), 2)
+        report["rss_after_first_page_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
+        deadline = t_start + args.max_seconds - 60  # leave a minute to finish the runs in progress
+        t0 = time.monotonic()
+        times, errors, done = asyncio.run(asyncio.wait_for(run_visitors(port, args, deadline),
+                                                           args.max_seconds - (time.monotonic() - t_start)))
+        report["load_seconds"] = round(time.monotonic() - t0, 1)
+        report["loadavg_after"] = round(os.getloadavg()[0], 2)
+    except asyncio.TimeoutError:
+        times, errors, done = {a: [] for a in ACTIONS}, [{"problem": "the whole run exceeded --max-seconds"}], []
+    except RuntimeError as e:  # the server did not start or its first page failed
+        times, errors, done = {a: [] for a in ACTIONS}, [{"problem": str(e)}], []
+    finally:
+        report["client_cpu_s"] = round(time.process_time() - client_cpu0, 1)
+        sampler.stop()
+        server_alive = proc.poll() is None
+        stop_server(proc)
+    log = (tmp / "server.log").read_text(errors="replace")
+    report["server_log"] = str(tmp / "server.log")
+    planned = args.visitors * (1 + 6 * args.prompts)
+    if sum(done) < planned:
+        errors.append({"problem": f"only {sum(done)} of {planned} actions ran (time bound reached)"})
+    if not server_alive:
+        errors.append({"problem": f"the server exited during the run: {log[-500:]}"})
+    tracebacks = log.count("Traceback")
+    report["latency_s"] = {a: {"n": len(t), "p50": round(percentile(t, 50), 3), "p95": round(percentile(t, 95), 3),
+                               "max": round(max(t), 3)} for a, t in times.items() if t}
+    report["actions"] = sum(done)
+    report["errors"] = len(errors)
+    report["error_examples"] = errors[:10]
+    report["server_log_tracebacks"] = tracebacks
+    bound = model_mb + cache_mb + args.overhead_mb
+    peak = sampler.peak
+    report["memory_mb"] = {"peak_rss": round(peak["VmRSS"] / 1024), "peak_rss_anon": round(peak["RssAnon"] / 1024),
+                           "peak_rss_file": round(peak["RssFile"] / 1024), "samples": sampler.samples,
+                           "p50_rss": round(percentile(sampler.history, 50) / 1024) if sampler.history else 0,
+                           "p95_rss": round(percentile(sampler.history, 95) / 1024) if sampler.history else 0,
+                           "model": round(model_mb), "cache_bound": cache_mb, "overhead": args.overhead_mb,
+                           "bound": round(bound)}
+    report["total_seconds"] = round(time.monotonic() - t_start, 1)
+    report["ok"] = (not errors and not tracebacks and peak["VmRSS"] / 1024 < bound
+                    and report.get("determinism", {"identical": True})["identical"])
+    if report["ok"]:  # keep the server's log only when something went wrong
+        shutil.rmtree(tmp, ignore_errors=True)
+        del report["server_log"]
+    return report
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--visitors", type=int, default=30)
+    p.add_argument("--prompts", type=int, default=5, help="different prompts each visitor types")
+    p.add_argument("--think", type=float, default=1.0, help="mean pause between a visitor's actions (s)")
+    p.add_argument("--ramp", type=float, default=10.0, help="visitors arrive spread over this many seconds")
+    p.add_argument("--timeout", type=float, default=120.0, help="longest wait for one page run (s)")
+    p.add_argument("--max-seconds", type=float, default=900.0, help="bound on the whole benchmark (s)")
+    p.add_argument("--cache-mb", type=int, default=None, help="the server's recording cache (default: the app's 2048)")
+    p.add_argument("--max-tokens", type=int, default=None, help="the server's token cap (default: the app's)")
+    p.add_argument("--overhead-mb", type=int, default=OVERHEAD_MB, help="memory allowed beyond weights + cache")
+    p.add_argument("--views", default="", help="comma-separated view keys to visit (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-determinism", action="store_true")
+    p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    report = run(parse_args(argv))
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
