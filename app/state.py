@@ -58,9 +58,28 @@ def shipped_models() -> list[str]:
 
 
 # --------------------------------------------------------------------------- models
+def source_version(source: str) -> tuple | None:
+    """What identifies the file(s) behind a path source now: a replaced or rewritten model is loaded again, a
+    vanished one fails with the loader's message. Named sources (smollm2, tiny-pre…) have no version."""
+    path = Path(source).expanduser()
+    try:
+        if path.is_file():
+            st_ = path.stat()
+            return (st_.st_size, st_.st_mtime_ns)
+        if path.is_dir():
+            return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir() if p.is_file()))
+    except OSError:
+        return ("unreadable",)
+    return None if not any(sep in source for sep in "/\\") else ("missing",)
+
+
 @st.cache_resource(max_entries=3, show_spinner=False)
-def get_model(source: str) -> LoadedModel:
+def _load(source: str, version: tuple | None) -> LoadedModel:
     return load(source)
+
+
+def get_model(source: str) -> LoadedModel:
+    return _load(source, source_version(source))
 
 
 def try_load(source: str) -> tuple[LoadedModel | None, str | None]:

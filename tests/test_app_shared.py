@@ -54,3 +54,29 @@ def test_concurrent_visitors_share_one_forward(monkeypatch):
         t.join()
     assert state.FORWARDS["count"] == before + 1
     assert all(r is out[0] for r in out)
+
+
+def test_model_file_changed_or_removed_while_serving(ckpt, tmp_path):
+    """A rewritten model file is loaded again; a vanished one gives its visitor the loader's message."""
+    from app import state
+
+    path = ckpt.write_gguf(ckpt.hf_model("gqa", seed=1), tmp_path / "m.gguf")
+    first = state.get_model(str(path))
+    assert state.get_model(str(path)) is first  # cached while unchanged
+    ckpt.write_gguf(ckpt.hf_model("gqa", seed=2), path)
+    import os
+
+    os.utime(path, ns=(1, 1))
+    second = state.get_model(str(path))
+    assert second is not first
+    assert not torch_equal(first.model.embed.weight, second.model.embed.weight)
+    path.unlink()
+    loaded, err = state.try_load(str(path))
+    assert loaded is None and "no such file" in err
+    assert state.get_model("smollm2") is not None  # everybody else goes on
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
