@@ -71,3 +71,15 @@ def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> 
     return (f"{cfg.name}: {size} parameters, {cfg.n_layers} layers, d_model {cfg.d_model}, {heads}, "
             f"vocab {cfg.vocab_size}{tied}; {origin}")
 
+
+def read_json_object(path) -> dict:
+    """A config file's JSON object, or a LoadError naming the file."""
+    import json
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise LoadError(f"{path}: not a readable JSON file ({one_line(e)})") from None
+    if not isinstance(raw, dict):
+        raise LoadError(f"{path}: expected a JSON object")
+    return raw

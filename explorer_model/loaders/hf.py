@@ -13,7 +13,7 @@ import torch
 
 from ..config import ConfigError, ModelConfig
 from ..rope import hf_to_adjacent
-from .common import LoadError, build_model, describe, load_tokenizer, one_line, rename_blocks
+from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, rename_blocks
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight",
         "lm_head.weight": "unembed.weight"}
@@ -37,12 +37,7 @@ _SKIP = ("rotary_emb.inv_freq",)
 
 def read_config(folder: Path) -> ModelConfig:
     path = folder / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise LoadError(f"{path}: not a readable JSON file ({one_line(e)})") from None
-    if not isinstance(raw, dict):
-        raise LoadError(f"{path}: expected a JSON object")
+    raw = read_json_object(path)
     try:
         return ModelConfig.from_hf_config(raw)
     except ConfigError as e:

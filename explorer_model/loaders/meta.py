@@ -5,13 +5,12 @@ Meta's Q/K rows are already in the adjacent-pair RoPE layout we use. params.json
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ..config import ConfigError, ModelConfig
-from .common import LoadError, build_model, describe, load_tokenizer, one_line, rename_blocks
+from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, rename_blocks
 from .hf import load_torch_file
 
 _TOP = {"tok_embeddings.weight": "embed.weight", "norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
@@ -60,12 +59,7 @@ def load_meta(folder: Path):
 
     folder = Path(folder)
     params_path = folder / "params.json"
-    try:
-        params = json.loads(params_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise LoadError(f"{params_path}: not a readable JSON file ({one_line(e)})") from None
-    if not isinstance(params, dict):
-        raise LoadError(f"{params_path}: expected a JSON object")
+    params = read_json_object(params_path)
     files = sorted(folder.glob("consolidated.*.pth"))
     if not files:
         raise LoadError(f"{folder}: no consolidated.*.pth weights next to params.json")

@@ -8,13 +8,12 @@ Named sources "tiny-pre" and "tiny-post" are the twins shipped in the repository
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import explorer_model
 
 from ..config import ConfigError, ModelConfig
-from .common import LoadError, build_model, describe, load_tokenizer, one_line
+from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line
 
 CONFIG_NAME = "explorer_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -41,12 +40,7 @@ def is_native(path: Path) -> bool:
 
 def read_config(folder: Path) -> ModelConfig:
     path = folder / CONFIG_NAME
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise LoadError(f"{path}: not a readable JSON file ({one_line(e)})") from None
-    if not isinstance(raw, dict):
-        raise LoadError(f"{path}: expected a JSON object")
+    raw = read_json_object(path)
     try:
         return ModelConfig.from_dict(raw)
     except ConfigError as e:
