@@ -42,3 +42,22 @@ def all_text(at: AppTest) -> str:
     for kind in ("markdown", "caption", "title", "header", "subheader", "info", "warning", "error", "latex"):
         parts += [str(e.value) for e in at.get(kind)]
     return "\n".join(parts)
+
+
+def by_id(at, fig_id: str) -> dict:
+    """The one figure whose layout.meta.id is fig_id."""
+    found = [f for f in figures(at) if (f["layout"].get("meta") or {}).get("id") == fig_id]
+    assert len(found) == 1, f"figure {fig_id} not found"
+    return found[0]
+
+
+def trace(fig: dict, meta) -> dict:
+    found = [t for t in fig["data"] if t.get("meta") == meta]
+    assert len(found) == 1, f"trace {meta} not found"
+    return found[0]
+
+
+def forwards() -> int:
+    from app import state
+
+    return state.FORWARDS["count"]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, decode, figures, run_app
+from apptest_util import all_text, by_id, decode, forwards, run_app, trace
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LAYER, HEAD, TOKEN = 7, 5, 9
@@ -20,24 +20,6 @@ def reference():
     tok = loaded.tokenizer
     ids = tok.encode(PROMPT, add_bos=getattr(tok, "add_bos", False))
     return loaded, ids, record(loaded.model, ids)
-
-
-def by_id(at, fig_id: str) -> dict:
-    found = [f for f in figures(at) if (f["layout"].get("meta") or {}).get("id") == fig_id]
-    assert len(found) == 1, f"figure {fig_id} not found"
-    return found[0]
-
-
-def trace(fig: dict, meta) -> dict:
-    found = [t for t in fig["data"] if t.get("meta") == meta]
-    assert len(found) == 1, f"trace {meta} not found"
-    return found[0]
-
-
-def forwards() -> int:
-    from app import state
-
-    return state.FORWARDS["count"]
 
 
 # --------------------------------------------------------------------------- RMSNorm

@@ -4,30 +4,12 @@ selection changes, and the Chinese page renders."""
 import numpy as np
 import pytest
 
-from apptest_util import all_text, decode, figures, run_app
+from apptest_util import all_text, by_id, decode, figures, forwards, run_app, trace
 from explorer_model import normlab as lab
 
 PROMPT = "To be, or not to be: that is"
 LAYER, HEAD = 4, 3
 RACE_STEPS = 4
-
-
-def by_id(at, fig_id: str) -> dict:
-    found = [f for f in figures(at) if (f["layout"].get("meta") or {}).get("id") == fig_id]
-    assert len(found) == 1, f"figure {fig_id} not found"
-    return found[0]
-
-
-def trace(fig: dict, meta) -> dict:
-    found = [t for t in fig["data"] if t.get("meta") == meta]
-    assert len(found) == 1, f"trace {meta} not found"
-    return found[0]
-
-
-def forwards() -> int:
-    from app import state
-
-    return state.FORWARDS["count"]
 
 
 def twins_available() -> bool:
