@@ -17,6 +17,7 @@ import numpy as np
 import streamlit as st
 
 from explorer_model.loaders import LoadedModel, LoadError, load
+from explorer_model.paths import ASSETS
 from explorer_model.recording import Recording, record
 from explorer_model.runtime import release_freed_memory
 
@@ -53,8 +54,7 @@ def offered_models() -> list[str]:
 
 def shipped_models() -> list[str]:
     """The teaching models in assets/ (a folder with explorer_config.json), by name."""
-    assets = Path(__file__).resolve().parents[1] / "assets"
-    return sorted(p.name for p in assets.glob("*") if (p / "explorer_config.json").is_file()) if assets.is_dir() else []
+    return sorted(p.name for p in ASSETS.glob("*") if (p / "explorer_config.json").is_file()) if ASSETS.is_dir() else []
 
 
 # --------------------------------------------------------------------------- models

@@ -91,7 +91,7 @@ def cmd_record(args) -> None:
     import numpy as np
     import torch
 
-    from .interventions import format_list
+    from .analysis.interventions import format_list
     from .recording import record
 
     loaded = _load(args.source)
@@ -115,7 +115,7 @@ def cmd_record(args) -> None:
 
 def what_if(loaded, args):
     """Interventions from --ablate/--intervene (None if there are none) and the ids of --patch-source."""
-    from .interventions import needs_source, parse
+    from .analysis.interventions import needs_source, parse
 
     specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
     if not specs:
@@ -149,16 +149,18 @@ def cmd_generate(args) -> None:
         print(args.prompt + loaded.tokenizer.decode(new))
 
 
-# --- train-tiny (issue 4: the Pre-Norm / Post-Norm twins; see explorer_model/train.py) ---
+# --- train-tiny (issue 4: the Pre-Norm / Post-Norm twins; see explorer_model/lab/train.py) ---
 def cmd_train_tiny(args) -> None:
     from dataclasses import fields
     from pathlib import Path
 
-    from .train import TrainConfig, train_tiny
+    from .lab.train import TrainConfig, train_tiny
 
     keys = {f.name for f in fields(TrainConfig)}
     tc = TrainConfig(**{k: v for k, v in vars(args).items() if k in keys and v is not None})
-    out = Path(args.out) if args.out else Path(__file__).resolve().parents[1] / "assets" / f"tiny-{tc.norm}"
+    from .paths import ASSETS
+
+    out = Path(args.out) if args.out else ASSETS / f"tiny-{tc.norm}"
     log = train_tiny(tc, out, **({"tokenizer_path": Path(args.tokenizer)} if args.tokenizer else {}))
     f = log["final"]
     print(f"wrote {out}: train loss {f['train_loss']:.3f}, held-out {f['heldout_loss']:.3f} "
@@ -222,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, typ in (("layers", int), ("d-model", int), ("heads", int), ("kv-heads", int), ("d-ff", int),
                       ("context", int), ("batch", int), ("steps", int), ("warmup", int), ("lr", float),
                       ("seed", int), ("log-every", int), ("threads", int)):
-        s.add_argument(f"--{flag}", type=typ, help="default: see TrainConfig in explorer_model/train.py")
+        s.add_argument(f"--{flag}", type=typ, help="default: see TrainConfig in explorer_model/lab/train.py")
     s.add_argument("--out", help="output folder (default assets/tiny-NORM)")
     s.add_argument("--tokenizer", help="SentencePiece model (default assets/tiny/tokenizer.model)")
     s.set_defaults(fn=cmd_train_tiny)

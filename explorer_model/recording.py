@@ -159,7 +159,7 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
         with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
             model(tokens)
     else:
-        from .interventions import intervene
+        from .analysis.interventions import intervene
 
         with torch.no_grad(), intervene(model, interventions, source_tokens) as active:
             with recorder(model, names, layers, dtype, "stored" if active.alters_attention else attention) as rec:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from apptest_util import all_text, by_id, decode, figures, forwards, run_app, trace
-from explorer_model import normlab as lab
+from explorer_model.lab import normlab as lab
 
 PROMPT = "To be, or not to be: that is"
 LAYER, HEAD = 4, 3
@@ -32,7 +32,7 @@ def page():
 def twin_recordings():
     if not twins_available():
         pytest.skip("the twins are not built yet")
-    from explorer_model.corpus import HELDOUT_LINE
+    from explorer_model.lab.corpus import HELDOUT_LINE
     from explorer_model.loaders import load
     from explorer_model.recording import record
 

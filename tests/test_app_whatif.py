@@ -8,7 +8,7 @@ from apptest_util import all_text, decode, figures, run_app
 import app.state as app_state
 from app.context import display_piece
 from app.presets import BANK_PAIR
-from explorer_model import measures as M
+from explorer_model.analysis import measures as M
 
 pytestmark = pytest.mark.slow
 PROMPT = "The cat sat on the mat. The cat sat on the mat."

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from explorer_model import normlab as lab
+from explorer_model.lab import normlab as lab
 from explorer_model.recording import record
 
 SMALL = lab.LabOptions(seeds=2)

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from explorer_model.cli import main
-from explorer_model.corpus import HELDOUT_LINE, HELDOUT_LINE_ZH, load_corpus, unigram_entropy
+from explorer_model.lab.corpus import HELDOUT_LINE, HELDOUT_LINE_ZH, load_corpus, unigram_entropy
 from explorer_model.loaders import LoadError, load
 from explorer_model.loaders.native import ASSETS
-from explorer_model.train import line_loss, shipped_heldout_loss
+from explorer_model.lab.train import line_loss, shipped_heldout_loss
 
 TWINS = ("tiny-pre", "tiny-post")
 
@@ -61,7 +61,7 @@ def test_tokenizer_pieces_and_round_trip(twins):
 def test_tokenizer_training_is_deterministic():
     import sentencepiece
 
-    from explorer_model.tiny_tokenizer import train_tokenizer
+    from explorer_model.lab.tiny_tokenizer import train_tokenizer
 
     blob = train_tokenizer(out=None)
     assert blob == train_tokenizer(out=None)

@@ -2,7 +2,7 @@
 and a short training race. Why LLaMA puts the norm first.
 
 The twins are read through cached recordings (`state.get_recording`), never run for drawing; the
-experiments live in explorer_model.normlab and are cached per options (st.cache_data).
+experiments live in explorer_model.lab.normlab and are cached per options (st.cache_data).
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import streamlit as st
 
 from app import plots, state
 from app.context import ViewContext, display_piece
-from explorer_model import normlab as lab
-from explorer_model.corpus import HELDOUT_LINE
+from explorer_model.lab import normlab as lab
+from explorer_model.lab.corpus import HELDOUT_LINE
 
 COLORS = {"pre": "#4c78a8", "post": "#e45756", "deepnorm": "#54a24b"}
 RACE_DASH = {True: "solid", False: "dot"}

@@ -18,8 +18,8 @@ import torch
 from app import plots, state
 from app.context import ViewContext, display_piece
 from app.presets import BANK_PAIR
-from explorer_model import interventions as I
-from explorer_model import measures as M
+from explorer_model.analysis import interventions as I
+from explorer_model.analysis import measures as M
 from explorer_model.model import attention_pattern, causal_scores
 from explorer_model.recording import record
 

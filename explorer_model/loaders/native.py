@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import explorer_model
 
 from ..config import ConfigError, ModelConfig
 from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line
@@ -18,8 +17,7 @@ from .common import LoadError, read_json_object, build_model, describe, load_tok
 CONFIG_NAME = "explorer_config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.model"
-# The repo root (an editable install imports the package from the work tree, so assets/ sits beside it).
-ASSETS = Path(explorer_model.__file__).resolve().parents[1] / "assets"
+from ..paths import ASSETS
 NAMED = {"tiny-pre": "tiny-pre", "tiny-post": "tiny-post"}
 
 

@@ -22,8 +22,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Iterable
+from ..paths import ASSETS
 
-CORPUS_DIR = Path(__file__).resolve().parents[1] / "assets" / "corpus"
+CORPUS_DIR = ASSETS / "corpus"
 SPLITS = ("train", "heldout")
 LANGS = ("en", "zh")
 
@@ -63,7 +64,7 @@ def load_corpus(split: str = "train", lang: str | None = None, root: Path | None
         try:
             parts.append(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path} is missing; rebuild it with `python -m explorer_model.corpus`") from None
+            raise FileNotFoundError(f"{path} is missing; rebuild it with `python -m explorer_model.lab.corpus`") from None
     return "\n\n".join(p.strip("\n") for p in parts) + "\n"
 
 
@@ -167,7 +168,7 @@ def build_corpus(out: Path | None = None, shakespeare: Path | None = None, fortu
     return sizes
 
 
-if __name__ == "__main__":  # python -m explorer_model.corpus [--shakespeare PATH] [--fortunes DIR]
+if __name__ == "__main__":  # python -m explorer_model.lab.corpus [--shakespeare PATH] [--fortunes DIR]
     import argparse
 
     ap = argparse.ArgumentParser(description="Rebuild assets/corpus/ from the shakespeare and fortunes-zh packages")

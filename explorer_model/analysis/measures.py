@@ -9,8 +9,8 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from .model import LlamaModel
-from .rope import cos_sin
+from ..model import LlamaModel
+from ..rope import cos_sin
 
 
 def prompt_loss(logits: torch.Tensor, ids) -> float:

@@ -31,14 +31,15 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .model import LlamaModel
+from ..config import ModelConfig
+from ..model import LlamaModel
+from ..paths import ASSETS
 
 VARIANTS = ("pre", "post", "deepnorm")
 DEPTHS = (2, 4, 6, 8, 12, 16, 24, 32, 48)  # depths one can pick for the per-layer profile
 SWEEP_DEPTHS = (2, 4, 8, 12, 24, 48)  # the "against depth" curves (doubling, to fit the time budget)
 RACE_RUNS = (("pre", True), ("pre", False), ("post", True), ("post", False))  # (placement, warmup)
-RACE_CURVES_PATH = Path(__file__).resolve().parents[1] / "assets" / "lab" / "race_curves.json"
+RACE_CURVES_PATH = ASSETS / "lab" / "race_curves.json"
 
 
 @contextmanager
@@ -302,7 +303,7 @@ def race_data() -> dict:
     if not _RACE_DATA:
         from .corpus import load_corpus, unigram_entropy
         from .tiny_tokenizer import TOKENIZER_PATH
-        from .tokenizer import Tokenizer
+        from ..tokenizer import Tokenizer
 
         tok = Tokenizer.from_sentencepiece(TOKENIZER_PATH)
         ids = tok.encode(load_corpus("train", "en"))
@@ -370,7 +371,7 @@ def _race_models(rc: RaceConfig, vocab: int):
 
 # --------------------------------------------------------------------------- the twins (read-only helpers)
 TWINS = ("tiny-pre", "tiny-post")
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
 
 
 def residual_norms(rec) -> list[float]:
@@ -398,7 +399,7 @@ def sequence_loss(rec) -> float:
 
 
 def train_log(name: str, root: Path | None = None) -> dict | None:
-    """assets/<name>/train_log.json as written by explorer_model.train, or None if it is not there."""
+    """assets/<name>/train_log.json as written by explorer_model.lab.train, or None if it is not there."""
     try:
         return json.loads(((root or ASSETS) / name / "train_log.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -464,5 +465,5 @@ def load_race_curves(path: Path = RACE_CURVES_PATH) -> dict | None:
         return None
 
 
-if __name__ == "__main__":  # python -m explorer_model.normlab: rebuild assets/lab/race_curves.json
+if __name__ == "__main__":  # python -m explorer_model.lab.normlab: rebuild assets/lab/race_curves.json
     precompute_race_curves()

@@ -26,9 +26,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from ..config import ModelConfig
 from .corpus import HELDOUT_LINE, HELDOUT_LINE_ZH, LANGS, load_corpus, unigram_cross_entropy, unigram_entropy
-from .model import LlamaModel
+from ..model import LlamaModel
 from .tiny_tokenizer import TOKENIZER_PATH
 
 
@@ -167,7 +167,7 @@ def _grad_norms(model: LlamaModel) -> dict[str, list[float]]:
 def train_tiny(tc: TrainConfig, out: Path | None, tokenizer_path: Path = TOKENIZER_PATH,
                progress: Callable[[str], None] | None = print) -> dict:
     """Train one twin; writes the model folder to `out` (unless None) and returns the training log."""
-    from .tokenizer import Tokenizer
+    from ..tokenizer import Tokenizer
 
     t_start, cpu_start = time.perf_counter(), time.process_time()
     threads_before = torch.get_num_threads()

@@ -17,8 +17,9 @@ import io
 from pathlib import Path
 
 from .corpus import load_corpus
+from ..paths import ASSETS
 
-TOKENIZER_PATH = Path(__file__).resolve().parents[1] / "assets" / "tiny" / "tokenizer.model"
+TOKENIZER_PATH = ASSETS / "tiny" / "tokenizer.model"
 VOCAB_SIZE = 4000
 
 
@@ -63,7 +64,7 @@ def train_tokenizer(out: Path | None = TOKENIZER_PATH, vocab_size: int = VOCAB_S
     return data
 
 
-if __name__ == "__main__":  # python -m explorer_model.tiny_tokenizer [--vocab-size N] [--out PATH]
+if __name__ == "__main__":  # python -m explorer_model.lab.tiny_tokenizer [--vocab-size N] [--out PATH]
     import argparse
     import hashlib
 
