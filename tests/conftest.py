@@ -10,12 +10,16 @@ import functools
 import io
 import json
 import math
+import os
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+# A message key missing from a catalog raises in tests instead of showing the key (app/i18n.py).
+os.environ.setdefault("LLAMA_EXPLORER_STRICT_I18N", "1")
 
 SENTENCES = [
     "The capital of France is Paris, and the capital of Italy is Rome.",
