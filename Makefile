@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: run test info setup browser bench
+.PHONY: run test test-fast info setup browser bench
 
 run: setup
 	$(PY) -m explorer_model.cli info smollm2
@@ -20,6 +20,10 @@ info: setup
 
 test: setup browser
 	$(PY) -m pytest -q
+
+# Everything that needs neither the real model nor the app, a browser or a server (under a minute).
+test-fast: setup
+	$(PY) -m pytest -q -m "not real and not app and not browser and not slow"
 
 setup: $(STAMP)
 

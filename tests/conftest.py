@@ -7,10 +7,12 @@ loaders are checked against an outside reference rather than against themselves.
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import json
 import math
 import os
+import re
 import types
 from pathlib import Path
 
@@ -335,3 +337,30 @@ def write_gguf(model, path: Path, qtype: str = "F32", vocab: str = "gpt2", arch:
 def ckpt():
     """The helpers above, for tests: `ckpt.hf_model(...)`, `ckpt.write_gguf(...)`, ..."""
     return types.SimpleNamespace(**{k: v for k, v in globals().items() if not k.startswith("_")})
+
+
+# --------------------------------------------------------------------------- test tiers
+# `make test-fast` runs what needs neither the real model nor the app, a browser or a server:
+#   -m "not real and not app and not browser and not slow"
+# A test is marked `real` when it (or a fixture it uses) loads the default SmolLM2 GGUF, and `app` when its module
+# drives the Streamlit app (AppTest, a server, the load bench). Marks can also be set by hand.
+_REAL = re.compile(r"smollm2|default_gguf_path|DEFAULT_SOURCE")
+_APP = re.compile(r"^from (apptest_util|streamlit\.testing)|^import apptest_util|bench_load", re.M)
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        if any(_REAL.search(_source(f)) for f in [item.function, *fixtures]):
+            item.add_marker(pytest.mark.real)
+        if _APP.search(_source(item.module)):
+            item.add_marker(pytest.mark.app)
