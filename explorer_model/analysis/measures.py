@@ -13,12 +13,20 @@ from ..model import LlamaModel
 from ..rope import cos_sin
 
 
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of `targets` [...] under `logits` [..., vocab]: the language-model loss.
+
+    The one loss of the project: training, the lab, the twins' held-out lines and the prompt loss all call it.
+    Pair logits at position t with the token at t + 1 (`prompt_loss` does that for a prompt)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
 def prompt_loss(logits: torch.Tensor, ids) -> float:
     """Mean next-token cross-entropy of the model on the prompt itself (nats); NaN for one token."""
     ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
     if ids.numel() < 2:
         return float("nan")
-    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1])[:-1].float(), ids[1:]))
+    return float(token_loss(logits.reshape(-1, logits.shape[-1])[:-1], ids[1:]))
 
 
 def next_token_logprobs(logits: torch.Tensor, ids) -> torch.Tensor:

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..config import ModelConfig
 from .corpus import HELDOUT_LINE, HELDOUT_LINE_ZH, LANGS, load_corpus, unigram_cross_entropy, unigram_entropy
+from ..analysis.measures import token_loss
 from ..model import LlamaModel
 from .tiny_tokenizer import TOKENIZER_PATH
 
@@ -117,8 +117,7 @@ class TokenData:
 
 
 def lm_loss(model: LlamaModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    return token_loss(model(x), y)
 
 
 @torch.no_grad()
