@@ -8,7 +8,7 @@ import torch
 
 from explorer_model import LlamaModel, ModelConfig
 from explorer_model.analysis.compare import (
-    Alignment, CompareError, align_minimal_pair, alignment_from_pairs, attention_js, comparable,
+    CURVE_HOOKS, CompareError, align_minimal_pair, alignment_from_pairs, attention_js, comparable,
     compare_next_token, hook_difference, layer_curves, lesson_key, next_token_distances, relative_depth,
     resid_change_map, shares_vocabulary, stream, top_k_side_by_side)
 from explorer_model.recording import record
@@ -200,6 +200,14 @@ def test_gate_sparsity(recs, kind):
         assert c.gate_sparsity.mean() >= neg > 0.3
 
 
+def test_curve_hooks_are_enough(models, recs):
+    small = record(models["post"], A_IDS, names=CURVE_HOOKS)
+    assert len(small) < len(recs["post"]) / 2
+    full, part = layer_curves(recs["post"]), layer_curves(small)
+    for f in ("ln1_scale", "ln2_scale", "attn_entropy", "sink_share", "gate_sparsity", "stream_rms"):
+        np.testing.assert_array_equal(getattr(part, f), getattr(full, f))
+
+
 def test_curves_of_two_depths_share_the_axis(recs):
     shallow, deep = layer_curves(recs["pre"]), layer_curves(recs["deep"])
     assert len(shallow.depth) == 3 and len(deep.depth) == 5
@@ -212,7 +220,7 @@ def test_hook_difference_is_b_minus_a(recs):
     a, b = recs["pre"], recs["post"]
     for name in ("hook_embed", "blocks.1.hook_resid_post", "blocks.2.attn.hook_pattern", "blocks.0.mlp.hook_act",
                  "blocks.1.ln2.hook_scale", "logits"):
-        np.testing.assert_allclose(hook_difference(a, b, name), b[name][0].double().numpy() - a[name][0].double().numpy())
+        np.testing.assert_array_equal(hook_difference(a, b, name), b[name][0].numpy() - a[name][0].numpy())
     d = hook_difference(a, b, "blocks.0.attn.hook_attn_scores")
     assert np.isnan(d[:, 0, 1]).all() and np.isfinite(d[:, 1, :2]).all()
 
@@ -227,9 +235,13 @@ def test_hook_difference_on_aligned_positions(recs):
         np.testing.assert_allclose(d[r], rb[j] - ra[i])
     np.testing.assert_allclose(d[:3], 0, atol=1e-6)  # same model, same prefix: causal, so nothing changed yet
     assert np.abs(d[3:]).max() > 1e-3  # after the changed tokens everything downstream moves
-    p = hook_difference(a, b, "blocks.1.attn.hook_pattern", [(0, 0), (2, 2), (10, 11)])
+    pairs = [(0, 0), (2, 3), (10, 11)]
+    p = hook_difference(a, b, "blocks.1.attn.hook_pattern", pairs)
     pa, pb = t(a.pattern(1)), t(b.pattern(1))
-    assert p.shape == (6, 3, 3) and p[4, 2, 1] == pytest.approx(pb[4, 11, 2] - pa[4, 10, 2])
+    assert p.shape == (6, 3, 3)
+    for r, (qi, qj) in enumerate(pairs):  # the aligned sub-matrix: query pairs by key pairs
+        for c, (ki, kj) in enumerate(pairs):
+            np.testing.assert_allclose(p[:, r, c], pb[:, qj, kj] - pa[:, qi, ki])
     with pytest.raises(CompareError, match="11 tokens and B has 12"):
         hook_difference(a, b, "hook_embed")
     with pytest.raises(CompareError, match="shape"):
@@ -274,6 +286,10 @@ def test_attention_js_same_length(recs):
                 want = js_loop(dict(enumerate(pa[h, q, :q + 1])), dict(enumerate(pb[h, q, :q + 1])))
                 assert js[l, h, q] == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert np.all(js[:, :, 0] < 1e-12) and js.max() <= math.log(2) and js.max() > 0.01
+    one = attention_js(a, b, layers=[2])
+    assert one["layers"].tolist() == [2] and np.array_equal(one["js"], js[2:3])
+    with pytest.raises(CompareError, match="layers must lie in 0…2"):
+        attention_js(a, b, layers=[3])
     np.testing.assert_allclose(attention_js(a, a)["js"], 0, atol=1e-12)
 
 

@@ -24,6 +24,9 @@ LOG2 = math.log(2.0)
 # Config fields that fix every hook tensor's shape (ffn_type decides whether hook_pre_linear exists).
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size", "ffn_type")
 LESSON_KEYS = ("identical", "pre_vs_post", "two_models", "two_prompts", "intervention", "mixed")
+# What layer_curves reads: a recording limited to these names (record(..., names=CURVE_HOOKS)) is enough.
+CURVE_HOOKS = ("blocks.*.hook_resid_pre", "blocks.*.hook_resid_post", "blocks.*.ln1.hook_scale",
+               "blocks.*.ln2.hook_scale", "blocks.*.attn.hook_pattern", "blocks.*.mlp.hook_act")
 
 
 class CompareError(ValueError):
@@ -32,7 +35,6 @@ class CompareError(ValueError):
 
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).numpy()
-
 
 # --------------------------------------------------------------------------- comparability
 @dataclass(frozen=True)
@@ -159,12 +161,15 @@ def relative_depth(n: int) -> np.ndarray:
     return np.zeros(1) if n == 1 else np.arange(n) / (n - 1)
 
 
+def _stream_rows(rec) -> list[torch.Tensor]:
+    L = rec.cfg.n_layers
+    return [rec[f"blocks.{l}.hook_resid_pre"][0] for l in range(L)] + [rec[f"blocks.{L - 1}.hook_resid_post"][0]]
+
+
 def stream(rec) -> np.ndarray:
     """The residual stream after k blocks, k = 0 … n_layers: resid_pre of every block, then the last
     resid_post (before any final norm): [n_layers + 1, pos, d_model], float64."""
-    L = rec.cfg.n_layers
-    rows = [rec[f"blocks.{l}.hook_resid_pre"][0] for l in range(L)] + [rec[f"blocks.{L - 1}.hook_resid_post"][0]]
-    return _np(torch.stack(rows))
+    return _np(torch.stack(_stream_rows(rec)))
 
 
 @dataclass
@@ -201,28 +206,21 @@ def _mean_scale(rec, name: str) -> np.ndarray:
     return _np(rec.stack(name)[:, 0]).reshape(rec.cfg.n_layers, -1).mean(1)
 
 
-def _attention_rows(rec, layer: int) -> np.ndarray:
-    """Attention rows of query positions ≥ 1: [head, pos − 1, k_pos]."""
-    return _np(rec.pattern(layer)[0, :, 1:])
-
-
 def layer_curves(rec, threshold: float = 0.01) -> LayerCurves:
     L = rec.cfg.n_layers
     entropy, sink = np.full(L, np.nan), np.full(L, np.nan)
-    for l in range(L):
-        p = _attention_rows(rec, l)
+    for l in range(L):  # layer by layer, in float32 where a float64 copy of all layers would be hundreds of MB
+        p = rec.pattern(l)[0, :, 1:]  # rows of query positions ≥ 1: [head, pos − 1, k_pos]
         if p.shape[1]:  # a one-token prompt has no row to average
-            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
-            entropy[l] = -plogp.sum(-1).mean()
-            sink[l] = p[..., 0].mean()
-    act = _np(rec.stack("mlp.hook_act")[:, 0])
-    s = stream(rec)
-    norm = np.sqrt((s ** 2).sum(-1)).mean(1)
+            entropy[l] = -float(torch.special.xlogy(p, p).sum(-1).double().mean())  # 0·log 0 = 0
+            sink[l] = float(p[..., 0].double().mean())
+    sparsity = np.array([float((rec[f"blocks.{l}.mlp.hook_act"][0].abs() < threshold).double().mean())
+                         for l in range(L)])
+    norm = np.array([float(torch.linalg.vector_norm(x.double(), dim=-1).mean()) for x in _stream_rows(rec)])
     return LayerCurves(
         norm_placement=rec.cfg.norm_placement, depth=relative_depth(L),
         ln1_scale=_mean_scale(rec, "ln1.hook_scale"), ln2_scale=_mean_scale(rec, "ln2.hook_scale"),
-        attn_entropy=entropy, sink_share=sink,
-        gate_sparsity=(np.abs(act) < threshold).reshape(L, -1).mean(1),
+        attn_entropy=entropy, sink_share=sink, gate_sparsity=sparsity,
         stream_depth=np.arange(L + 1) / L, stream_norm=norm, stream_rms=norm / math.sqrt(rec.cfg.d_model))
 
 
@@ -231,23 +229,22 @@ _ATTN = (".attn.hook_pattern", ".attn.hook_attn_scores")
 
 
 def hook_difference(a, b, name: str, pairs=None) -> np.ndarray:
-    """B − A of one hook tensor, float64, batch row 0. With `pairs` (an Alignment or (i, j) list) the positions
-    are taken pairwise: axis pos for [pos, ...] tensors, both query and key axes for attention
-    [head, q, k] (the aligned sub-matrix; unaligned keys are left out). Scores are −inf above the diagonal in
-    both, so their difference is NaN there."""
-    ta, tb = _np(a[name][0]), _np(b[name][0])
-    if pairs is None and ta.shape == tb.shape:
-        with np.errstate(invalid="ignore"):
-            return tb - ta
-    ia, ib = _index(a, b, pairs)
-    if name.endswith(_ATTN):
-        ta, tb = ta[:, ia][:, :, ia], tb[:, ib][:, :, ib]
-    else:  # every other hook (and logits) is [pos, ...] once the batch row is taken
-        ta, tb = ta[ia], tb[ib]
-    if ta.shape != tb.shape:
-        raise CompareError(f"{name!r} has shape {list(ta.shape)} in A and {list(tb.shape)} in B")
-    with np.errstate(invalid="ignore"):
-        return tb - ta
+    """B − A of one hook tensor, batch row 0, float32 (bfloat16 recordings are widened; a float64 copy of the
+    logits would be 400 MB at 1024 tokens). With `pairs` (an Alignment or (i, j) list) the positions are taken
+    pairwise: axis pos for [pos, ...] tensors, both query and key axes for attention [head, q, k] (the
+    aligned sub-matrix; unaligned keys are left out). Scores are −inf above the diagonal in both, so their
+    difference is NaN there."""
+    ta, tb = a[name][0], b[name][0]
+    if pairs is not None or ta.shape != tb.shape:
+        ia, ib = (torch.from_numpy(x) for x in _index(a, b, pairs))
+        if name.endswith(_ATTN):
+            ta, tb = ta[:, ia][:, :, ia], tb[:, ib][:, :, ib]
+        else:  # every other hook (and logits) is [pos, ...] once the batch row is taken
+            ta, tb = ta[ia], tb[ib]
+        if ta.shape != tb.shape:
+            raise CompareError(f"{name!r} has shape {list(ta.shape)} in A and {list(tb.shape)} in B")
+    wide = torch.promote_types(torch.promote_types(ta.dtype, tb.dtype), torch.float32)
+    return (tb.to(wide) - ta.to(wide)).numpy()
 
 
 def resid_change_map(a, b, pairs=None) -> dict:
@@ -256,46 +253,56 @@ def resid_change_map(a, b, pairs=None) -> dict:
     Returns {"depth": [L + 1] k / L, "pos_a", "pos_b": [P], "ratio": [L + 1, P]} (see `stream`)."""
     _require_shape(a, b, ("n_layers", "d_model"))
     ia, ib = _index(a, b, pairs)
-    sa, sb = stream(a)[:, ia], stream(b)[:, ib]
-    ratio = np.linalg.norm(sb - sa, axis=-1) / np.linalg.norm(sa, axis=-1)
+    ratio = []
+    for xa, xb in zip(_stream_rows(a), _stream_rows(b)):  # one depth at a time: no float64 copy of the whole stream
+        xa, xb = _np(xa[ia]), _np(xb[ib])
+        ratio.append(np.linalg.norm(xb - xa, axis=-1) / np.linalg.norm(xa, axis=-1))
+    ratio = np.stack(ratio)
     L = a.cfg.n_layers
     return {"depth": np.arange(L + 1) / L, "pos_a": ia, "pos_b": ib, "ratio": ratio}
 
 
-def _js(p: np.ndarray, q: np.ndarray, rest_p=0.0, rest_q=0.0) -> np.ndarray:
+def _kl_terms(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Σ x·log(x / y) over the last axis, float64; x = 0 contributes 0 (xlogy), so no masks are needed."""
+    return (torch.special.xlogy(x, x) - torch.special.xlogy(x, y)).sum(-1)
+
+
+def _js(p: torch.Tensor, q: torch.Tensor, rest_p=0.0, rest_q=0.0) -> torch.Tensor:
     """Jensen–Shannon divergence (nats, ≤ ln 2) over the last axis. rest_p / rest_q: mass on outcomes the other
     side cannot have (there the mixture is half of it, so each contributes ½·mass·ln 2)."""
     m = (p + q) / 2
-    safe = np.where(m > 0, m, 1.0)
-
-    def kl(x):
-        return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0) / safe), 0.0).sum(-1)
-
-    rest = np.clip(rest_p, 0, None) + np.clip(rest_q, 0, None)
-    return 0.5 * (kl(p) + kl(q)) + 0.5 * LOG2 * rest
+    rest = torch.as_tensor(rest_p).clamp(min=0) + torch.as_tensor(rest_q).clamp(min=0)
+    # ½KL(p‖m) + ½KL(q‖m) = ½Σ(p log p + q log q) − Σ m log m: three log passes instead of four (float64, so
+    # the cancellation of these O(1) sums costs ~1e-15, far below any divergence worth drawing)
+    xlogx = torch.special.xlogy
+    return (0.5 * (xlogx(p, p) + xlogx(q, q)) - xlogx(m, m)).sum(-1) + 0.5 * LOG2 * rest
 
 
-def attention_js(a, b, pairs=None) -> dict:
+def attention_js(a, b, pairs=None, layers=None) -> dict:
     """Jensen–Shannon divergence between A's and B's attention rows, per layer, head and aligned query.
 
     With an alignment the outcomes are the aligned key pairs; weight on a key without a partner (or whose
-    partner lies after the other side's query) counts as an outcome only that side has.
-    Returns {"pos_a", "pos_b": [P], "js": [n_layers, n_heads, P]} in nats."""
+    partner lies after the other side's query) counts as an outcome only that side has. `layers` (default
+    all) limits the work, which grows with heads × tokens²: a view showing one layer asks for that one.
+    Returns {"layers": [n], "pos_a", "pos_b": [P], "js": [n, n_heads, P]} in nats."""
     _require_shape(a, b, ("n_layers", "n_heads"))
-    ia, ib = _index(a, b, pairs)
+    ia, ib = (torch.from_numpy(x) for x in _index(a, b, pairs))
+    layers = list(range(a.cfg.n_layers)) if layers is None else [int(l) for l in layers]
+    if any(not 0 <= l < a.cfg.n_layers for l in layers):
+        raise CompareError(f"layers must lie in 0…{a.cfg.n_layers - 1}, got {layers}")
     out = []
-    for l in range(a.cfg.n_layers):
-        pa, pb = _np(a.pattern(l)[0])[:, ia], _np(b.pattern(l)[0])[:, ib]  # [head, P, k_pos]
+    for l in layers:
+        pa, pb = a.pattern(l)[0, :, ia].double(), b.pattern(l)[0, :, ib].double()  # [head, P, k_pos]
         qa, qb = pa[..., ia], pb[..., ib]  # weight on aligned keys; causal zeros past the query
         # unaligned mass as a difference of two sums over the same numbers: exactly 0 when all keys align
-        out.append(_js(qa, qb, pa.sum(-1) - qa.sum(-1), pb.sum(-1) - qb.sum(-1)))
-    return {"pos_a": ia, "pos_b": ib, "js": np.stack(out)}
+        out.append(_js(qa, qb, pa.sum(-1) - qa.sum(-1), pb.sum(-1) - qb.sum(-1)).numpy())
+    return {"layers": np.array(layers, dtype=np.int64), "pos_a": ia.numpy(), "pos_b": ib.numpy(),
+            "js": np.stack(out) if out else np.zeros((0, a.cfg.n_heads, len(ia)))}
 
 
 # --------------------------------------------------------------------------- next-token distributions
-def _probs(rec, pos: int) -> np.ndarray:
-    logits = rec.logits[0, pos].to(torch.float64)
-    return torch.softmax(logits, -1).numpy()
+def _probs(rec, pos: int) -> torch.Tensor:
+    return torch.softmax(rec.logits[0, pos].to(torch.float64), -1)
 
 
 def next_token_distances(a, b, pos_a: int = -1, pos_b: int = -1) -> dict:
@@ -304,12 +311,8 @@ def next_token_distances(a, b, pos_a: int = -1, pos_b: int = -1) -> dict:
     p, q = _probs(a, pos_a), _probs(b, pos_b)
     if p.shape != q.shape:
         raise CompareError(f"vocabularies differ ({p.shape[0]} vs {q.shape[0]} ids): compare top-k lists instead")
-    tiny = np.finfo(np.float64).tiny  # softmax in float64 underflows only far below any visible probability
-
-    def kl(x, y):
-        return float(np.sum(np.where(x > 0, x * (np.log(np.maximum(x, tiny)) - np.log(np.maximum(y, tiny))), 0.0)))
-
-    return {"kl_ab": kl(p, q), "kl_ba": kl(q, p), "js": float(_js(p, q)), "tv": float(0.5 * np.abs(p - q).sum())}
+    return {"kl_ab": float(_kl_terms(p, q)), "kl_ba": float(_kl_terms(q, p)), "js": float(_js(p, q)),
+            "tv": float(0.5 * (p - q).abs().sum())}
 
 
 @functools.lru_cache(maxsize=8)
@@ -334,7 +337,7 @@ def shares_vocabulary(piece_a: Callable[[int], str], piece_b: Callable[[int], st
 
 def _by_text(rec, pos: int, piece: Callable[[int], str]) -> tuple[list[str], np.ndarray, dict[str, int]]:
     """(texts, probability of each text, text -> index); ids spelled alike (e.g. duplicates) add up."""
-    p = _probs(rec, pos)
+    p = _probs(rec, pos).numpy()
     texts, inverse, where = _vocab_texts(piece, p.shape[0])
     return texts, np.bincount(inverse, weights=p, minlength=len(texts)), where
 
