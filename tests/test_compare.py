@@ -208,6 +208,17 @@ def test_curve_hooks_are_enough(models, recs):
         np.testing.assert_array_equal(getattr(part, f), getattr(full, f))
 
 
+def test_bfloat16_recordings(models, recs):
+    half = record(models["pre"], A_IDS, dtype=torch.bfloat16)
+    full, part = layer_curves(recs["pre"]), layer_curves(half)
+    for f in ("ln1_scale", "attn_entropy", "sink_share", "stream_rms"):
+        np.testing.assert_allclose(getattr(part, f), getattr(full, f), rtol=0.02)
+    d = hook_difference(recs["pre"], half, "blocks.1.hook_resid_post")
+    assert d.dtype == np.float32
+    np.testing.assert_array_equal(d, half["blocks.1.hook_resid_post"][0].float().numpy()
+                                  - recs["pre"]["blocks.1.hook_resid_post"][0].numpy())
+
+
 def test_curves_of_two_depths_share_the_axis(recs):
     shallow, deep = layer_curves(recs["pre"]), layer_curves(recs["deep"])
     assert len(shallow.depth) == 3 and len(deep.depth) == 5
@@ -256,7 +267,8 @@ def test_resid_change_map(recs):
     assert m["ratio"].shape == (4, 9) and m["depth"].tolist() == pytest.approx([0, 1 / 3, 2 / 3, 1])
     for k in range(4):
         for r, (i, j) in enumerate(al.pairs):
-            want = math.sqrt(sum((y - x) ** 2 for x, y in zip(sa[k, i], sb[k, j]))) / math.sqrt(sum(x * x for x in sa[k, i]))
+            diff = math.sqrt(sum((y - x) ** 2 for x, y in zip(sa[k, i], sb[k, j])))
+            want = diff / math.sqrt(sum(x * x for x in sa[k, i]))
             assert m["ratio"][k, r] == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert (m["ratio"][0] < 1e-12).all()  # embeddings of the same tokens: no change before block 1
     assert (m["ratio"][1:, 3:] > 1e-4).all()

@@ -210,7 +210,7 @@ def layer_curves(rec, threshold: float = 0.01) -> LayerCurves:
     L = rec.cfg.n_layers
     entropy, sink = np.full(L, np.nan), np.full(L, np.nan)
     for l in range(L):  # layer by layer, in float32 where a float64 copy of all layers would be hundreds of MB
-        p = rec.pattern(l)[0, :, 1:]  # rows of query positions ≥ 1: [head, pos − 1, k_pos]
+        p = rec.pattern(l)[0, :, 1:].float()  # rows of query positions ≥ 1: [head, pos − 1, k_pos]
         if p.shape[1]:  # a one-token prompt has no row to average
             entropy[l] = -float(torch.special.xlogy(p, p).sum(-1).double().mean())  # 0·log 0 = 0
             sink[l] = float(p[..., 0].double().mean())
