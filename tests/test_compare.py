@@ -184,6 +184,10 @@ def test_attention_entropy_and_sink(recs):
         assert 0 < c.attn_entropy[l] < math.log(len(A_IDS))
     one = layer_curves(record(make(), [5]))
     assert np.isnan(one.attn_entropy).all() and np.isnan(one.sink_share).all()
+    cheap = layer_curves(rec, attention=False)
+    assert np.isnan(cheap.attn_entropy).all() and np.isnan(cheap.sink_share).all()
+    np.testing.assert_array_equal(cheap.stream_rms, c.stream_rms)
+    np.testing.assert_array_equal(cheap.gate_sparsity, c.gate_sparsity)
 
 
 @pytest.mark.parametrize("kind", ["pre", "relu"])

@@ -206,10 +206,12 @@ def _mean_scale(rec, name: str) -> np.ndarray:
     return _np(rec.stack(name)[:, 0]).reshape(rec.cfg.n_layers, -1).mean(1)
 
 
-def layer_curves(rec, threshold: float = 0.01) -> LayerCurves:
+def layer_curves(rec, threshold: float = 0.01, attention: bool = True) -> LayerCurves:
+    """See LayerCurves. The attention curves rebuild every layer's pattern (heads × tokens² each), most of the
+    cost at long prompts: attention=False leaves them NaN, for views that do not draw them."""
     L = rec.cfg.n_layers
     entropy, sink = np.full(L, np.nan), np.full(L, np.nan)
-    for l in range(L):  # layer by layer, in float32 where a float64 copy of all layers would be hundreds of MB
+    for l in range(L if attention else 0):  # layer by layer, in float32 where a float64 copy of all layers would be hundreds of MB
         p = rec.pattern(l)[0, :, 1:].float()  # rows of query positions ≥ 1: [head, pos − 1, k_pos]
         if p.shape[1]:  # a one-token prompt has no row to average
             entropy[l] = -float(torch.special.xlogy(p, p).sum(-1).double().mean())  # 0·log 0 = 0
