@@ -71,25 +71,42 @@ def test_position_losses_of_one_token(model):
 
 
 # --------------------------------------------------------------------------- 15.2 √d_k
-def test_scale_study_against_the_recorded_scores(rec):
+def test_scale_study_against_written_out_dot_products(rec):
     st = AM.scale_study(rec)
-    d_k, n = rec.cfg.head_dim, rec.n_pos
+    d_k, n, n_heads = rec.cfg.head_dim, rec.n_pos, rec.cfg.n_heads
+
+    def entropy_and_max(raw, scale, first=1):  # softmax over the visible keys of query rows first … n−1, by hand
+        ent, mx = np.zeros(n_heads), np.zeros(n_heads)
+        for h in range(n_heads):
+            for i in range(first, n):
+                e = np.exp(raw[h, i, :i + 1] * scale - (raw[h, i, :i + 1] * scale).max())
+                p = e / e.sum()
+                ent[h] += -(p[p > 0] * np.log(p[p > 0])).sum() / (n - first)
+                mx[h] += p.max() / (n - first)
+        return ent, mx
+
     for layer in range(rec.cfg.n_layers):
-        q = rec[f"blocks.{layer}.attn.hook_rot_q"][0].double()
-        k = rec[f"blocks.{layer}.attn.hook_rot_k"][0].double()
-        raw = [float(q[i, h] @ k[j, h // rec.cfg.n_rep]) for h in range(rec.cfg.n_heads)
-               for i in range(n) for j in range(i + 1)]
-        assert st.raw_std[layer] == pytest.approx(np.std(raw), rel=1e-9)
-        assert st.scaled_std[layer] == pytest.approx(np.std(raw) / math.sqrt(d_k), rel=1e-9)
-        scores = rec.scores(layer)[0].double()  # the model's own QKᵀ/√d_k
-        p = rec.pattern(layer)[0].double()[:, 1:]
-        ent = -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1).mean(-1)
-        np.testing.assert_allclose(st.entropy_scaled[layer], ent.numpy(), atol=1e-5)
-        pu = torch.softmax(scores * math.sqrt(d_k), -1)[:, 1:]
-        ent_u = -(torch.where(pu > 0, pu * pu.log(), torch.zeros_like(pu))).sum(-1).mean(-1)
-        np.testing.assert_allclose(st.entropy_unscaled[layer], ent_u.numpy(), atol=1e-5)
-        np.testing.assert_allclose(st.max_weight_unscaled[layer], pu.max(-1).values.mean(-1).numpy(), atol=1e-6)
+        q = rec[f"blocks.{layer}.attn.hook_rot_q"][0].double().numpy()
+        k = rec[f"blocks.{layer}.attn.hook_rot_k"][0].double().numpy()
+        raw = np.full((n_heads, n, n), np.nan)
+        for h in range(n_heads):
+            for i in range(n):
+                for j in range(i + 1):
+                    raw[h, i, j] = q[i, h] @ k[j, h // rec.cfg.n_rep]  # query head h reads KV head h // n_rep
+        vis = raw[:, 1:][~np.isnan(raw[:, 1:])]  # causal pairs of queries 1 … n−1
+        assert st.raw_std[layer] == pytest.approx(vis.std(), rel=1e-5)
+        assert st.scaled_std[layer] == pytest.approx(vis.std() / math.sqrt(d_k), rel=1e-5)
+        for scale, ent, mx in ((1 / math.sqrt(d_k), st.entropy_scaled, st.max_weight_scaled),
+                               (1.0, st.entropy_unscaled, st.max_weight_unscaled)):
+            e, m = entropy_and_max(raw, scale)
+            np.testing.assert_allclose(ent[layer], e, atol=1e-5)
+            np.testing.assert_allclose(mx[layer], m, atol=1e-5)
+        window = AM.scale_study(rec, layers=[layer], max_queries=4)  # the last 4 query rows only
+        np.testing.assert_allclose(window.entropy_unscaled[0], entropy_and_max(raw, 1.0, n - 4)[0], atol=1e-5)
+        assert window.raw_std[0] == pytest.approx(raw[:, n - 4:][~np.isnan(raw[:, n - 4:])].std(), rel=1e-5)
+        assert window.queries == 4
     assert st.uniform_entropy == pytest.approx(np.mean([math.log(i + 1) for i in range(1, n)]))
+    assert st.queries == n - 1 and st.layers == [0, 1]
 
 
 def test_random_dot_products_spread_like_sqrt_d():
@@ -251,7 +268,7 @@ def test_attention_cost_grows_with_t_squared(model):
     np.testing.assert_allclose(c["score_bytes_per_layer"], 4 * 4 * np.array([100, 400, 1600]))
     np.testing.assert_allclose(c["attention_flops"][1:] / c["attention_flops"][:-1], 4)
     np.testing.assert_allclose(c["matmul_flops"][1:] / c["matmul_flops"][:-1], 2)
-    # Linear FLOPs = 2 per weight per token, counted from the model's own matrices (embedding is a lookup, not a matmul).
+    # Linear FLOPs = 2 per weight per token, from the model's own matrices (the embedding is a lookup, not a matmul).
     weights = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("embed."))
     np.testing.assert_allclose(c["matmul_flops"], 2 * np.array([10, 20, 40]) * weights)
     # QKᵀ and pattern·V, each H·T²·d_k multiply-adds per layer, counted by torch's own matmul shapes.

@@ -16,10 +16,14 @@ apply a W_O given as an array (nn.Linear layout [d_model, H·d_k]).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import math
 
 import numpy as np
+import torch
 
+from ..model import causal_scores
 from ._arrays import arr, entropy, softmax
 
 
@@ -34,22 +38,6 @@ def attention_entropy(pattern: np.ndarray, skip_first: bool = True) -> np.ndarra
     return entropy(p).mean(-1)
 
 
-def raw_scores(rot_q: np.ndarray, rot_k: np.ndarray) -> np.ndarray:
-    """Unscaled q·k for every head and (query, key) pair: rot_q [T, H, d], rot_k [T, KV, d] -> [H, T, T].
-
-    Query head h reads KV head h // n_rep. No mask is applied here; `causal` below selects the pairs.
-    """
-    n_rep = rot_q.shape[1] // rot_k.shape[1]
-    k = np.repeat(rot_k, n_rep, axis=1)  # [T, H, d]: KV head j serves query heads j·n_rep … j·n_rep+n_rep−1
-    return np.einsum("qhd,khd->hqk", rot_q, k)
-
-
-def causal(n_q: int, n_k: int | None = None) -> np.ndarray:
-    """Boolean [q, k], True where key k is visible to query q (k ≤ q)."""
-    n_k = n_q if n_k is None else n_k
-    return np.tril(np.ones((n_q, n_k), dtype=bool))
-
-
 @dataclass(frozen=True)
 class ScaleStudy:
     d_k: int
@@ -61,35 +49,46 @@ class ScaleStudy:
     max_weight_scaled: np.ndarray  # [layer, head] mean over queries of the largest attention weight
     max_weight_unscaled: np.ndarray  # [layer, head]
     uniform_entropy: float  # mean over queries of ln(q+1): the entropy of spreading evenly over visible keys
-    queries: int = field(default=0)  # number of query rows averaged (T−1, query 0 left out)
+    queries: int  # number of query rows averaged (T−1: query 0 left out; fewer with max_queries)
 
 
-def scale_study(rec, layers=None, batch: int = 0) -> ScaleStudy:
-    """Measure the √d_k argument on recorded rotated Q and K (hook_rot_q, hook_rot_k), per layer."""
+def scale_study(rec, layers=None, batch: int = 0, max_queries: int | None = None) -> ScaleStudy:
+    """Measure the √d_k argument on recorded rotated Q and K (hook_rot_q, hook_rot_k), per layer.
+
+    Scores come from the model's own causal_scores (q·k/√d_k, future = −inf); the unscaled ones are those × √d_k.
+    Query 0 is left out (it sees only itself), from the spread and the entropies. With max_queries, only the
+    last max_queries query rows are used (with every key they see): the cost is then ∝ max_queries·T rather than
+    T² per layer, for long prompts.
+    """
     cfg = rec.cfg
     layers = list(range(cfg.n_layers) if layers is None else layers)
-    d_k = cfg.head_dim
-    n_pos = rec.n_pos
-    vis = causal(n_pos)
-    mask = np.where(vis, 0.0, -np.inf)
+    d_k, n_pos = cfg.head_dim, rec.n_pos
+    start = 1 if n_pos > 1 else 0
+    if max_queries is not None:
+        start = max(start, n_pos - int(max_queries))
+    hidden = torch.ones(n_pos - start, n_pos, dtype=torch.bool).triu(start + 1)  # [query rows, keys] future cells
+    n_vis = int((~hidden).sum()) * cfg.n_heads
     raw_std, ent_s, ent_u, max_s, max_u = [], [], [], [], []
-    for layer in layers:
-        q = arr(rec[f"blocks.{layer}.attn.hook_rot_q"], batch)
-        k = arr(rec[f"blocks.{layer}.attn.hook_rot_k"], batch)
-        s = raw_scores(q, k)  # [H, T, T]
-        raw_std.append(s[:, vis].std())
-        rows = slice(1, None) if n_pos > 1 else slice(None)
-        for scale, ent, mx in ((1 / np.sqrt(d_k), ent_s, max_s), (1.0, ent_u, max_u)):
-            p = softmax(s * scale + mask)
-            ent.append(attention_entropy(p))
-            mx.append(p[:, rows].max(-1).mean(-1))
+    with torch.no_grad():
+        for layer in layers:
+            q = rec[f"blocks.{layer}.attn.hook_rot_q"][batch:batch + 1, start:].float()
+            k = rec[f"blocks.{layer}.attn.hook_rot_k"][batch:batch + 1].float()
+            scaled = causal_scores(q, k, q_offset=start)[0]  # [H, rows, T]
+            finite = scaled.masked_fill(hidden, 0.0).double()
+            mean = finite.sum() / n_vis
+            raw_std.append(float((finite.pow(2).sum() / n_vis - mean**2).clamp(min=0).sqrt()) * math.sqrt(d_k))
+            for s, ent, mx in ((scaled, ent_s, max_s), (scaled * math.sqrt(d_k), ent_u, max_u)):
+                logp = torch.log_softmax(s, -1)
+                p = logp.exp()
+                h = -(p * logp.masked_fill(hidden, 0.0)).sum(-1)  # −Σ p ln p; masked cells have p = 0
+                ent.append(h.double().mean(-1).numpy())
+                mx.append(p.max(-1).values.double().mean(-1).numpy())
     raw_std = np.array(raw_std)
-    first = 1 if n_pos > 1 else 0
     return ScaleStudy(d_k=d_k, layers=layers, raw_std=raw_std, scaled_std=raw_std / np.sqrt(d_k),
                       entropy_scaled=np.array(ent_s), entropy_unscaled=np.array(ent_u),
                       max_weight_scaled=np.array(max_s), max_weight_unscaled=np.array(max_u),
-                      uniform_entropy=float(np.log(np.arange(first, n_pos) + 1.0).mean()),
-                      queries=n_pos - first)
+                      uniform_entropy=float(np.log(np.arange(start, n_pos) + 1.0).mean()),
+                      queries=n_pos - start)
 
 
 def random_dot_spread(d_values=(4, 16, 64, 256, 1024), n_pairs: int = 4000, n_keys: int = 64,

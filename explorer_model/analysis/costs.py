@@ -4,8 +4,8 @@ Counted for one sequence of T tokens (batch 1), a multiply-add = 2 FLOPs, the pl
     attention scores per layer:   H · T² values  (QKᵀ, then the pattern, both H × T × T)
     score memory per layer:       H · T² · bytes_per_value
     attention FLOPs, all layers:  L · (2·H·T²·d_k  [QKᵀ]  +  2·H·T²·d_k  [pattern·V])        ∝ T²
-    matmul FLOPs, all layers:     2·T · L · (d·H·d_k + 2·d·KV·d_k + H·d_k·d  [Q, K, V, O]  +  n_ffn·d·d_ff)  ∝ T
-                                  (+ 2·T·d·vocab for the output layer), n_ffn = 3 for SwiGLU, 2 for ReLU
+    matmul FLOPs, all layers:     2·T · L · (d·H·d_k + 2·d·KV·d_k + H·d_k·d + n_ffn·d·d_ff)  ∝ T
+                                  (Q, K, V, O, FFN; + 2·T·d·vocab for the output); n_ffn = 3 SwiGLU, 2 ReLU
     KV cache per token:           2 (K and V) · L · KV · d_k · bytes_per_value
 Multi-head attention (MHA) has KV = H; grouped-query attention (GQA) shares each K/V head among n_rep = H/KV
 query heads, so its cache is n_rep times smaller. A causal implementation needs only the T(T+1)/2 visible scores,
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import ModelConfig
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # bytes per stored value, for bytes_per_value
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, bytes_per_value: float = 2) -> int:

@@ -73,8 +73,9 @@ def rope_footprint(rec, layer: int, batch: int = 0) -> dict:
     """Where RoPE acts in a recorded layer: on Q and K, not on V.
 
     Returns {'q_change' [T], 'k_change' [T]: ‖rot − unrotated‖/‖unrotated‖ per position, mean over heads
-    (0 at position 0, which turns by 0), 'q_norm_ratio', 'k_norm_ratio' [T]: ‖rot‖/‖unrotated‖ (= 1, a rotation),
-    'v_z_error': max |pattern·V_{h//n_rep} − z| with V = hook_v as recorded, unrotated (≈ 0: V enters z untouched)}.
+    (0 at position 0, which turns by 0), 'q_norm_ratio', 'k_norm_ratio' [T]: ‖rot‖/‖unrotated‖ (= 1, a
+    rotation), 'v_z_error': max |pattern·V_{h//n_rep} − z| with V = hook_v as recorded, unrotated (≈ 0: V
+    enters z untouched)}.
     """
     cfg = rec.cfg
     out = {}
