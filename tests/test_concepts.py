@@ -293,6 +293,10 @@ def test_head_link_map_reads_every_layers_pattern(model, rec):
     np.testing.assert_allclose(LS.head_link_map(only_pattern, 9, 3), expected, atol=1e-6)
     with pytest.raises(ValueError, match="after query"):
         LS.head_link_map(rec, 3, 9)
+    nomask = record(model, IDS, interventions=["no-mask"])  # a stored, unmasked pattern is read as it is
+    expected = np.stack([nomask.pattern(l)[0, :, 9, 3].double().numpy() for l in range(2)])
+    np.testing.assert_allclose(LS.head_link_map(nomask, 9, 3), expected, atol=1e-6)
+    assert not np.allclose(expected, m, atol=1e-3)
 
 
 def test_word_positions():

@@ -55,7 +55,7 @@ class ScaleStudy:
 def scale_study(rec, layers=None, batch: int = 0, max_queries: int | None = None) -> ScaleStudy:
     """Measure the √d_k argument on recorded rotated Q and K (hook_rot_q, hook_rot_k), per layer.
 
-    Scores come from the model's own causal_scores (q·k/√d_k, future = −inf); the unscaled ones are those × √d_k.
+    Scores come from the model's own causal_scores (q·k/√d_k, future −inf); unscaled = those × √d_k.
     Query 0 is left out (it sees only itself), from the spread and the entropies. With max_queries, only the
     last max_queries query rows are used (with every key they see): the cost is then ∝ max_queries·T rather than
     T² per layer, for long prompts.

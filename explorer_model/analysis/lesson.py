@@ -18,10 +18,12 @@ from ._arrays import ids_of
 
 
 def _row(rec, layer: int, q: int, batch: int) -> np.ndarray:
-    """pattern[layer][:, q, :q+1] as [head, q+1]: from the recorded rotated Q/K when present (one query row, by the
-    model's own functions), otherwise from the recorded or rebuilt pattern."""
+    """pattern[layer][:, q, :q+1] as [head, q+1]: one query row from the recorded rotated Q/K by the model's own
+    functions (cheap for long prompts), unless the pattern itself was stored: a what-if run that changes attention
+    (no mask) stores it, and a rebuild from Q/K would put the causal mask back."""
     qn, kn = f"blocks.{layer}.attn.hook_rot_q", f"blocks.{layer}.attn.hook_rot_k"
-    if qn in rec and kn in rec:
+    stored = f"blocks.{layer}.attn.hook_pattern" in rec._store
+    if qn in rec and kn in rec and not stored:
         rq = rec[qn][batch:batch + 1, q:q + 1].float()
         rk = rec[kn][batch:batch + 1, :q + 1].float()
         p = attention_pattern(causal_scores(rq, rk, q_offset=q))[0, :, 0]
