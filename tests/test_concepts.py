@@ -311,14 +311,14 @@ def test_word_positions():
 
 def test_link_target_and_sink(rec):
     pieces = [f" w{i}" for i in range(12)]
-    t = LS.link_target(rec, pieces, "w10", "w4")
-    assert (t["q"], t["k"]) == (10, 4)
+    t = LS.word_link_target(rec, pieces, "w10", "w4")
+    assert (t["q"], t["k"]) == (10, 4) and t["layer"] == LS.link_target(rec, 10, 4)["layer"]
     np.testing.assert_allclose(t["map"], LS.head_link_map(rec, 10, 4))
     assert t["weight"] == t["map"].max()
     with pytest.raises(ValueError, match="before"):
-        LS.link_target(rec, pieces, "w4", "w10")
+        LS.word_link_target(rec, pieces, "w4", "w10")
     with pytest.raises(ValueError, match="not a word"):
-        LS.link_target(rec, pieces, "zebra", "w4")
+        LS.word_link_target(rec, pieces, "zebra", "w4")
     s = LS.sink_share(rec)
     for l in range(2):
         p = rec.pattern(l)[0].double().numpy()
@@ -351,7 +351,7 @@ def test_real_lesson_targets(smol):
     ids = tok.encode("The animal didn't cross the street because it was too tired.")
     rec = record(smol.model, ids)
     pieces = [tok.token_bytes(i) for i in ids]
-    t = LS.link_target(rec, pieces, "it", "animal")
+    t = LS.word_link_target(rec, pieces, "it", "animal")
     assert t["weight"] >= 0.5
     assert LS.sink_share(rec).mean() > 0.3  # most heads park attention on the first token
     rng_ids = LS.repeated_random_tokens(20, range(1000, 20000), seed=0, prefix=ids[:1])
@@ -376,3 +376,8 @@ def test_real_scale_ffn_heads_and_loss(smol):
     assert sum(gk.counts.values()) == model.cfg.d_ff and all(gk.counts.values())
     pl = position_losses(rec)
     assert pl.mean == pytest.approx(prompt_loss(rec.logits, ids)) and 0 < pl.mean < 10
+    other = list(ids)
+    other[4] = ids[2]
+    cmp = FF.position_wise_comparison(rec, record(model, other), layer=10)
+    assert cmp["only_through_input"] and not cmp["output_changed"][:4].any() and cmp["output_changed"][4:].all()
+    assert E.rope_footprint(rec, 10)["v_z_error"] < 1e-4

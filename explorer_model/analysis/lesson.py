@@ -84,11 +84,17 @@ def word_positions(pieces, word: str) -> list[list[int]]:
     return out
 
 
-def link_target(rec, pieces, query_word: str, key_word: str, batch: int = 0) -> dict:
-    """The head where `query_word` attends most to `key_word` (e.g. "it" → "animal").
+def link_target(rec, q: int, k: int, batch: int = 0) -> dict:
+    """The head where query position q attends most to key position k: strongest(...) plus {'q', 'k', 'map'}."""
+    m = head_link_map(rec, q, k, batch)
+    return {**strongest(m), "q": q, "k": k, "map": m}
+
+
+def word_link_target(rec, pieces, query_word: str, key_word: str, batch: int = 0) -> dict:
+    """link_target for two words (e.g. "it" → "animal"), located with word_positions.
 
     Uses the first token of the last occurrence of query_word and the first token of the last occurrence of
-    key_word before it. Returns strongest(...) plus {'q', 'k', 'map' [layer, head]}.
+    key_word before it.
     """
     qs, ks = word_positions(pieces, query_word), word_positions(pieces, key_word)
     if not qs or not ks:
@@ -98,8 +104,7 @@ def link_target(rec, pieces, query_word: str, key_word: str, batch: int = 0) -> 
     before = [occ[0] for occ in ks if occ[0] < q]
     if not before:
         raise ValueError(f"{key_word!r} does not come before {query_word!r}")
-    m = head_link_map(rec, q, before[-1], batch)
-    return {**strongest(m), "q": q, "k": before[-1], "map": m}
+    return link_target(rec, q, before[-1], batch)
 
 
 def repeated_random_tokens(period: int, candidates, seed: int = 0, prefix=()) -> list[int]:
