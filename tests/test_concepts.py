@@ -101,6 +101,8 @@ def test_scale_study_against_written_out_dot_products(rec):
             e, m = entropy_and_max(raw, scale)
             np.testing.assert_allclose(ent[layer], e, atol=1e-5)
             np.testing.assert_allclose(mx[layer], m, atol=1e-5)
+        np.testing.assert_allclose(AM.attention_entropy(rec.pattern(layer)[0].numpy()), st.entropy_scaled[layer],
+                                   atol=1e-5)
         window = AM.scale_study(rec, layers=[layer], max_queries=4)  # the last 4 query rows only
         np.testing.assert_allclose(window.entropy_unscaled[0], entropy_and_max(raw, 1.0, n - 4)[0], atol=1e-5)
         assert window.raw_std[0] == pytest.approx(raw[:, n - 4:][~np.isnan(raw[:, n - 4:])].std(), rel=1e-5)

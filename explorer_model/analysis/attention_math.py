@@ -16,9 +16,8 @@ apply a W_O given as an array (nn.Linear layout [d_model, H·d_k]).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,6 +28,7 @@ from ._arrays import arr, entropy, softmax
 
 def attention_entropy(pattern: np.ndarray, skip_first: bool = True) -> np.ndarray:
     """Mean entropy (nats) of the query rows of pattern [..., q, k]: −Σ_k p ln p, averaged over queries.
+    (For the attention view's per-head overview; scale_study computes the same for scaled and unscaled scores.)
 
     Query 0 can only read itself (entropy 0 by construction), so it is left out when skip_first and T > 1.
     """
@@ -42,7 +42,7 @@ def attention_entropy(pattern: np.ndarray, skip_first: bool = True) -> np.ndarra
 class ScaleStudy:
     d_k: int
     layers: list[int]
-    raw_std: np.ndarray  # [layer] std of q·k over all heads and causal (q, k) pairs
+    raw_std: np.ndarray  # [layer] std of q·k over all heads and causal (q, k) pairs, q ≥ 1
     scaled_std: np.ndarray  # [layer] the same after dividing by √d_k (= raw_std / √d_k)
     entropy_scaled: np.ndarray  # [layer, head] mean attention entropy (nats) of softmax(q·k/√d_k + mask)
     entropy_unscaled: np.ndarray  # [layer, head] the same for softmax(q·k + mask): the saturated softmax
