@@ -30,50 +30,53 @@ def test_shared_mode_caps_prompt_length(shared_env):
 
 
 def test_recording_cache_is_bounded_in_bytes():
-    from app.state import RecordingCache
+    from app import explorer
+    from app.result_cache import ResultCache
 
-    cache = RecordingCache(budget_bytes=1)  # everything but the newest is evicted
-    a = cache.get("smollm2", (504, 3575))
-    cache.get("smollm2", (504, 3575, 282))
-    assert len(cache._items) == 1 and cache.stored_bytes() > 0
-    assert cache.get("smollm2", (504, 3575)) is not a  # it was evicted and recomputed
+    def rec(ids):
+        return explorer.record(explorer._model("smollm2").model, list(ids))
+    cache = ResultCache(budget_bytes=1)  # everything but the newest is evicted
+    a = cache.get(("recording", (504, 3575)), lambda: rec((504, 3575)))
+    cache.get(("recording", (504, 3575, 282)), lambda: rec((504, 3575, 282)))
+    assert len(cache.keys()) == 1 and cache.stored_bytes() > 0 and cache.evictions == 1
+    assert cache.get(("recording", (504, 3575)), lambda: rec((504, 3575))) is not a  # it was evicted and recomputed
 
 
 def test_concurrent_visitors_share_one_forward(monkeypatch):
     import threading
 
-    from app import state
+    from app import explorer
 
-    cache = state.RecordingCache(budget_bytes=2**30)
-    before = state.FORWARDS["count"]
+    explorer.result_cache().clear()
+    before = explorer.FORWARDS["count"]
     out = []
-    threads = [threading.Thread(target=lambda: out.append(cache.get("smollm2", (1, 2, 3, 4)))) for _ in range(6)]
+    threads = [threading.Thread(target=lambda: out.append(explorer.recording("smollm2", (1, 2, 3, 4)))) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert state.FORWARDS["count"] == before + 1
+    assert explorer.FORWARDS["count"] == before + 1
     assert all(r is out[0] for r in out)
 
 
 def test_model_file_changed_or_removed_while_serving(ckpt, tmp_path):
     """A rewritten model file is loaded again; a vanished one gives its visitor the loader's message."""
-    from app import state
+    from app import explorer as state
 
     path = ckpt.write_gguf(ckpt.hf_model("gqa", seed=1), tmp_path / "m.gguf")
-    first = state.get_model(str(path))
-    assert state.get_model(str(path)) is first  # cached while unchanged
+    first = state._model(str(path))
+    assert state._model(str(path)) is first  # cached while unchanged
     ckpt.write_gguf(ckpt.hf_model("gqa", seed=2), path)
     import os
 
     os.utime(path, ns=(1, 1))
-    second = state.get_model(str(path))
+    second = state._model(str(path))
     assert second is not first
     assert not torch_equal(first.model.embed.weight, second.model.embed.weight)
     path.unlink()
-    loaded, err = state.try_load(str(path))
-    assert loaded is None and "no such file" in err
-    assert state.get_model("smollm2") is not None  # everybody else goes on
+    facts, err = state.try_load(str(path))
+    assert facts is None and "no such file" in err
+    assert state._model("smollm2") is not None  # everybody else goes on
 
 
 def torch_equal(a, b) -> bool:

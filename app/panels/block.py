@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import plots
 from app.context import ViewContext
+from explorer_model.analysis import views_data as V
 
 BOX_W, BOX_H, ADD_R, STEP = 0.62, 0.42, 0.24, 1.55
 COLOURS = {"io": "#e5e7eb", "norm": "#fde68a", "attention": "#bfdbfe", "rope": "#ddd6fe", "ffn": "#bbf7d0",
@@ -166,8 +167,7 @@ def flow_rows(rec, layer: int, token: int, t=_en) -> list[dict]:
 
 def layer_norms_data(rec, token: int) -> dict[str, np.ndarray]:
     """Per-layer norms at one token: residual stream, attention output, FFN output."""
-    return {k: rec.stack(k)[:, 0, token].float().norm(dim=-1).numpy()
-            for k in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")}
+    return {k: V.stack_norms(rec, k, token) for k in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")}
 
 
 def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t=_en) -> go.Figure:
