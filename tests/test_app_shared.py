@@ -83,3 +83,46 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- user input is shown as typed
+MARKDOWN_LINK = r"(?<!\\)\[[^\]]*(?<!\\)\]\("  # [text]( … not escaped: markdown would make a link (or, after !, an image)
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("evil", ["[click here to log in](http://x)", "![i](http://x/a.png)",
+                                  "<img src=http://x/a.png>", ":red[alarm] **bold** $x^2$ http://x/y"])
+def test_a_rejected_model_is_echoed_as_plain_text(monkeypatch, tmp_path, share, evil):
+    import re
+
+    if share:
+        monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+        monkeypatch.setenv("LLAMA_EXPLORER_MODELS_DIR", str(tmp_path))
+    at = run_app(view="tokens", prompt="Hello.", model=evil)
+    assert not at.exception
+    shown = [e.value for e in at.sidebar.error]
+    assert len(shown) == 1 and at.session_state["active_model"] == "smollm2"
+    body = shown[0]
+    assert not re.search(MARKDOWN_LINK, body), body
+    assert not re.search(r"(?<!\\)[\[\]<>*$`]", body), body  # no link, image, HTML, emphasis, LaTeX, code
+    assert not re.search(r"(?<!\\)://", body), body  # a bare URL would be turned into a link
+    # what the visitor typed is still all there, character for character, once the escapes are read
+    assert evil in re.sub(r"\\(.)", r"\1", body)
+
+
+def test_shared_list_shows_names_and_refuses_symlinks_out_of_the_folder(ckpt, shared_env, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("outside")
+    real = ckpt.write_gguf(ckpt.hf_model("gqa", seed=1), shared_env / "class.gguf")
+    ckpt.write_gguf(ckpt.hf_model("gqa", seed=2), outside / "private.gguf")
+    (shared_env / "escape.gguf").symlink_to(outside / "private.gguf")
+    (shared_env / "inside.gguf").symlink_to(real)  # a link that stays in the folder is fine
+    at = run_app(view="tokens", prompt="Hello.")
+    options = at.sidebar.selectbox(key="model_pick").options
+    assert "class.gguf" in options and "inside.gguf" in options and "escape.gguf" not in options
+    assert not any("/" in o or "\\" in o for o in options), options  # names only, never a server path
+    at = run_app(view="tokens", prompt="Hello.", model="escape.gguf")
+    assert at.session_state["active_model"] == "smollm2"
+    assert "only offers the models in its list" in " ".join(e.value for e in at.sidebar.error)
+    at = run_app(view="tokens", prompt="Hello.", model="class.gguf")
+    assert not at.exception and at.session_state["active_model"] == "class.gguf"
+    assert str(shared_env) not in " ".join(str(e.value) for e in at.sidebar.get("caption"))
