@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import explorer, plots
-from app.context import ViewContext
+from app.context import ViewContext, plain
 from explorer_model.analysis import views_data as V
 
 
@@ -90,8 +90,9 @@ def draw_query_text(ctx: ViewContext) -> None:
             style += ";outline:2px solid #1f4e9c"
         spans.append(f'<span title="{html.escape(tip)}" style="{style};padding:2px 3px;margin:1px;'
                      f'border-radius:4px;display:inline-block;font-family:monospace">{html.escape(piece)}</span>')
-    st.markdown(ctx.t(f"**What token {ctx.token} “{ctx.pieces[ctx.token]}” reads** (darker = more attention; hover for the value):",
-                      f"**第 {ctx.token} 个 token “{ctx.pieces[ctx.token]}” 读取了什么**（颜色越深注意力越多；悬停查看数值）："))
+    piece = plain(ctx.pieces[ctx.token])  # prompt text: escaped, never markdown
+    st.markdown(ctx.t(f"**What token {ctx.token} “{piece}” reads** (darker = more attention; hover for the value):",
+                      f"**第 {ctx.token} 个 token “{piece}” 读取了什么**（颜色越深注意力越多；悬停查看数值）："))
     st.markdown("".join(spans), unsafe_allow_html=True)
     order = np.argsort(-row[: ctx.token + 1])[:3]
     st.caption(ctx.t("Top keys: ", "注意力最多的键：") +

@@ -236,8 +236,9 @@ def draw_prediction(ctx: ViewContext) -> None:
                        "p_final": float(final[new])}
 
     b1, b2, b3 = st.columns(3)
-    b1.button(t(f"Take the top token “{display_piece(tok.piece(greedy))}” ({raw[0]:.1%})",
-                f"取最高的 token“{display_piece(tok.piece(greedy))}”（{raw[0]:.1%}）"),
+    top = plain(display_piece(tok.piece(greedy)))  # a button label is markdown
+    b1.button(t(f"Take the top token “{top}” ({raw[0]:.1%})",
+                f"取最高的 token“{top}”（{raw[0]:.1%}）"),
               key="pred_greedy", on_click=_append, args=entry(greedy, "greedy"))
     b2.button(t("Sample one", "采样一个"), key="pred_sample", on_click=_append, args=entry(sampled, "sampled"))
     b3.button(t("Undo", "撤销"), key="pred_undo", on_click=_undo, disabled=not hist)

@@ -15,7 +15,7 @@ import streamlit as st
 
 from app import plots
 from app.plots import axis_ids, grid_layout
-from app.context import ViewContext
+from app.context import ViewContext, plain
 from explorer_model.analysis import views_data as V
 
 TWO_PI = 2 * math.pi
@@ -235,8 +235,8 @@ def draw_angles(ctx: ViewContext, ang: np.ndarray) -> None:
 
 def draw_arrows(ctx: ViewContext) -> None:
     n_pairs = ctx.cfg.head_dim // 2
-    st.subheader(ctx.t(f"Layer {ctx.layer}, head {ctx.head} (KV head {ctx.rec.kv_head(ctx.head)}), token {ctx.labels[ctx.token]}",
-                       f"第 {ctx.layer} 层，头 {ctx.head}（KV 头 {ctx.rec.kv_head(ctx.head)}），token {ctx.labels[ctx.token]}"))
+    st.subheader(ctx.t(f"Layer {ctx.layer}, head {ctx.head} (KV head {ctx.rec.kv_head(ctx.head)}), token {plain(ctx.labels[ctx.token])}",
+                       f"第 {ctx.layer} 层，头 {ctx.head}（KV 头 {ctx.rec.kv_head(ctx.head)}），token {plain(ctx.labels[ctx.token])}"))
     st.session_state["rope_pairs"] = [i for i in st.session_state.get("rope_pairs", default_pairs(n_pairs)) if i < n_pairs]
     pairs = st.multiselect(ctx.t("Pairs to draw (0 = fastest)", "要画的对（0 = 最快）"), list(range(n_pairs)),
                            key="rope_pairs", max_selections=8)

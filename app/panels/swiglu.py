@@ -10,7 +10,7 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from app import explorer, plots
-from app.context import ViewContext, display_piece
+from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis import views_data as V
 from app.presets import BANK_PAIR
 
@@ -251,8 +251,8 @@ def draw_sparsity(ctx: ViewContext) -> None:
 def draw_token(ctx: ViewContext, vals: dict) -> None:
     t = ctx.t
     piece = ctx.pieces[ctx.token]
-    st.subheader(t(f"Token {ctx.token} “{piece}”: its strongest neurons in layer {ctx.layer}",
-                   f"第 {ctx.token} 个 token“{piece}”：第 {ctx.layer} 层中最强的神经元"))
+    st.subheader(t(f"Token {ctx.token} “{plain(piece)}”: its strongest neurons in layer {ctx.layer}",
+                   f"第 {ctx.token} 个 token“{plain(piece)}”：第 {ctx.layer} 层中最强的神经元"))
     idx, table = token_neurons_data(vals, ctx.token)
     c1, c2 = st.columns([1, 1])
     heads = [t("neuron", "神经元"), *(t(*QUANTITIES[q][1:]) for q in QUANTITIES)]
@@ -297,7 +297,8 @@ def draw_compare(ctx: ViewContext) -> None:
     pieces_a, pieces_b = [tok.piece(i) for i in ids_a], [tok.piece(i) for i in ids_b]
     fa, fb = find_word(pieces_a, word or ""), find_word(pieces_b, word or "")
     if word and (fa is None or fb is None):
-        st.warning(t(f"“{word}” is not in both prompts; pick a token in each.", f"两个提示词中并非都含有“{word}”；请分别选择 token。"))
+        st.warning(t(f"“{plain(word)}” is not in both prompts; pick a token in each.",
+                     f"两个提示词中并非都含有“{plain(word)}”；请分别选择 token。"))
     if fa is None or fb is None:
         fa = fb = None
     i = _pick_token(ctx, c1, "swiglu_tok_a", pieces_a, fa)

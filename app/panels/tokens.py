@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import explorer, plots
-from app.context import ViewContext
+from app.context import ViewContext, plain
 
 CHIP_COLOURS = ("#fde68a", "#bfdbfe", "#bbf7d0", "#fecaca", "#ddd6fe", "#fed7aa", "#a5f3fc", "#f5d0fe")
 DIM_CHOICES = (16, 32, 64, 128, 256)
@@ -207,7 +207,7 @@ def draw_tokens(ctx: ViewContext) -> None:
     st.markdown(chips_html(rows, ctx.token), unsafe_allow_html=True)
     runs = split_characters(ctx.facts, ctx.ids, rows)
     if runs:
-        parts = "; ".join(f"{a}–{b} → “{text}”" if a != b else f"{a} → “{text}”" for a, b, text in runs)
+        parts = "; ".join(f"{a}–{b} → “{plain(text)}”" if a != b else f"{a} → “{plain(text)}”" for a, b, text in runs)
         st.info(t("Byte-level BPE works on UTF-8 bytes, so a Chinese character or an emoji (3–4 bytes) can be "
                   f"split over several tokens that are not valid text on their own. Tokens {parts}.",
                   "字节级 BPE 处理的是 UTF-8 字节，一个汉字或表情符号（3–4 个字节）可能被拆到几个 token 中，"
