@@ -70,12 +70,19 @@ def try_load(source: str) -> tuple[ModelFacts | None, str | None]:
 def facts(source: str) -> ModelFacts:
     """What views may know about the model, built once per loaded model (a reloaded file gets new facts)."""
     loaded = _model(source)
-    return _facts(source, id(loaded), loaded)
+    return _facts(_ident(source), loaded)
 
 
 @st.cache_resource(max_entries=3, show_spinner=False)
-def _facts(source: str, model_id: int, _loaded: LoadedModel) -> ModelFacts:
-    return facts_of(source, _loaded)
+def _facts(ident, _loaded: LoadedModel) -> ModelFacts:
+    return facts_of(ident if isinstance(ident, str) else ident[0], _loaded)
+
+
+def _ident(source: str):
+    """What cached results of a model are keyed by: its name, and for a file the version of the file, so a model
+    rewritten while serving gets new results (and facts) instead of the old file's."""
+    version = source_version(resolve_source(source))
+    return source if version is None else (source, version)
 
 
 def encode_prompt(source: str, text: str, max_tokens: int) -> tuple[list[int], int]:
@@ -125,7 +132,7 @@ def recording(source: str, ids) -> Recording:
         rec = record(_model(source).model, list(ids))
         _forward()
         return rec
-    return result_cache().get(("recording", source, ids), run, _FORWARD)
+    return result_cache().get(("recording", _ident(source), ids), run, _FORWARD)
 
 
 def extend(source: str, ids, new_id: int) -> Recording:
@@ -140,13 +147,13 @@ def recording_npz(source: str, ids) -> bytes:
         buf = io.BytesIO()
         np.savez_compressed(buf, **recording(source, ids).to_numpy())
         return buf.getvalue()
-    return result_cache().get(("npz", source, ids), pack)
+    return result_cache().get(("npz", _ident(source), ids), pack)
 
 
 def derived(name: str, source: str, ids, fn, *args):
     """fn(recording, *args) cached under (name, source, ids, args): view data worth keeping (no model runs)."""
     ids = tuple(ids)
-    return result_cache().get((f"view:{name}", source, ids, args), lambda: fn(recording(source, ids), *args))
+    return result_cache().get((f"view:{name}", _ident(source), ids, args), lambda: fn(recording(source, ids), *args))
 
 
 class RecordingRef:
@@ -186,7 +193,7 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
         top, arg = lp.max(-1)
         _forward()
         return arg.numpy(), top.exp().numpy()
-    return result_cache().get(("lens", source, ids, int(start)), run, _FORWARD)
+    return result_cache().get(("lens", _ident(source), ids, int(start)), run, _FORWARD)
 
 
 def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
@@ -205,7 +212,7 @@ def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
                 "rot": [(rec[f"blocks.{l}.attn.hook_rot_q"], rec[f"blocks.{l}.attn.hook_rot_k"])
                         for l in range(rec.cfg.n_layers)],
                 "resid": {n: rec[n][:, start:].clone() for n in rec.names if n.endswith("hook_resid_post")}}
-    return result_cache().get(("whatif", source, ids, specs, source_ids), run, _FORWARD)
+    return result_cache().get(("whatif", _ident(source), ids, specs, source_ids), run, _FORWARD)
 
 
 def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
@@ -218,7 +225,7 @@ def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
         kl = M.lens_kl(_model(source).model, {n: clean[n][:, start:] for n in changed["resid"]}, changed["resid"])
         _forward()
         return kl.numpy()
-    return result_cache().get(("whatif_kl", source, ids, specs, source_ids), run, _FORWARD)
+    return result_cache().get(("whatif_kl", _ident(source), ids, specs, source_ids), run, _FORWARD)
 
 
 def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None) -> dict:
@@ -229,11 +236,11 @@ def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None) -> di
         res = M.head_sweep(_model(source).model, recording(source, ids), range(n_layers), mean, progress)
         _forward()
         return {**res, "delta": res["delta"].numpy() if torch.is_tensor(res["delta"]) else res["delta"]}
-    return result_cache().get(("sweep", source, ids, int(n_layers), bool(mean)), run, _FORWARD)
+    return result_cache().get(("sweep", _ident(source), ids, int(n_layers), bool(mean)), run, _FORWARD)
 
 
 def cached_head_sweep(source: str, ids, n_layers: int, mean: bool) -> dict | None:
-    return result_cache().peek(("sweep", source, tuple(ids), int(n_layers), bool(mean)))
+    return result_cache().peek(("sweep", _ident(source), tuple(ids), int(n_layers), bool(mean)))
 
 
 def twin_recordings(prompt: str, max_tokens: int) -> tuple[dict | None, str | None]:

@@ -66,6 +66,7 @@ def test_model_file_changed_or_removed_while_serving(ckpt, tmp_path):
     path = ckpt.write_gguf(ckpt.hf_model("gqa", seed=1), tmp_path / "m.gguf")
     first = state._model(str(path))
     assert state._model(str(path)) is first  # cached while unchanged
+    old = state.recording(str(path), (1, 2, 3)).logits.clone()
     ckpt.write_gguf(ckpt.hf_model("gqa", seed=2), path)
     import os
 
@@ -73,6 +74,8 @@ def test_model_file_changed_or_removed_while_serving(ckpt, tmp_path):
     second = state._model(str(path))
     assert second is not first
     assert not torch_equal(first.model.embed.weight, second.model.embed.weight)
+    new = state.recording(str(path), (1, 2, 3))  # not the old file's cached recording
+    assert torch_equal(new.logits, second.model(__import__("torch").tensor([[1, 2, 3]]))) and not torch_equal(new.logits, old)
     path.unlink()
     facts, err = state.try_load(str(path))
     assert facts is None and "no such file" in err
