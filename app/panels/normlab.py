@@ -125,16 +125,21 @@ def race_figure(result: dict | None, t, shipped: dict | None = None, fig_id: str
 
 
 # --------------------------------------------------------------------------- experiments (in the gateway's lab worker)
-def wait_for(job, t, box, on_partial=None):
-    """Wait for a lab job, showing the place in the queue or the progress; returns the result."""
+def wait_for(job, t, box, on_partial=None, label=None):
+    """Wait for a lab job, showing the place in the queue or the progress; returns the result.
+    on_partial(partial) runs once for each new partial result (e.g. a race's next log point)."""
+    drawn = [None]
+
     def update(j) -> None:
         pos = j.position()
         if pos > 0:
             box.info(t(f"Waiting for the lab: {pos} experiment(s) ahead of yours (one runs at a time on this server).",
                        f"正在排队：前面还有 {pos} 个实验（本服务器一次只运行一个）。"))
         else:
-            box.progress(min(max(j.fraction, 0.0), 1.0), text=j.message or t("starting …", "正在启动 …"))
-            if on_partial and j.partial:
+            text = (label(j) if label and j.partial else j.message) or t("starting …", "正在启动 …")
+            box.progress(min(max(j.fraction, 0.0), 1.0), text=text)
+            if on_partial and j.partial and j.partial is not drawn[0]:
+                drawn[0] = j.partial
                 on_partial(j.partial)
     r = job.wait(update)
     box.empty()
@@ -408,7 +413,11 @@ def draw_race(ctx: ViewContext) -> dict | None:
         def live(r):
             box.plotly_chart(race_figure(r, t, shipped, fig_id="normlab_race_live"), key=f"normlab_race_live_{len(r['steps'])}")
 
-        st.session_state["lab_race_result"] = wait_for(explorer.lab_race(rc, RACE_TIME_LIMIT), t, bar, live)
+        def label(j) -> str:
+            step, sec = j.partial["steps"][-1], j.partial["seconds"]
+            return t(f"step {step} · {sec:.0f} s", f"第 {step} 步 · {sec:.0f} 秒")
+
+        st.session_state["lab_race_result"] = wait_for(explorer.lab_race(rc, RACE_TIME_LIMIT), t, bar, live, label)
         box.empty()
     r = st.session_state.get("lab_race_result")
     if r:
