@@ -122,3 +122,45 @@ def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monk
     n = explorer.FORWARDS["count"]
     again = explorer.lab_race(configs[0], None)  # cached once finished: no second run
     assert again.done() and again.result()["curves"] == results[0]["curves"] and explorer.FORWARDS["count"] == n
+
+
+def test_the_lab_view_shows_the_place_in_the_queue():
+    """wait_for (the lab panel's waiting loop) tells a visitor how many experiments are ahead, then the progress."""
+    from app.panels.normlab import wait_for
+
+    class Job:  # a job two places back in the queue, then running, then done
+        def __init__(self):
+            self.states = [(2, 0.0, ""), (1, 0.0, ""), (0, 0.5, "half way"), (0, 1.0, "done")]
+            self.fraction, self.message, self.partial = 0.0, "", None
+
+        def position(self):
+            return self.states[0][0]
+
+        def done(self):
+            return len(self.states) == 1
+
+        def wait(self, on_update):
+            while not self.done():
+                _, self.fraction, self.message = self.states[0]
+                on_update(self)
+                self.states.pop(0)
+            return {"ok": True}
+
+    class Box:
+        def __init__(self):
+            self.shown = []
+
+        def info(self, text):
+            self.shown.append(("info", text))
+
+        def progress(self, value, text):
+            self.shown.append(("progress", value, text))
+
+        def empty(self):
+            self.shown.append(("empty",))
+
+    box = Box()
+    assert wait_for(Job(), lambda en, zh: en, box) == {"ok": True}
+    assert box.shown[0][0] == "info" and "2 experiment(s) ahead" in box.shown[0][1]
+    assert box.shown[1][0] == "info" and "1 experiment(s) ahead" in box.shown[1][1]
+    assert box.shown[2] == ("progress", 0.5, "half way") and box.shown[-1] == ("empty",)
