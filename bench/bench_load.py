@@ -356,13 +356,14 @@ def determinism(model, prompt: str, threads: int = 4) -> dict:
         w.join()
 
     cache = ResultCache(budget_bytes=0)  # keeps only the newest: alternating prompts recompute
+    forward = threading.Lock()  # one forward pass at a time, as the app's gateway does
     other = tuple(ids[:-1]) or (1,)
     cached: list = []
 
     def through_cache() -> None:
         for _ in range(2):
-            cached.append(cache.get(("recording", tuple(ids)), lambda: record(model.model, list(ids))))
-            cache.get(("recording", other), lambda: record(model.model, list(other)))
+            cached.append(cache.get(("recording", tuple(ids)), lambda: record(model.model, list(ids)), forward))
+            cache.get(("recording", other), lambda: record(model.model, list(other)), forward)
 
     workers = [threading.Thread(target=through_cache) for _ in range(threads)]
     for w in workers:

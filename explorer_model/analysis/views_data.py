@@ -5,8 +5,6 @@ as pure functions that tests can check against the recording independently.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
