@@ -1,18 +1,22 @@
-"""What every panel receives: the loaded model, one recording, and the shared selection.
+"""What every panel receives: one recording, the model's facts, the shared selection and the language.
 
-Panels read tensors only through `ctx.rec` (a Recording); they never run the model. The one exception
-is the prediction panel's explicit "append token" step, which records a new prompt through `state`.
+Panels see data, not the model: `rec` is a Recording, `facts` a ModelFacts (config, γ of every norm,
+parameter counts, tokenizer facts). Work that needs the model (the logit lens, a what-if run, the head
+sweep, the twins, lab experiments, the rows of the embedding) is asked of the gateway, app/explorer.py,
+through its public functions; a panel never imports torch, the model, the loaders or the gateway's internals.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+from app.facts import ModelFacts
 from explorer_model.recording import Recording
 
 
 @dataclass
 class ViewContext:
-    loaded: object  # explorer_model.loaders.LoadedModel
+    facts: ModelFacts
     rec: Recording
     ids: list[int]  # token ids of the (possibly truncated) prompt
     pieces: list[str]  # display text of each token
@@ -21,19 +25,15 @@ class ViewContext:
     token: int  # position index into ids
     lang: str = "en"  # "en" | "zh"
     presenter: bool = False
-    extras: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)  # "source": the model's name in the gateway
 
     @property
     def cfg(self):
-        return self.loaded.model.cfg
+        return self.facts.cfg
 
     @property
-    def model(self):
-        return self.loaded.model
-
-    @property
-    def tokenizer(self):
-        return self.loaded.tokenizer
+    def source(self) -> str:
+        return self.extras.get("source", self.facts.source)
 
     @property
     def labels(self) -> list[str]:
@@ -47,3 +47,14 @@ class ViewContext:
 def display_piece(text: str) -> str:
     """Make whitespace visible in token labels: a leading space as '␣', newline as '↵', tab as '⇥'."""
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>!|~:$])")
+
+
+def plain(text) -> str:
+    """User input (a URL parameter, a prompt, a file name, an error that quotes them) made safe to put inside
+    Streamlit markdown: the marks that make links, images, HTML, emphasis, code, LaTeX, emoji/icon shortcodes and
+    bare-URL autolinks (`://`) are backslash-escaped, so `[x](http://…)` and `![i](…)` show as typed, never as a
+    link or an image. One line: newlines become spaces (no headings or lists either)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")

@@ -12,8 +12,8 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import state
-from app.context import ViewContext, display_piece
+from app import explorer
+from app.context import ViewContext, display_piece, plain
 from app.panels import VIEWS
 from app.presets import PRESETS
 
@@ -41,19 +41,19 @@ def clamp_state(key: str, hi: int) -> None:
 OTHER = "__other__"
 
 
-def choose_model() -> object | None:
+def choose_model():
     """The model in use. A failed load keeps the previous model and says why.
 
     Visitors of a shared server choose from a list; locally any path the loader accepts may be typed.
     """
-    offered = state.offered_models()
-    options = offered if state.shared() else offered + [OTHER]
+    offered = explorer.offered_models()
+    options = offered if explorer.shared() else offered + [OTHER]
     if "active_model" not in st.session_state:
-        wanted = st.query_params.get("model") or state.DEFAULT_SOURCE
-        st.session_state.active_model = state.DEFAULT_SOURCE
+        wanted = st.query_params.get("model") or explorer.DEFAULT_SOURCE
+        st.session_state.active_model = explorer.DEFAULT_SOURCE
         if wanted in offered:
             st.session_state.model_pick = wanted
-        elif state.shared():
+        elif explorer.shared():
             st.session_state.load_error = (wanted, tr("this server only offers the models in its list",
                                                       "此服务器只提供列表中的模型"))
         else:
@@ -68,25 +68,25 @@ def choose_model() -> object | None:
                       key="model_input")
         wanted = (st.session_state.get("model_input") or "").strip() or st.session_state.active_model
     if wanted != st.session_state.active_model:
-        with st.spinner(tr(f"Loading {wanted} …", f"正在加载 {wanted} …")):
-            loaded, err = state.try_load(wanted)
-        if loaded is None:
+        with st.spinner(tr(f"Loading {plain(wanted)} …", f"正在加载 {plain(wanted)} …")):
+            facts, err = explorer.try_load(wanted)
+        if facts is None:
             st.session_state.load_error = (wanted, err)
         else:
             st.session_state.active_model = wanted
             st.session_state.pop("load_error", None)
     if st.session_state.get("load_error"):
         bad, err = st.session_state.load_error
-        sb.error(tr(f"Could not load {bad}: {err}. Still using {st.session_state.active_model}.",
-                    f"无法加载 {bad}：{err}。仍在使用 {st.session_state.active_model}。"))
+        bad, err, now = plain(bad), plain(err), plain(st.session_state.active_model)  # user input: never markdown
+        sb.error(tr(f"Could not load {bad}: {err}. Still using {now}.", f"无法加载 {bad}：{err}。仍在使用 {now}。"))
     with st.spinner(tr("Loading the model …", "正在加载模型 …")):
-        loaded, err = state.try_load(st.session_state.active_model)
-    if loaded is None:
-        st.error(tr(f"Could not load {st.session_state.active_model}: {err}",
-                    f"无法加载 {st.session_state.active_model}：{err}"))
+        facts, err = explorer.try_load(st.session_state.active_model)
+    if facts is None:
+        now, err = plain(st.session_state.active_model), plain(err)
+        st.error(tr(f"Could not load {now}: {err}", f"无法加载 {now}：{err}"))
         return None
-    sb.caption(loaded.description)
-    return loaded
+    sb.caption(plain(facts.description))
+    return facts
 
 
 def apply_preset() -> None:
@@ -103,8 +103,8 @@ def sidebar_prompt() -> str:
     if "prompt" not in st.session_state:
         st.session_state.prompt = PRESETS[0][2]
     sb.text_area(tr("Prompt (Ctrl+Enter to run)", "提示词（Ctrl+Enter 运行）"), key="prompt", height=110)
-    sb.number_input(tr("Token limit", "token 上限"), min_value=1, max_value=state.token_cap(),
-                    value=min(state.DEFAULT_MAX_TOKENS, state.token_cap()), step=64, key="max_tokens")
+    sb.number_input(tr("Token limit", "token 上限"), min_value=1, max_value=explorer.token_cap(),
+                    value=min(explorer.DEFAULT_MAX_TOKENS, explorer.token_cap()), step=64, key="max_tokens")
     return st.session_state.get("prompt") or ""
 
 
@@ -123,7 +123,7 @@ def read_url_once() -> None:
 
 def write_url() -> None:
     wanted = {k: str(st.session_state[k]) for k in URL_KEYS if st.session_state.get(k) not in (None, "")}
-    wanted["model"] = st.session_state.get("active_model", state.DEFAULT_SOURCE)
+    wanted["model"] = st.session_state.get("active_model", explorer.DEFAULT_SOURCE)
     if dict(st.query_params) != wanted:
         st.query_params.from_dict(wanted)
 
@@ -138,16 +138,16 @@ def main() -> None:
                     unsafe_allow_html=True)
     st.title(tr("🦙 LLaMA Explorer", "🦙 LLaMA 探索器"))
 
-    loaded = choose_model()
+    facts = choose_model()
     prompt = sidebar_prompt()
-    if loaded is None:
+    if facts is None:
         return
-    cfg = loaded.model.cfg
+    cfg = facts.cfg
     if not prompt.strip():
         st.info(tr("Type a prompt in the sidebar, or pick a preset, to see what the model does with it.",
                    "在侧边栏输入提示词或选择预设，即可查看模型如何处理它。"))
         return
-    ids, n_total = state.encode_prompt(loaded, prompt, int(st.session_state.max_tokens))
+    ids, n_total = explorer.encode_prompt(st.session_state.active_model, prompt, int(st.session_state.max_tokens))
     if n_total > len(ids):
         st.warning(tr(f"The prompt has {n_total} tokens; only the first {len(ids)} are used (token limit).",
                       f"提示词共有 {n_total} 个 token，只使用前 {len(ids)} 个（token 上限）。"))
@@ -155,9 +155,9 @@ def main() -> None:
         st.info(tr("The prompt produced no tokens.", "该提示词没有产生任何 token。"))
         return
     with st.spinner(tr("Running the model …", "正在运行模型 …")):
-        rec = state.get_recording(st.session_state.active_model, tuple(ids))
+        rec = explorer.recording(st.session_state.active_model, tuple(ids))
 
-    pieces = [display_piece(loaded.tokenizer.piece(i)) for i in ids]
+    pieces = [display_piece(facts.piece(i)) for i in ids]
     sb = st.sidebar
     sb.divider()
     for key, hi in (("layer", cfg.n_layers - 1), ("head", cfg.n_heads - 1), ("token", len(ids) - 1)):
@@ -170,17 +170,18 @@ def main() -> None:
     layer = min(int(st.session_state.layer), cfg.n_layers - 1)
     head = min(int(st.session_state.head), cfg.n_heads - 1)
     token = min(int(st.session_state.token), len(ids) - 1)
-    sb.caption(tr(f"Token {token} is “{pieces[token]}” (id {ids[token]}); head {head} reads KV head {head // cfg.n_rep}.",
-                  f"第 {token} 个 token 是“{pieces[token]}”（id {ids[token]}）；头 {head} 读取 KV 头 {head // cfg.n_rep}。"))
+    piece = plain(pieces[token])
+    sb.caption(tr(f"Token {token} is “{piece}” (id {ids[token]}); head {head} reads KV head {head // cfg.n_rep}.",
+                  f"第 {token} 个 token 是“{piece}”（id {ids[token]}）；头 {head} 读取 KV 头 {head // cfg.n_rep}。"))
     sb.download_button(tr("Download the recording (.npz)", "下载本次记录（.npz）"),
-                       data=lambda: state.recording_npz(st.session_state.active_model, tuple(ids)),
+                       data=lambda: explorer.recording_npz(st.session_state.active_model, tuple(ids)),
                        file_name="recording.npz", mime="application/octet-stream", on_click="ignore")
 
     keys = [v[0] for v in VIEWS]
     view = st.segmented_control(tr("View", "视图"), keys, key="view", required=True,
                                 format_func=lambda k: tr(*next(v[1:3] for v in VIEWS if v[0] == k)))
     view = view or keys[0]
-    ctx = ViewContext(loaded=loaded, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
+    ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
                       extras={"source": st.session_state.active_model})
     write_url()
@@ -189,9 +190,9 @@ def main() -> None:
         draw(ctx)
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
-        st.error(tr(f"This view failed: {e}", f"该视图出错：{e}"))
+        st.error(tr(f"This view failed: {plain(e)}", f"该视图出错：{plain(e)}"))
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
-        ctx.rec = state.RecordingRef(st.session_state.active_model, tuple(ids))
+        ctx.rec = explorer.RecordingRef(st.session_state.active_model, tuple(ids))
 
 
 main()

@@ -26,14 +26,14 @@ PROMPTS = [
 
 
 def main() -> None:
-    from app import state
+    from app import explorer as state
     from app.panels import VIEWS
 
     at = run_app(view="tokens", prompt="warm up")  # loads the model once, as a running server would have
     views = [v[0] for v in VIEWS]
     prompt_times, forwards, switch_times = [], [], {"layer": [], "head": [], "token": [], "view": []}
     for text in PROMPTS:
-        n_tokens = len(state.get_model("smollm2").tokenizer.encode(text))
+        n_tokens = len(state._model("smollm2").tokenizer.encode(text))
         before = state.FORWARDS["count"]
         t0 = time.perf_counter()
         at.sidebar.text_area(key="prompt").set_value(text).run()

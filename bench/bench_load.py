@@ -15,7 +15,7 @@ The server's memory is the RSS of its process tree, read from /proc every 0.2 s;
 model weights + the recording-cache bound (--cache-mb) + a fixed overhead (--overhead-mb, see OVERHEAD_MB).
 
 Determinism is checked apart from the server: the same prompt recorded in several threads at once (plain
-`record` calls, and through app.state.RecordingCache with a zero budget so each get recomputes), and in
+`record` calls, and through app.result_cache.ResultCache with a zero budget so each get recomputes), and in
 two separate `llama-explorer record` processes; every tensor must be bit-identical.
 
 Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5]   (prints a JSON report;
@@ -340,7 +340,7 @@ def determinism(model, prompt: str, threads: int = 4) -> dict:
     import numpy as np
     import torch
 
-    from app import state
+    from app.result_cache import ResultCache
     from explorer_model.recording import record
 
     ids = model.tokenizer.encode(prompt, add_bos=getattr(model.tokenizer, "add_bos", False))
@@ -355,14 +355,15 @@ def determinism(model, prompt: str, threads: int = 4) -> dict:
     for w in workers:
         w.join()
 
-    cache = state.RecordingCache(budget_bytes=0)  # keeps only the newest: alternating prompts recompute
+    cache = ResultCache(budget_bytes=0)  # keeps only the newest: alternating prompts recompute
+    forward = threading.Lock()  # one forward pass at a time, as the app's gateway does
     other = tuple(ids[:-1]) or (1,)
     cached: list = []
 
     def through_cache() -> None:
         for _ in range(2):
-            cached.append(cache.get("smollm2", tuple(ids)))
-            cache.get("smollm2", other)
+            cached.append(cache.get(("recording", tuple(ids)), lambda: record(model.model, list(ids)), forward))
+            cache.get(("recording", other), lambda: record(model.model, list(other)), forward)
 
     workers = [threading.Thread(target=through_cache) for _ in range(threads)]
     for w in workers:
@@ -403,7 +404,7 @@ def run(args) -> dict:
     if not args.no_determinism:
         report["determinism"] = determinism(loaded, args.determinism_prompt)
     del loaded, weights
-    cache_mb = args.cache_mb if args.cache_mb else 2048  # app.state's default
+    cache_mb = args.cache_mb if args.cache_mb else 2048  # app.settings' default
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
     proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log")

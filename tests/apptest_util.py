@@ -39,7 +39,7 @@ def decode(v):
 def all_text(at: AppTest) -> str:
     """Concatenated markdown/caption/title/info/warning/error text, for language and message checks."""
     parts = []
-    for kind in ("markdown", "caption", "title", "header", "subheader", "info", "warning", "error", "latex"):
+    for kind in ("markdown", "caption", "title", "header", "subheader", "info", "warning", "error", "latex", "text"):
         parts += [str(e.value) for e in at.get(kind)]
     return "\n".join(parts)
 
@@ -58,6 +58,6 @@ def trace(fig: dict, meta) -> dict:
 
 
 def forwards() -> int:
-    from app import state
+    from app import explorer
 
-    return state.FORWARDS["count"]
+    return explorer.FORWARDS["count"]

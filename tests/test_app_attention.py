@@ -71,7 +71,7 @@ def test_query_token_text_highlight(page):
 
 
 def test_switching_layer_head_token_runs_no_forward(page):
-    from app import state
+    from app import explorer as state
 
     before = state.FORWARDS["count"]
     page.sidebar.slider(key="layer").set_value(10).run()

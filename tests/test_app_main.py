@@ -38,7 +38,7 @@ def test_empty_and_whitespace_prompts_show_a_hint():
 
 
 def test_overlong_prompt_is_cut_with_a_notice():
-    from app import state
+    from app import explorer as state
 
     at = run_app(view="attention", prompt="word " * 400)
     assert not at.exception
@@ -93,9 +93,9 @@ def test_recording_download_offered():
 def test_recording_npz_holds_every_hook():
     import io
 
-    from app import state
+    from app import explorer as state
 
-    ids = tuple(state.get_model("smollm2").tokenizer.encode("I love machine learning."))
+    ids = tuple(state._model("smollm2").tokenizer.encode("I love machine learning."))
     data = np.load(io.BytesIO(state.recording_npz("smollm2", ids)))
     assert "blocks.29.attn.hook_pattern" in data.files and "token_ids" in data.files
     assert data["blocks.0.mlp.hook_post"].shape == (1, len(ids), 1536)

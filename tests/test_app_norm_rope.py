@@ -198,7 +198,7 @@ def test_post_norm_layernorm_model_with_llama3_scaling():
     model = LlamaModel(cfg).eval().requires_grad_(False)
     rec = record(model, [3, 1, 4, 1, 5, 9, 2])
     assert norm.final_divisors(rec) is None
-    v = norm.norm_vectors(rec, model, 1, 3, "ln2")
+    v = norm.norm_vectors(rec, cfg, model.blocks[1].ln2.weight.numpy(), 1, 3, "ln2")
     x = (rec["blocks.1.hook_resid_mid"] + rec["blocks.1.hook_mlp_out"])[0, 3].numpy()
     np.testing.assert_allclose(v["x"], x, rtol=1e-6)
     np.testing.assert_allclose(v["scale"], np.sqrt(x.var() + cfg.norm_eps), rtol=1e-5)  # LayerNorm: σ, not RMS

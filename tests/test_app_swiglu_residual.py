@@ -7,7 +7,7 @@ import torch
 
 from apptest_util import all_text, decode, figures, run_app
 
-import app.state as app_state
+import app.explorer as app_explorer
 from app.presets import BANK_PAIR
 from explorer_model.sampling import filter_steps
 
@@ -107,12 +107,12 @@ def test_swiglu_matches_recording(loaded):
     assert neurons[0] == int(np.abs(a - b).argmax())
 
     # switching the shared selection reruns only the drawing
-    before = app_state.FORWARDS["count"]
+    before = app_explorer.FORWARDS["count"]
     at.sidebar.slider(key="layer").set_value(2).run()
     at.sidebar.slider(key="token").set_value(1).run()
     at.sidebar.slider(key="head").set_value(4).run()
     assert not at.exception
-    assert app_state.FORWARDS["count"] == before
+    assert app_explorer.FORWARDS["count"] == before
 
 
 def test_swiglu_chinese():
@@ -162,24 +162,24 @@ def test_residual_matches_recording(loaded):
     at.slider(key="pred_top_p").set_value(0.5).run()
     check_steps(0.7, 5, 0.5)
 
-    before = app_state.FORWARDS["count"]
+    before = app_explorer.FORWARDS["count"]
     at.sidebar.slider(key="layer").set_value(9).run()
     at.sidebar.slider(key="token").set_value(5).run()
     at.sidebar.slider(key="head").set_value(1).run()
     assert not at.exception
-    assert app_state.FORWARDS["count"] == before
+    assert app_explorer.FORWARDS["count"] == before
 
 
 def test_take_top_token_and_undo(loaded):
     prompt = "The capital of France is"
-    app_state.recording_cache.clear()  # other tests may have recorded the extended prompt already
+    app_explorer.result_cache().clear()  # other tests may have recorded the extended prompt already
     at = run_app(view="residual", prompt=prompt)
     assert not at.exception
-    before = app_state.FORWARDS["count"]
+    before = app_explorer.FORWARDS["count"]
     at.button(key="pred_greedy").click().run()
     assert not at.exception
     assert at.session_state["prompt"] == prompt + " Paris"
-    assert app_state.FORWARDS["count"] == before + 1  # exactly the new prompt's recording
+    assert app_explorer.FORWARDS["count"] == before + 2  # exactly the new prompt's recording and its logit lens
     tok = loaded.tokenizer
     assert tok.encode(at.session_state["prompt"]) == tok.encode(prompt) + tok.encode(" Paris")
     hist = at.session_state["pred_history"]
@@ -190,7 +190,7 @@ def test_take_top_token_and_undo(loaded):
     at.button(key="pred_undo").click().run()
     assert not at.exception
     assert at.session_state["prompt"] == prompt and not at.session_state["pred_history"]
-    assert app_state.FORWARDS["count"] == before + 1  # the old prompt's recording is still cached
+    assert app_explorer.FORWARDS["count"] == before + 2  # the old prompt's recording and lens are still cached
 
     # sampling is reproducible: the same seed and prompt give the same token
     at.button(key="pred_sample").click().run()

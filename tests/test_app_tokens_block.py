@@ -197,7 +197,7 @@ def test_block_view_in_chinese():
 
 
 def test_switching_layer_and_token_runs_no_forward(block_page):
-    from app import state
+    from app import explorer as state
 
     before = state.FORWARDS["count"]
     block_page.sidebar.slider(key="layer").set_value(7).run()

@@ -5,7 +5,7 @@ import torch
 
 from apptest_util import all_text, decode, figures, run_app
 
-import app.state as app_state
+import app.explorer as app_explorer
 from app.context import display_piece
 from app.presets import BANK_PAIR
 from explorer_model.analysis import measures as M
@@ -97,27 +97,27 @@ def test_no_mask_figures_equal_the_functions(no_mask_page, loaded):
 
 
 def test_switching_layer_and_head_runs_nothing(no_mask_page):
-    n = app_state.FORWARDS["count"]
+    n = app_explorer.FORWARDS["count"]
     no_mask_page.sidebar.slider(key="head").set_value(5).run()
     no_mask_page.sidebar.slider(key="layer").set_value(7).run()
     assert not no_mask_page.exception
     assert fig_with(no_mask_page, "Attention of layer 7, head 5")
-    assert app_state.FORWARDS["count"] == n
+    assert app_explorer.FORWARDS["count"] == n
 
 
 def test_shortened_sweep(no_mask_page, loaded):
     at = no_mask_page
     ids, clean, _ = runs(loaded, PROMPT, [])
     at.number_input(key="whatif_sweep_layers").set_value(2).run()
-    n = app_state.FORWARDS["count"]
+    n = app_explorer.FORWARDS["count"]
     at.button(key="whatif_sweep_run").click().run()
-    assert not at.exception and app_state.FORWARDS["count"] == n + 1
+    assert not at.exception and app_explorer.FORWARDS["count"] == n + 1
     heat = fig_with(at, "Which heads matter")["data"][0]
     z = decode(heat["z"])
     assert z.shape == (2, 9)
     np.testing.assert_allclose(z, M.head_sweep(loaded.model, clean, range(2))["delta"].numpy(), atol=1e-4)
     at.sidebar.slider(key="head").set_value(1).run()  # cached: shown again without a forward
-    assert fig_with(at, "Which heads matter") and app_state.FORWARDS["count"] == n + 1
+    assert fig_with(at, "Which heads matter") and app_explorer.FORWARDS["count"] == n + 1
 
 
 def test_no_rope_shuffle(loaded):

@@ -112,9 +112,9 @@ def bench():
 
 @pytest.mark.slow
 def test_same_prompt_is_bit_identical_across_threads_cache_and_processes(bench):
-    from app import state
+    from app import explorer
 
-    report = bench.determinism(state.get_model("smollm2"), "The bank near the river collapsed.", threads=3)
+    report = bench.determinism(explorer._model("smollm2"), "The bank near the river collapsed.", threads=3)
     assert report["identical"], report
     assert report["cache_recomputed"] > 1  # the cache really recomputed the same prompt
     assert len(report["digests"]) == 3
@@ -143,11 +143,11 @@ def test_a_visitors_session_does_not_keep_evicted_recordings(monkeypatch):
     sys.path.insert(0, str(Path(__file__).parent))
     from apptest_util import run_app
 
-    from app import state
+    from app import explorer
     from app.panels import VIEWS
     from explorer_model.recording import Recording
 
-    cache = state.recording_cache()
+    cache = explorer.result_cache()
     monkeypatch.setattr(cache, "budget", 1)  # keep only the newest recording
     at = run_app(view="tokens", prompt="The first prompt of this visitor.")
     for text in ("A second prompt, to evict the first.", "And a third one."):

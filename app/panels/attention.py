@@ -10,10 +10,10 @@ import html
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-import torch
 
-from app import plots, state
-from app.context import ViewContext
+from app import explorer, plots
+from app.context import ViewContext, plain
+from explorer_model.analysis import views_data as V
 
 
 def head_matrix(ctx: ViewContext, layer: int, head: int, kind: str) -> np.ndarray:
@@ -23,23 +23,12 @@ def head_matrix(ctx: ViewContext, layer: int, head: int, kind: str) -> np.ndarra
     return np.where(future, np.nan, m)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def overview(source: str, ids: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def overview(rec) -> tuple[np.ndarray, np.ndarray]:
     """Per layer and head: mean entropy of the query rows (nats) and mean attention to position 0.
 
     Query 0 can only read itself, so it is left out of both means when there is more than one token.
     """
-    rec = state.get_recording(source, ids)
-    n_layers = rec.cfg.n_layers
-    entropy = np.zeros((n_layers, rec.cfg.n_heads))
-    sink = np.zeros_like(entropy)
-    first = 1 if len(ids) > 1 else 0
-    for layer in range(n_layers):
-        p = rec.pattern(layer)[0, :, first:].double()  # [head, q, k]
-        plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
-        entropy[layer] = (-plogp.sum(-1)).mean(-1).numpy()
-        sink[layer] = p[..., 0].mean(-1).numpy()
-    return entropy, sink
+    return V.attention_overview(rec)
 
 
 def head_label(ctx: ViewContext, h: int) -> str:
@@ -101,8 +90,9 @@ def draw_query_text(ctx: ViewContext) -> None:
             style += ";outline:2px solid #1f4e9c"
         spans.append(f'<span title="{html.escape(tip)}" style="{style};padding:2px 3px;margin:1px;'
                      f'border-radius:4px;display:inline-block;font-family:monospace">{html.escape(piece)}</span>')
-    st.markdown(ctx.t(f"**What token {ctx.token} “{ctx.pieces[ctx.token]}” reads** (darker = more attention; hover for the value):",
-                      f"**第 {ctx.token} 个 token “{ctx.pieces[ctx.token]}” 读取了什么**（颜色越深注意力越多；悬停查看数值）："))
+    piece = plain(ctx.pieces[ctx.token])  # prompt text: escaped, never markdown
+    st.markdown(ctx.t(f"**What token {ctx.token} “{piece}” reads** (darker = more attention; hover for the value):",
+                      f"**第 {ctx.token} 个 token “{piece}” 读取了什么**（颜色越深注意力越多；悬停查看数值）："))
     st.markdown("".join(spans), unsafe_allow_html=True)
     order = np.argsort(-row[: ctx.token + 1])[:3]
     st.caption(ctx.t("Top keys: ", "注意力最多的键：") +
@@ -143,7 +133,7 @@ def draw_head_grid(ctx: ViewContext, kind: str) -> None:
 
 
 def draw_overview(ctx: ViewContext) -> None:
-    entropy, sink = overview(ctx.extras["source"], tuple(ctx.ids))
+    entropy, sink = explorer.derived("attention_overview", ctx.source, ctx.ids, overview)
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
     layers = [ctx.t(f"layer {l}", f"第 {l} 层") for l in range(ctx.cfg.n_layers)]
     c1, c2 = st.columns(2)

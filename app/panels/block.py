@@ -11,7 +11,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import plots
-from app.context import ViewContext
+from app.context import ViewContext, plain
+from explorer_model.analysis import views_data as V
 
 BOX_W, BOX_H, ADD_R, STEP = 0.62, 0.42, 0.24, 1.55
 COLOURS = {"io": "#e5e7eb", "norm": "#fde68a", "attention": "#bfdbfe", "rope": "#ddd6fe", "ffn": "#bbf7d0",
@@ -166,8 +167,7 @@ def flow_rows(rec, layer: int, token: int, t=_en) -> list[dict]:
 
 def layer_norms_data(rec, token: int) -> dict[str, np.ndarray]:
     """Per-layer norms at one token: residual stream, attention output, FFN output."""
-    return {k: rec.stack(k)[:, 0, token].float().norm(dim=-1).numpy()
-            for k in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")}
+    return {k: V.stack_norms(rec, k, token) for k in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")}
 
 
 def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t=_en) -> go.Figure:
@@ -217,10 +217,10 @@ def draw_diagrams(ctx: ViewContext) -> None:
 def draw_flow(ctx: ViewContext) -> None:
     t, L = ctx.t, ctx.layer
     st.subheader(t(f"The numbers through block {L}", f"第 {L} 层模块中的数值"))
-    st.markdown(t(f"For token {ctx.labels[ctx.token]} and averaged over all {len(ctx.ids)} tokens. The RMS divisor "
+    st.markdown(t(f"For token {plain(ctx.labels[ctx.token])} and averaged over all {len(ctx.ids)} tokens. The RMS divisor "
                   "is what RMSNorm divides by, √(mean x² + ε) = ‖x‖/√D roughly; the ratios show how much the "
                   "attention and the FFN change the stream they are added to.",
-                  f"token {ctx.labels[ctx.token]} 的值，以及全部 {len(ctx.ids)} 个 token 的平均值。RMS 除数是 RMSNorm "
+                  f"token {plain(ctx.labels[ctx.token])} 的值，以及全部 {len(ctx.ids)} 个 token 的平均值。RMS 除数是 RMSNorm "
                   "所除的数 √(mean x² + ε)，约等于 ‖x‖/√D；比值说明注意力和前馈网络对所加入的残差流改变了多少。"))
     rows = flow_rows(ctx.rec, L, ctx.token, t)
     df = pd.DataFrame([{t("quantity", "量"): r["quantity"], t(f"token {ctx.token}", f"token {ctx.token}"): r["token"],

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import plots
-from app.context import ViewContext
+from app.context import ViewContext, plain
 from app.plots import axis_ids, grid_layout
 
 N_OUTLIERS = 5
@@ -43,11 +43,10 @@ def norm_input(rec, cfg, layer: int, which: str) -> np.ndarray:
     return x[0].float().numpy()
 
 
-def norm_vectors(rec, model, layer: int, token: int, which: str) -> dict[str, np.ndarray | float]:
-    """x before the norm, x / scale, and (x / scale) · γ for one token, plus γ and the recorded divisor."""
-    x = norm_input(rec, model.cfg, layer, which)[token]
+def norm_vectors(rec, cfg, gamma: np.ndarray, layer: int, token: int, which: str) -> dict[str, np.ndarray | float]:
+    """x before the norm, x / scale, and (x / scale) · γ for one token, plus γ (of that norm) and the recorded divisor."""
+    x = norm_input(rec, cfg, layer, which)[token]
     normalized = rec[f"blocks.{layer}.{which}.hook_normalized"][0, token].float().numpy()
-    gamma = getattr(model.blocks[layer], which).weight.detach().float().numpy()
     scale = float(rec[f"blocks.{layer}.{which}.hook_scale"][0, token, 0])
     return {"x": x, "normalized": normalized, "out": normalized * gamma, "gamma": gamma, "scale": scale}
 
@@ -201,9 +200,9 @@ def draw_divisors(ctx: ViewContext, which: str) -> np.ndarray:
 
 
 def draw_vectors(ctx: ViewContext, which: str) -> dict:
-    v = norm_vectors(ctx.rec, ctx.model, ctx.layer, ctx.token, which)
-    st.subheader(ctx.t(f"Token {ctx.labels[ctx.token]} at layer {ctx.layer}, {norm_name(ctx, which)}",
-                       f"第 {ctx.layer} 层的 token {ctx.labels[ctx.token]}，{norm_name(ctx, which)}"))
+    v = norm_vectors(ctx.rec, ctx.cfg, ctx.facts.gammas[f"blocks.{ctx.layer}.{which}"], ctx.layer, ctx.token, which)
+    st.subheader(ctx.t(f"Token {plain(ctx.labels[ctx.token])} at layer {ctx.layer}, {norm_name(ctx, which)}",
+                       f"第 {ctx.layer} 层的 token {plain(ctx.labels[ctx.token])}，{norm_name(ctx, which)}"))
     plots.show(vectors_figure(v, ctx.t), ctx, key="norm_vectors_fig", filename=f"rmsnorm_{which}_L{ctx.layer}")
     top = outlier_dims(v["x"])
     share = float(np.sum(v["x"][top] ** 2) / max(np.sum(v["x"] ** 2), 1e-30))

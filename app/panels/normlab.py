@@ -1,19 +1,19 @@
 """Pre vs Post-Norm lab: the two trained twins side by side, gradients of fresh models at initialization,
 and a short training race. Why LLaMA puts the norm first.
 
-The twins are read through cached recordings (`state.get_recording`), never run for drawing; the
-experiments live in explorer_model.lab.normlab and are cached per options (st.cache_data).
+The twins are read through the gateway's cached recordings, never run for drawing. The experiments (in
+explorer_model.lab.normlab) run in the gateway's one lab worker process, one at a time server-wide; a visitor
+whose experiment waits sees their place in the queue, and finished results are cached by the gateway.
 """
 from __future__ import annotations
-
-from dataclasses import asdict
 
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots, state
+from app import explorer, plots
 from app.context import ViewContext, display_piece
+from app.context import plain as plain_md
 from explorer_model.lab import normlab as lab
 from explorer_model.lab.corpus import HELDOUT_LINE
 
@@ -124,16 +124,31 @@ def race_figure(result: dict | None, t, shipped: dict | None = None, fig_id: str
     return fig
 
 
-# --------------------------------------------------------------------------- cached experiments
-@st.cache_data(max_entries=2048, show_spinner=False)
-def cached_probe(variant: str, depth: int, options: tuple, seed: int) -> dict:
-    """One fresh model's probe, cached per options: the progress bar lives outside, between probes."""
-    return lab.probe(variant, depth, lab.LabOptions(**dict(options)), seed)
+# --------------------------------------------------------------------------- experiments (in the gateway's lab worker)
+def wait_for(job, t, box, on_partial=None, label=None):
+    """Wait for a lab job, showing the place in the queue or the progress; returns the result.
+    on_partial(partial) runs once for each new partial result (e.g. a race's next log point)."""
+    drawn = [None]
+
+    def update(j) -> None:
+        pos = j.position()
+        if pos > 0:
+            box.info(t(f"Waiting for the lab: {pos} experiment(s) ahead of yours (one runs at a time on this server).",
+                       f"正在排队：前面还有 {pos} 个实验（本服务器一次只运行一个）。"))
+        else:
+            text = (label(j) if label and j.partial else j.message) or t("starting …", "正在启动 …")
+            box.progress(min(max(j.fraction, 0.0), 1.0), text=text)
+            if on_partial and j.partial and j.partial is not drawn[0]:
+                drawn[0] = j.partial
+                on_partial(j.partial)
+    r = job.wait(update)
+    box.empty()
+    return r
 
 
-def init_gradients(ffn: str, init: str, norm: str, depth: int, progress=None) -> dict:
-    return lab.init_gradients(lab.LabOptions(ffn=ffn, init=init, norm=norm), depth=depth, progress=progress,
-                              probe_fn=lambda v, d, o, s: cached_probe(v, d, tuple(asdict(o).items()), s))
+def init_gradients(ffn: str, init: str, norm: str, depth: int, t=None, box=None) -> dict:
+    job = explorer.lab_init_gradients(lab.LabOptions(ffn=ffn, init=init, norm=norm), depth)
+    return wait_for(job, t, box) if box is not None else job.result()
 
 
 # --------------------------------------------------------------------------- sections
@@ -155,18 +170,13 @@ def draw_intro(ctx: ViewContext) -> None:
 
 
 def _twin_recordings(ctx: ViewContext):
-    """{variant: (loaded, ids, rec, line_rec)} for the twins, or None with a message if they are missing."""
-    prompt = st.session_state.get("prompt") or ""
-    out = {}
-    for v, source in zip(("pre", "post"), lab.TWINS):
-        loaded, err = state.try_load(source)
-        if loaded is None:
-            st.info(ctx.t(f"The twin {source} is not available ({err}).", f"孪生模型 {source} 不可用（{err}）。"))
-            return None
-        ids, _ = state.encode_prompt(loaded, prompt, int(st.session_state.get("max_tokens") or 256))
-        line = loaded.tokenizer.encode(HELDOUT_LINE, add_bos=True)
-        out[v] = (loaded, ids, state.get_recording(source, tuple(ids)), state.get_recording(source, tuple(line)))
-    return out
+    """{variant: (facts, ids, rec, line_rec)} for the twins, or None with a message if they are missing."""
+    twins, err = explorer.twin_recordings(st.session_state.get("prompt") or "",
+                                          int(st.session_state.get("max_tokens") or 256))
+    if twins is None:
+        st.info(ctx.t(f"A twin is not available ({plain_md(err)}).", f"孪生模型不可用（{plain_md(err)}）。"))
+        return None
+    return {v: (w["facts"], w["ids"], w["rec"], w["line_rec"]) for v, w in twins.items()}
 
 
 def draw_twins(ctx: ViewContext) -> dict | None:
@@ -204,12 +214,12 @@ def draw_twins(ctx: ViewContext) -> dict | None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         loaded, ids, rec, line_rec = twins[v]
-        labels = [f"{i}:{plain(loaded.tokenizer.piece(x))}" for i, x in enumerate(ids)]
+        labels = [f"{i}:{plain(loaded.piece(x))}" for i, x in enumerate(ids)]
         layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
             plots.show(twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
             top, probs = lab.top_predictions(rec)
-            plots.show(top_figure([plain(loaded.tokenizer.piece(i)) for i in top], probs, t, v), ctx,
+            plots.show(top_figure([plain(loaded.piece(i)) for i in top], probs, t, v), ctx,
                        key=f"normlab_top_{v}_fig")
             st.metric(t("loss on the held-out line", "留出句上的损失"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t(f"“{HELDOUT_LINE}” (from Hamlet, never trained on); nats per token",
@@ -283,9 +293,7 @@ def draw_init(ctx: ViewContext) -> dict | None:
     if not st.session_state.get("lab_init_go"):
         st.info(t("Press the button; results are kept for each combination of options.", "请按按钮；每组选项的结果都会被保存。"))
         return None
-    bar = st.empty()
-    r = init_gradients(ffn, init, norm, int(depth), progress=lambda f, msg: bar.progress(min(f, 1.0), text=msg))
-    bar.empty()
+    r = init_gradients(ffn, init, norm, int(depth), t, st.empty())
     prof, sweep = r["profile"], r["sweep"]
     ratio = {v: lab.last_first_ratio(prof[v]["grad_down"]) for v in prof}
     grows = {v: sum(x > 1 for x in prof[v]["ratio_seeds"]) for v in prof}
@@ -400,16 +408,17 @@ def draw_race(ctx: ViewContext) -> dict | None:
                   "该设置没有预先算好的曲线（随附的有：6 层和 12 层，学习率 0.001 与 0.003）。"))
     rc = lab.RaceConfig(depth=int(depth), lr=float(lr), steps=steps, log_every=max(1, steps // 30))
     if st.button(t(f"Start the race (≤ {RACE_TIME_LIMIT:.0f} s)", f"开始赛跑（≤ {RACE_TIME_LIMIT:.0f} 秒）"), key="lab_race_start"):
-        box, bar = st.empty(), st.progress(0.0)
+        box, bar = st.empty(), st.empty()
 
         def live(r):
-            bar.progress(min(1.0, r["steps"][-1] / rc.steps), text=t(f"step {r['steps'][-1]} · {r['seconds']:.0f} s",
-                                                                   f"第 {r['steps'][-1]} 步 · {r['seconds']:.0f} 秒"))
             box.plotly_chart(race_figure(r, t, shipped, fig_id="normlab_race_live"), key=f"normlab_race_live_{len(r['steps'])}")
 
-        st.session_state["lab_race_result"] = lab.race(rc, time_limit=RACE_TIME_LIMIT, on_log=live)
+        def label(j) -> str:
+            step, sec = j.partial["steps"][-1], j.partial["seconds"]
+            return t(f"step {step} · {sec:.0f} s", f"第 {step} 步 · {sec:.0f} 秒")
+
+        st.session_state["lab_race_result"] = wait_for(explorer.lab_race(rc, RACE_TIME_LIMIT), t, bar, live, label)
         box.empty()
-        bar.empty()
     r = st.session_state.get("lab_race_result")
     if r:
         plots.show(race_figure(r, t, shipped, fig_id="normlab_race_live"), ctx, key="normlab_race_result_fig")

@@ -1,6 +1,6 @@
 """Residual stream and prediction view: norms, what each sub-layer adds, a logit lens, and next-token choice.
 
-Drawing reads only the recording and the weights. The buttons that append a token change the prompt, and
+Drawing reads only the recording; the logit lens is asked of the gateway (cached). The buttons that append a token change the prompt, and
 the app records the new prompt once (cached) on the next run.
 """
 from __future__ import annotations
@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-import torch
 
-from app import plots, state
-from app.context import ViewContext, display_piece
-from explorer_model.sampling import filter_steps
+from app import explorer, plots
+from app.context import ViewContext, display_piece, plain
+from explorer_model.analysis import views_data as V
 
 LENS_MAX_POS = 40  # the logit lens costs layers × positions × d_model × vocab; show the last 40 positions
 N_DIST = 15
@@ -22,9 +21,7 @@ STEP_NAMES = [("raw", "原始"), ("temperature", "温度"), ("top-k", "top-k"), 
 # ----------------------------------------------------------------------------- pure data / figures
 def norms_data(rec) -> np.ndarray:
     """‖x‖₂ of the residual stream: rows = resid_pre of every layer, then the last block's resid_post."""
-    pre = rec.stack("hook_resid_pre")[:, 0]  # [layer, pos, d_model]
-    last = rec[f"blocks.{rec.cfg.n_layers - 1}.hook_resid_post"][0][None]
-    return torch.cat([pre, last]).norm(dim=-1).numpy()
+    return V.residual_norms(rec)
 
 
 def norm_colour_cap(norms: np.ndarray) -> float | None:
@@ -37,8 +34,7 @@ def norm_colour_cap(norms: np.ndarray) -> float | None:
 
 def contributions_data(rec) -> tuple[np.ndarray, np.ndarray]:
     """‖attn_out‖ and ‖mlp_out‖ per layer and token: two [layer, pos] arrays."""
-    return (rec.stack("hook_attn_out")[:, 0].norm(dim=-1).numpy(),
-            rec.stack("hook_mlp_out")[:, 0].norm(dim=-1).numpy())
+    return V.stack_norms(rec, "hook_attn_out"), V.stack_norms(rec, "hook_mlp_out")
 
 
 def contributions_figure(attn, mlp, token: int, piece: str, t) -> go.Figure:
@@ -59,26 +55,6 @@ def contributions_figure(attn, mlp, token: int, piece: str, t) -> go.Figure:
     return fig
 
 
-@torch.no_grad()
-def logit_lens_data(model, rec, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Top token id and its probability for every layer's resid_post at positions start…: two [layer, pos] arrays.
-
-    Each row applies the model's own final norm and unembedding, so the last row is the model's prediction.
-    """
-    # One matmul for all layers: the 113 MB unembedding matrix is read once, not once per layer.
-    x = rec.stack("hook_resid_post")[:, 0, start:].float()  # [layer, pos, d_model]
-    if model.ln_final is not None:
-        x = model.ln_final(x)
-    logits = model.unembed(x)  # [layer, pos, vocab]
-    top, arg = logits.max(-1)
-    return arg.numpy(), torch.exp(top - torch.logsumexp(logits, -1)).numpy()
-
-
-@st.cache_resource(max_entries=8, show_spinner=False)
-def _cached_lens(source: str, ids: tuple[int, ...], start: int, _model, _rec):
-    return logit_lens_data(_model, _rec, start)
-
-
 def logit_lens_figure(top_ids, top_probs, piece, labels, t) -> go.Figure:
     text = [[display_piece(piece(int(i))) for i in row] for row in top_ids]
     fig = plots.heatmap(top_probs, labels, [f"L{l}" for l in range(top_probs.shape[0])], zmin=0, zmax=1,
@@ -91,13 +67,11 @@ def logit_lens_figure(top_ids, top_probs, piece, labels, t) -> go.Figure:
     return fig
 
 
-def steps_data(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, n: int = N_DIST) -> dict:
-    """The n most likely tokens' probabilities after each filtering step, and how many tokens survive each."""
-    s = filter_steps(logits, temperature, top_k, top_p)
-    steps = [s.raw, s.tempered, s.top_k, s.top_p]
-    order = torch.argsort(logits, descending=True, stable=True)[:n]
-    return {"ids": order.numpy(), "probs": np.stack([p[order].numpy() for p in steps]),
-            "survivors": [int((p > 0).sum()) for p in steps], "final": s.final}
+def steps_data(logits, temperature: float, top_k: int, top_p: float, n: int = N_DIST, seed: int = 0,
+               n_ctx: int = 0) -> dict:
+    """The n most likely tokens' probabilities after each filtering step, how many tokens survive each, and the
+    token one reproducible draw picks (same prompt length n_ctx and seed, same draw)."""
+    return V.sampling_steps(logits, temperature, top_k, top_p, n, seed, n_ctx)
 
 
 def steps_figure(data: dict, piece, t) -> go.Figure:
@@ -115,9 +89,9 @@ def steps_figure(data: dict, piece, t) -> go.Figure:
     return fig
 
 
-def base_ids(tokenizer, ids: list[int]) -> list[int]:
+def base_ids(facts, ids: list[int]) -> list[int]:
     """The ids the prompt text itself produced (without a BOS the app put in front)."""
-    if getattr(tokenizer, "add_bos", False) and ids and ids[0] == tokenizer.bos_id:
+    if facts.add_bos and ids and ids[0] == facts.bos_id:
         return ids[1:]
     return list(ids)
 
@@ -181,8 +155,8 @@ def draw_lens(ctx: ViewContext) -> None:
     st.subheader(t("Logit lens", "Logit lens"))
     start = max(0, T - LENS_MAX_POS)
     with st.spinner(t("Applying the output layer to every layer …", "正在把输出层应用到每一层 …")):
-        top_ids, top_probs = _cached_lens(ctx.extras["source"], tuple(ctx.ids), start, ctx.model, ctx.rec)
-    fig = logit_lens_figure(top_ids, top_probs, ctx.tokenizer.piece, ctx.labels[start:], t)
+        top_ids, top_probs = explorer.logit_lens(ctx.source, ctx.ids, start)
+    fig = logit_lens_figure(top_ids, top_probs, ctx.facts.piece, ctx.labels[start:], t)
     plots.show(fig, ctx, key="residual_lens", height=min(1000, 160 + 22 * top_ids.shape[0]))
     st.caption(t("We pretend each layer were the last: its output goes through the final RMSNorm and the output matrix. "
                  "Cell text = the most likely next token, colour = its probability. The bottom row is the model's real "
@@ -191,7 +165,7 @@ def draw_lens(ctx: ViewContext) -> None:
                  "颜色是它的概率。最下面一行就是模型真正的预测。" + (f"只显示最后 {LENS_MAX_POS} 个位置。" if start else "")))
 
     def csv() -> str:
-        piece = ctx.tokenizer.piece
+        piece = ctx.facts.piece
         rows = ([l, start + p, ctx.pieces[start + p], int(top_ids[l, p]), piece(int(top_ids[l, p])), float(top_probs[l, p])]
                 for l in range(top_ids.shape[0]) for p in range(top_ids.shape[1]))
         return plots.to_csv(["layer", "position", "token", "top_id", "top_token", "probability"], rows)
@@ -210,7 +184,7 @@ def _undo() -> None:
 
 
 def draw_prediction(ctx: ViewContext) -> None:
-    t, tok = ctx.t, ctx.tokenizer
+    t, tok = ctx.t, ctx.facts
     st.subheader(t("Choosing the next token", "选择下一个 token"))
     st.markdown(t("Temperature divides the logits before softmax (below 1 sharpens, above 1 flattens, 0 = always the top "
                   "token); top-k keeps only the k most likely tokens; top-p keeps the smallest set whose probability "
@@ -230,12 +204,12 @@ def draw_prediction(ctx: ViewContext) -> None:
     if hist and hist[-1]["ids"] != ids:
         # decode(encode) did not round-trip: keep predicting from the explicit ids of the appended tokens
         ids = hist[-1]["ids"]
-        rec = state.get_recording(ctx.extras["source"], tuple(ids))
+        rec = explorer.recording(ctx.source, ids)
         st.warning(t("The extended text splits into different tokens when typed back; the prediction below uses the "
                      "appended token ids, the other views use the re-split prompt.",
                      "追加后的文本重新分词时得到不同的 token；下面的预测使用追加的 token id，其他视图使用重新分词后的提示词。"))
 
-    data = steps_data(rec.logits[0, -1], temp, top_k, top_p)
+    data = steps_data(rec.logits[0, -1], temp, top_k, top_p, seed=seed, n_ctx=len(ids))
     plots.show(steps_figure(data, tok.piece, t), ctx, key="residual_steps", height=440)
     st.caption(t(f"Tokens left: raw {data['survivors'][0]} → temperature {data['survivors'][1]} → top-k "
                  f"{data['survivors'][2]} → top-p {data['survivors'][3]}.",
@@ -250,9 +224,7 @@ def draw_prediction(ctx: ViewContext) -> None:
                      key="residual_csv_steps")
 
     raw, final = data["probs"][0], data["final"]
-    greedy = int(data["ids"][0])
-    gen = torch.Generator().manual_seed(seed * 100003 + len(ids))  # reproducible: same prompt + seed, same draw
-    sampled = int(torch.multinomial(final, 1, generator=gen)) if temp > 0 else greedy
+    greedy, sampled = data["greedy"], data["sampled"]
     base = base_ids(tok, ids)
     before = st.session_state.get("prompt", "")
 
@@ -260,12 +232,13 @@ def draw_prediction(ctx: ViewContext) -> None:
         after = tok.decode(base + [new])
         new_ids = ids + [new]
         return after, {"before": before, "after": after, "ids": new_ids, "id": new, "piece": tok.piece(new),
-                       "how": how, "p_raw": float(torch.softmax(rec.logits[0, -1].float(), -1)[new]),
+                       "how": how, "p_raw": float(data["raw"][new]),
                        "p_final": float(final[new])}
 
     b1, b2, b3 = st.columns(3)
-    b1.button(t(f"Take the top token “{display_piece(tok.piece(greedy))}” ({raw[0]:.1%})",
-                f"取最高的 token“{display_piece(tok.piece(greedy))}”（{raw[0]:.1%}）"),
+    top = plain(display_piece(tok.piece(greedy)))  # a button label is markdown
+    b1.button(t(f"Take the top token “{top}” ({raw[0]:.1%})",
+                f"取最高的 token“{top}”（{raw[0]:.1%}）"),
               key="pred_greedy", on_click=_append, args=entry(greedy, "greedy"))
     b2.button(t("Sample one", "采样一个"), key="pred_sample", on_click=_append, args=entry(sampled, "sampled"))
     b3.button(t("Undo", "撤销"), key="pred_undo", on_click=_undo, disabled=not hist)

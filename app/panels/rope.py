@@ -12,12 +12,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
-import torch
 
 from app import plots
 from app.plots import axis_ids, grid_layout
-from app.context import ViewContext
-from explorer_model.rope import apply_rope, inverse_frequencies, model_inverse_frequencies
+from app.context import ViewContext, plain
+from explorer_model.analysis import views_data as V
 
 TWO_PI = 2 * math.pi
 SHIFTS = (0, 1, 3, 10, 100, 1000, 4000)
@@ -27,8 +26,7 @@ N_CLOCKS = 6
 # --------------------------------------------------------------------------- data
 def theta_data(cfg) -> tuple[np.ndarray, np.ndarray]:
     """(θ_i without scaling, θ_i the model uses) per pair i."""
-    plain = inverse_frequencies(cfg.head_dim, cfg.rope_theta, None).double().numpy()
-    return plain, model_inverse_frequencies(cfg).double().numpy()
+    return V.theta_data(cfg)
 
 
 def angle_matrix(theta: np.ndarray, n_pos: int) -> np.ndarray:
@@ -44,21 +42,11 @@ def qk_pairs(rec, layer: int, head: int, token: int) -> dict[str, np.ndarray]:
             "k": get("hook_k", kv), "rot_k": get("hook_rot_k", kv)}
 
 
-def rotate(x: torch.Tensor, theta: np.ndarray, position: int) -> torch.Tensor:
-    """x [d_head] turned to `position` with the model's apply_rope, in float64 so large shifts stay exact."""
-    a = torch.tensor(float(position) * theta, dtype=torch.float64)[None]  # [1, pairs]
-    return apply_rope(x.double()[None, None, None], a.cos(), a.sin())[0, 0, 0]
-
-
 def shift_table(rec, theta: np.ndarray, layer: int, head: int, m: int, n: int, shifts=SHIFTS) -> pd.DataFrame:
     """Score of the recorded un-rotated q (position m) and k (position n) after moving both by s."""
-    a = f"blocks.{layer}.attn"
-    q = rec[f"{a}.hook_q"][0, m, head]
-    k = rec[f"{a}.hook_k"][0, n, rec.kv_head(head)]
-    d = q.shape[-1]
+    d = rec.cfg.head_dim
     rows = []
-    for s in shifts:
-        dot = float(rotate(q, theta, m + s) @ rotate(k, theta, n + s))
+    for s, dot in zip(shifts, V.shifted_dots(rec, theta, layer, head, m, n, shifts)):
         rows.append({"shift s": s, "query pos m+s": m + s, "key pos n+s": n + s, "q·k": dot,
                      "score q·k/√d": dot / math.sqrt(d)})
     df = pd.DataFrame(rows)
@@ -223,10 +211,10 @@ def draw_intro(ctx: ViewContext) -> None:
         f"This model: base = {cfg.rope_theta:g}, $d_{{head}}$ = {cfg.head_dim} → {cfg.head_dim // 2} pairs, "
         f"rope scaling: {sc}, context {cfg.max_seq_len} tokens. Pairs are **adjacent** dimensions $(2i, 2i+1)$; "
         f"checkpoints stored in HF's half-split layout $(i, i+d/2)$ are converted at load time "
-        f"(this one: {ctx.loaded.format}), which gives the same scores.",
+        f"(this one: {ctx.facts.format}), which gives the same scores.",
         f"本模型：base = {cfg.rope_theta:g}，$d_{{head}}$ = {cfg.head_dim} → {cfg.head_dim // 2} 对，"
         f"RoPE 缩放：{sc}，上下文 {cfg.max_seq_len} 个 token。配对的是**相邻**维度 $(2i, 2i+1)$；"
-        f"以 HF 的前后半分布局 $(i, i+d/2)$ 存储的权重在加载时会被转换（本模型格式：{ctx.loaded.format}），注意力分数不变。"))
+        f"以 HF 的前后半分布局 $(i, i+d/2)$ 存储的权重在加载时会被转换（本模型格式：{ctx.facts.format}），注意力分数不变。"))
 
 
 def draw_theta(ctx: ViewContext, plain: np.ndarray, used: np.ndarray) -> None:
@@ -247,8 +235,8 @@ def draw_angles(ctx: ViewContext, ang: np.ndarray) -> None:
 
 def draw_arrows(ctx: ViewContext) -> None:
     n_pairs = ctx.cfg.head_dim // 2
-    st.subheader(ctx.t(f"Layer {ctx.layer}, head {ctx.head} (KV head {ctx.rec.kv_head(ctx.head)}), token {ctx.labels[ctx.token]}",
-                       f"第 {ctx.layer} 层，头 {ctx.head}（KV 头 {ctx.rec.kv_head(ctx.head)}），token {ctx.labels[ctx.token]}"))
+    st.subheader(ctx.t(f"Layer {ctx.layer}, head {ctx.head} (KV head {ctx.rec.kv_head(ctx.head)}), token {plain(ctx.labels[ctx.token])}",
+                       f"第 {ctx.layer} 层，头 {ctx.head}（KV 头 {ctx.rec.kv_head(ctx.head)}），token {plain(ctx.labels[ctx.token])}"))
     st.session_state["rope_pairs"] = [i for i in st.session_state.get("rope_pairs", default_pairs(n_pairs)) if i < n_pairs]
     pairs = st.multiselect(ctx.t("Pairs to draw (0 = fastest)", "要画的对（0 = 最快）"), list(range(n_pairs)),
                            key="rope_pairs", max_selections=8)

@@ -1,17 +1,17 @@
 """SwiGLU view: the gated feed-forward network, read from the recording (no forward pass for drawing).
 
-The two-prompt comparison records its own two prompts through `state.get_recording`, which is cached.
+The two-prompt comparison asks the gateway for the recordings of its two prompts (cached).
 """
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-import torch
 from plotly.subplots import make_subplots
 
-from app import plots, state
-from app.context import ViewContext, display_piece
+from app import explorer, plots
+from app.context import ViewContext, display_piece, plain
+from explorer_model.analysis import views_data as V
 from app.presets import BANK_PAIR
 
 # key -> (hook suffix, English name, 中文名); order = order of the computation
@@ -91,10 +91,7 @@ def silu_figure(gates: np.ndarray, t, bins: int = 80) -> go.Figure:
 
 def sparsity_data(rec, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: share of |SiLU(gate)| and of |product| below threshold, over all tokens and neurons."""
-    act = rec.stack("mlp.hook_act").abs()
-    post = rec.stack("mlp.hook_post").abs()
-    return ((act < threshold).float().mean(dim=(1, 2, 3)).numpy(),
-            (post < threshold).float().mean(dim=(1, 2, 3)).numpy())
+    return V.below_share(rec, "mlp.hook_act", threshold), V.below_share(rec, "mlp.hook_post", threshold)
 
 
 def sparsity_figure(act_frac, post_frac, layer: int, threshold: float, t) -> go.Figure:
@@ -138,9 +135,7 @@ def find_word(pieces: list[str], word: str) -> int | None:
 
 def similarity_data(rec_a, rec_b, i: int, j: int, suffix: str = "mlp.hook_act") -> np.ndarray:
     """Per layer: cosine similarity of the suffix vector at token i of prompt A and token j of prompt B."""
-    a = rec_a.stack(suffix)[:, 0, i].double()
-    b = rec_b.stack(suffix)[:, 0, j].double()
-    return torch.nn.functional.cosine_similarity(a, b, dim=-1).clamp(-1, 1).numpy()
+    return V.cosine_per_layer(rec_a, rec_b, i, j, suffix)
 
 
 def similarity_figure(sim_act, sim_pre, layer: int, t) -> go.Figure:
@@ -256,8 +251,8 @@ def draw_sparsity(ctx: ViewContext) -> None:
 def draw_token(ctx: ViewContext, vals: dict) -> None:
     t = ctx.t
     piece = ctx.pieces[ctx.token]
-    st.subheader(t(f"Token {ctx.token} “{piece}”: its strongest neurons in layer {ctx.layer}",
-                   f"第 {ctx.token} 个 token“{piece}”：第 {ctx.layer} 层中最强的神经元"))
+    st.subheader(t(f"Token {ctx.token} “{plain(piece)}”: its strongest neurons in layer {ctx.layer}",
+                   f"第 {ctx.token} 个 token“{plain(piece)}”：第 {ctx.layer} 层中最强的神经元"))
     idx, table = token_neurons_data(vals, ctx.token)
     c1, c2 = st.columns([1, 1])
     heads = [t("neuron", "神经元"), *(t(*QUANTITIES[q][1:]) for q in QUANTITIES)]
@@ -283,7 +278,7 @@ def _pick_token(ctx, col, key: str, pieces: list[str], found: int | None) -> int
 
 
 def draw_compare(ctx: ViewContext) -> None:
-    t, tok = ctx.t, ctx.tokenizer
+    t, tok = ctx.t, ctx.facts
     st.subheader(t("One word, two contexts", "同一个词，两种语境"))
     st.session_state.setdefault("swiglu_prompt_a", BANK_PAIR[0])
     st.session_state.setdefault("swiglu_prompt_b", BANK_PAIR[1])
@@ -292,17 +287,18 @@ def draw_compare(ctx: ViewContext) -> None:
     text_a = c1.text_input(t("Prompt A", "提示词 A"), key="swiglu_prompt_a")
     text_b = c2.text_input(t("Prompt B", "提示词 B"), key="swiglu_prompt_b")
     word = c3.text_input(t("Word (blank: pick tokens)", "词（留空则手动选 token）"), key="swiglu_word")
-    ids_a = state.encode_prompt(ctx.loaded, text_a or "", 256)[0]
-    ids_b = state.encode_prompt(ctx.loaded, text_b or "", 256)[0]
+    ids_a = explorer.encode_prompt(ctx.source, text_a or "", 256)[0]
+    ids_b = explorer.encode_prompt(ctx.source, text_b or "", 256)[0]
     if not ids_a or not ids_b:
         st.info(t("Type two prompts to compare.", "请输入两个要比较的提示词。"))
         return
     source = ctx.extras["source"]
-    rec_a, rec_b = state.get_recording(source, tuple(ids_a)), state.get_recording(source, tuple(ids_b))
+    rec_a, rec_b = explorer.recording(source, ids_a), explorer.recording(source, ids_b)
     pieces_a, pieces_b = [tok.piece(i) for i in ids_a], [tok.piece(i) for i in ids_b]
     fa, fb = find_word(pieces_a, word or ""), find_word(pieces_b, word or "")
     if word and (fa is None or fb is None):
-        st.warning(t(f"“{word}” is not in both prompts; pick a token in each.", f"两个提示词中并非都含有“{word}”；请分别选择 token。"))
+        st.warning(t(f"“{plain(word)}” is not in both prompts; pick a token in each.",
+                     f"两个提示词中并非都含有“{plain(word)}”；请分别选择 token。"))
     if fa is None or fb is None:
         fa = fb = None
     i = _pick_token(ctx, c1, "swiglu_tok_a", pieces_a, fa)

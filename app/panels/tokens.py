@@ -1,6 +1,7 @@
 """Tokens and shapes: text -> ids -> embedding rows, the tensor shape at every step, parameters, KV cache.
 
-Everything comes from the recording and the model's config and weights; nothing here runs the model.
+Everything comes from the recording and the model's facts (the embedding rows shown from the gateway); nothing
+here runs the model.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots
-from app.context import ViewContext
+from app import explorer, plots
+from app.context import ViewContext, plain
 
 CHIP_COLOURS = ("#fde68a", "#bfdbfe", "#bbf7d0", "#fecaca", "#ddd6fe", "#fed7aa", "#a5f3fc", "#f5d0fe")
 DIM_CHOICES = (16, 32, 64, 128, 256)
@@ -116,9 +117,9 @@ def shape_rows(rec, cfg, layer: int, t=lambda en, zh: en) -> list[dict]:
     return rows
 
 
-def param_rows(model) -> list[dict]:
-    """model.param_counts() next to the same numbers written as formulas of the config."""
-    cfg, counts = model.cfg, model.param_counts()
+def param_rows(facts) -> list[dict]:
+    """The model's parameter counts (ModelFacts.param_counts) next to the same numbers written as formulas of the config."""
+    cfg, counts = facts.cfg, facts.param_counts
     D, N, H, Hkv, Dh, Dff, V = (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                 cfg.d_ff, cfg.vocab_size)
     n_mats = 3 if cfg.ffn_type == "swiglu" else 2
@@ -136,9 +137,9 @@ def param_rows(model) -> list[dict]:
             for k in counts]
 
 
-def kv_rows(model, T: int) -> list[dict]:
+def kv_rows(facts, T: int) -> list[dict]:
     """KV-cache bytes: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes per value."""
-    cfg = model.cfg
+    cfg, model = facts.cfg, facts
     rows = []
     for heads, gqa in ((cfg.n_kv_heads, True), (cfg.n_heads, False)):
         for bytes_per, dtype in ((4, "fp32"), (2, "fp16")):
@@ -202,11 +203,11 @@ def draw_tokens(ctx: ViewContext) -> None:
                   "Grey chips are special tokens; dashed chips hold only part of a character.",
                   "分词器把提示词切成固定词表中的片段，并把每个片段换成它的编号 **id**"
                   f"（0 … {ctx.cfg.vocab_size - 1}）。␣ 表示空格，↵ 表示换行。灰色块是特殊 token；虚线框的块只含一个字符的一部分。"))
-    rows = token_rows(ctx.tokenizer, ctx.ids, ctx.pieces)
+    rows = token_rows(ctx.facts, ctx.ids, ctx.pieces)
     st.markdown(chips_html(rows, ctx.token), unsafe_allow_html=True)
-    runs = split_characters(ctx.tokenizer, ctx.ids, rows)
+    runs = split_characters(ctx.facts, ctx.ids, rows)
     if runs:
-        parts = "; ".join(f"{a}–{b} → “{text}”" if a != b else f"{a} → “{text}”" for a, b, text in runs)
+        parts = "; ".join(f"{a}–{b} → “{plain(text)}”" if a != b else f"{a} → “{plain(text)}”" for a, b, text in runs)
         st.info(t("Byte-level BPE works on UTF-8 bytes, so a Chinese character or an emoji (3–4 bytes) can be "
                   f"split over several tokens that are not valid text on their own. Tokens {parts}.",
                   "字节级 BPE 处理的是 UTF-8 字节，一个汉字或表情符号（3–4 个字节）可能被拆到几个 token 中，"
@@ -230,7 +231,7 @@ def draw_embedding(ctx: ViewContext) -> None:
              rf"V={ctx.cfg.vocab_size},\ D={ctx.cfg.d_model}")
     emb = ctx.rec["hook_embed"][0].float().numpy()  # [T, D]
     tid = ctx.ids[ctx.token]
-    weight_row = ctx.model.embed.weight[tid].detach().float().numpy()
+    weight_row = explorer.embedding_rows(ctx.source, [tid])[0]
     choices = [d for d in DIM_CHOICES if d < ctx.cfg.d_model] + [ctx.cfg.d_model]
     n_dims = st.select_slider(t("Dimensions shown", "显示的维数"), choices, value=min(64, ctx.cfg.d_model),
                               key="tokens_embed_dims")
@@ -278,7 +279,7 @@ def draw_params(ctx: ViewContext) -> None:
     norm_sym, norm_n = ("2D", 2 * cfg.d_model) if cfg.norm_type == "rms" else ("4D", 4 * cfg.d_model)
     st.latex(rf"\text{{FFN per block}} = {n_mats}\,D\,D_{{ff}} = {n_mats * cfg.d_model * cfg.d_ff:,}"
              rf"\qquad \text{{norms per block}} = {norm_sym} = {norm_n:,}")
-    rows = param_rows(ctx.model)
+    rows = param_rows(ctx.facts)
     df = pd.DataFrame([{t("component", "部分"): r["component"], t("parameters", "参数量"): r["count"],
                         t("share", "占比"): f"{100 * r['count'] / rows[-1]['count']:.1f}%",
                         t("formula", "公式"): r["formula"], t("formula value", "公式值"): r["formula value"]}
@@ -307,11 +308,11 @@ def draw_kv(ctx: ViewContext) -> None:
     st.markdown(t("When generating, the model keeps every past token's K and V in every layer instead of "
                   "recomputing them. With GQA only the H_kv key/value heads are stored.",
                   "生成时，模型把每层中所有已出现 token 的 K 和 V 保存下来，而不是重新计算。使用 GQA 时只需保存 H_kv 个键/值头。"))
-    per32 = ctx.model.kv_cache_bytes_per_token(4)
+    per32 = ctx.facts.kv_cache_bytes_per_token(4)
     st.latex(rf"2 \times N \times H_{{kv}} \times D_h \times T \times \text{{bytes}} = 2 \times {cfg.n_layers} "
              rf"\times {cfg.n_kv_heads} \times {cfg.head_dim} \times {T} \times 4 = {per32 * T:,}"
              r"\ \text{bytes (fp32)}")
-    rows = kv_rows(ctx.model, T)
+    rows = kv_rows(ctx.facts, T)
     df = pd.DataFrame([{"GQA": r["gqa"], t("KV heads", "KV 头数"): r["kv_heads"], t("dtype", "数据类型"): r["dtype"],
                         t("bytes per token", "每 token 字节"): r["bytes_per_token"],
                         t(f"bytes, this prompt (T={T})", f"本提示词字节（T={T}）"): r["bytes_prompt"],

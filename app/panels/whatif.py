@@ -1,31 +1,24 @@
 """What if…: change one part of the model for one run and compare it with the unchanged run.
 
-The unchanged run is the app's cached recording. The changed run is recorded once per (model, prompt,
-interventions, source prompt) and kept in a cache here; the head sweep is cached per (model, prompt, layers,
-mode). The interventions live in the URL (`whatif=no-mask,ablate:blocks.3.attn.head5`), so a link shows the
+The unchanged run is the app's cached recording. The changed run, its KL and the head sweep are asked of the
+gateway (app/explorer.py), which runs them under its forward lock and keeps them in its one byte-bounded cache. The interventions live in the URL (`whatif=no-mask,ablate:blocks.3.attn.head5`), so a link shows the
 same experiment.
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
-import torch
 
-from app import plots, state
-from app.context import ViewContext, display_piece
+from app import explorer, plots
+from app.context import ViewContext, display_piece, plain
 from app.presets import BANK_PAIR
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
-from explorer_model.model import attention_pattern, causal_scores
-from explorer_model.recording import record
+from explorer_model.analysis import views_data as V
 
-KL_MAX_POS = 32  # the lens costs layers × positions × vocab × d_model per run: average over the last 32
+KL_MAX_POS = explorer.KL_MAX_POS
 N_TOP = 10
-RUN_NAMES = ["blocks.*.hook_resid_post", "blocks.*.attn.hook_rot_q", "blocks.*.attn.hook_rot_k"]
 KINDS = [  # builder choices: (key, English, 中文)
     ("ablate-head", "Ablate the selected head", "消融所选的头"),
     ("ablate-layer", "Ablate every head of the layer", "消融该层所有头"),
@@ -37,58 +30,6 @@ KINDS = [  # builder choices: (key, English, 中文)
     ("patch", "Patch from a second prompt", "从第二个提示词修补激活"),
 ]
 PATCH_HOOKS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"]
-_LOCK = threading.Lock()  # one experiment at a time: memory stays predictable on a shared server
-
-
-# ----------------------------------------------------------------------------- cached runs
-@st.cache_resource(max_entries=16, show_spinner=False)
-def changed_run(source: str, ids: tuple[int, ...], specs: str, source_ids: tuple[int, ...]) -> dict:
-    """What the view needs from the changed run, without its full logits (vocab × positions: the bulk of it):
-    last-position logits, p(own next token) per position, the loss, rotated Q/K per layer (for patterns),
-    and resid_post of every layer at the last KL_MAX_POS positions (for the lens)."""
-    model = state.get_model(source).model
-    with _LOCK:
-        rec = record(model, list(ids), names=RUN_NAMES, interventions=I.parse_list(specs),
-                     source_tokens=list(source_ids) or None)
-        state.FORWARDS["count"] += 1 + bool(source_ids)
-    start = max(0, len(ids) - KL_MAX_POS)
-    return {"last": rec.logits[0, -1].clone(), "own": M.next_token_logprobs(rec.logits, ids).exp().numpy(),
-            "loss": M.prompt_loss(rec.logits, ids),
-            "rot": [(rec[f"blocks.{l}.attn.hook_rot_q"], rec[f"blocks.{l}.attn.hook_rot_k"])
-                    for l in range(rec.cfg.n_layers)],
-            "resid": {n: rec[n][:, start:].clone() for n in rec.names if n.endswith("hook_resid_post")}}
-
-
-@st.cache_resource(max_entries=16, show_spinner=False)
-def kl_per_layer(source: str, ids: tuple[int, ...], specs: str, source_ids: tuple[int, ...]) -> np.ndarray:
-    clean = state.get_recording(source, ids)
-    run = changed_run(source, ids, specs, source_ids)
-    start = max(0, len(ids) - KL_MAX_POS)
-    clean_resid = {n: clean[n][:, start:] for n in run["resid"]}
-    return M.lens_kl(state.get_model(source).model, clean_resid, run["resid"]).numpy()
-
-
-@st.cache_resource(show_spinner=False)
-def _sweeps() -> OrderedDict:
-    return OrderedDict()
-
-
-def sweep_key(source: str, ids, n_layers: int, mean: bool) -> tuple:
-    return source, tuple(ids), int(n_layers), bool(mean)
-
-
-def run_sweep(key: tuple, progress=None) -> dict:
-    """The head sweep for key = (source, ids, first n layers, mean); kept for the last 8 keys."""
-    cache = _sweeps()
-    if key not in cache:
-        source, ids, n_layers, mean = key
-        with _LOCK:
-            cache[key] = M.head_sweep(state.get_model(source).model, state.get_recording(source, ids),
-                                      range(n_layers), mean, progress)
-            state.FORWARDS["count"] += 1
-        while len(cache) > 8:
-            cache.popitem(last=False)
-    return cache[key]
 
 
 # ----------------------------------------------------------------------------- pure data / figures
@@ -97,18 +38,12 @@ def pattern_of(run: dict, layer: int, ivs) -> np.ndarray:
     where no-mask applies the mask is pushed past the last key, as the intervention does."""
     q, k = run["rot"][layer]
     unmasked = any(isinstance(iv, I.NoMask) and iv.layer in (None, layer) for iv in ivs)
-    return attention_pattern(causal_scores(q, k, q.shape[1] if unmasked else 0))[0].double().numpy()
+    return V.pattern_from_rotated(q, k, unmasked)
 
 
 def distribution_data(clean_logits, changed_logits, n: int = N_TOP) -> dict:
     """Last-position probabilities: the union of both runs' top n tokens, and the n tokens that moved most."""
-    p, q = torch.softmax(clean_logits.float(), -1), torch.softmax(changed_logits.float(), -1)
-    top = list(dict.fromkeys(torch.topk(p, n).indices.tolist() + torch.topk(q, n).indices.tolist()))
-    top.sort(key=lambda i: -max(float(p[i]), float(q[i])))
-    delta = q - p
-    moved = torch.topk(delta.abs(), n).indices.tolist()
-    return {"ids": np.array(top), "clean": p[top].numpy(), "changed": q[top].numpy(),
-            "moved": np.array(moved), "delta": delta[moved].numpy()}
+    return V.distribution_data(clean_logits, changed_logits, n)
 
 
 def distribution_figure(d: dict, piece, t) -> go.Figure:
@@ -280,11 +215,9 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
         st.text_input(t("Interventions (comma-separated; also in the page's link)", "干预（逗号分隔；也在页面链接中）"),
                       key="whatif_specs", on_change=_typed, placeholder="no-mask, ablate:blocks.3.attn.head5")
         try:
-            ivs = I.parse_list(st.session_state.get("whatif", ""))
-            for iv in ivs:
-                iv.check(ctx.model)
+            ivs = explorer.check_interventions(ctx.source, st.session_state.get("whatif", ""))
         except ValueError as e:
-            st.error(str(e))
+            st.error(plain(e))  # it quotes what was typed (or came in the link): never markdown
             return [], None
         source = None
         if I.needs_source(ivs):
@@ -319,23 +252,23 @@ def draw_intro(ctx: ViewContext) -> None:
 
 
 def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
-    t, tok, source = ctx.t, ctx.tokenizer, ctx.extras["source"]
+    t, tok, source = ctx.t, ctx.facts, ctx.source
     specs, ids = I.format_list(ivs), tuple(ctx.ids)
     source_ids: tuple[int, ...] = ()
     if source_text is not None:
         if not source_text.strip():
             st.warning(t("Type the source prompt to patch from.", "请输入用于修补的源提示词。"))
             return
-        source_ids = tuple(state.encode_prompt(ctx.loaded, source_text, int(st.session_state.get(
-            "max_tokens", state.DEFAULT_MAX_TOKENS)))[0])
+        source_ids = tuple(explorer.encode_prompt(source, source_text, int(st.session_state.get(
+            "max_tokens", explorer.DEFAULT_MAX_TOKENS)))[0])
     try:
         with st.spinner(t("Running the changed model …", "正在运行修改后的模型 …")):
-            run = changed_run(source, ids, specs, source_ids)
-            kl = kl_per_layer(source, ids, specs, source_ids)
+            run = explorer.whatif_run(source, ids, specs, source_ids)
+            kl = explorer.whatif_kl(source, ids, specs, source_ids)
     except ValueError as e:  # e.g. a patch position beyond the source prompt
-        st.error(str(e))
+        st.error(plain(e))
         return
-    st.subheader(t(f"With {specs}", f"施加 {specs} 之后"))
+    st.subheader(t(f"With {plain(specs)}", f"施加 {plain(specs)} 之后"))
     loss0, loss1 = M.prompt_loss(ctx.rec.logits, ids), run["loss"]
     d = distribution_data(ctx.rec.logits[0, -1], run["last"])
     top0, top1 = int(ctx.rec.logits[0, -1].argmax()), int(run["last"].argmax())
@@ -385,7 +318,7 @@ def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_id
     if rope_off:
         perm = M.shuffle_keep_last(len(ctx.ids))
         shuffled = tuple(ctx.ids[i] for i in perm)
-        shuf = changed_run(ctx.extras["source"], shuffled, specs, source_ids)
+        shuf = explorer.whatif_run(ctx.source, shuffled, specs, source_ids)
         mats.append(masked_blank(pattern_of(shuf, L, ivs)[H], ivs, L))
         titles.append(t("changed, words shuffled", "修改后，词序打乱"))
         label_sets.append([f"{i}:{ctx.pieces[j]}" for i, j in enumerate(perm)])
@@ -398,19 +331,17 @@ def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_id
 
 def shuffle_rows(ctx: ViewContext, ivs: list, shuffled, specs: str, source_ids) -> list[tuple]:
     """(variant, prompt's last logits, shuffled prompt's last logits) for unchanged, changed, changed + no mask."""
-    source, ids = ctx.extras["source"], tuple(ctx.ids)
-    rows = [(ctx.t("unchanged", "原模型"), ctx.rec.logits[0, -1], state.get_recording(source, shuffled).logits[0, -1]),
-            (specs, changed_run(source, ids, specs, source_ids)["last"],
-             changed_run(source, shuffled, specs, source_ids)["last"])]
+    source, ids, run = ctx.source, tuple(ctx.ids), explorer.whatif_run
+    rows = [(ctx.t("unchanged", "原模型"), ctx.rec.logits[0, -1], explorer.recording(source, shuffled).logits[0, -1]),
+            (specs, run(source, ids, specs, source_ids)["last"], run(source, shuffled, specs, source_ids)["last"])]
     if not any(isinstance(iv, I.NoMask) and iv.layer is None for iv in ivs):
         both = I.format_list(ivs + [I.NoMask()])
-        rows.append((both, changed_run(source, ids, both, source_ids)["last"],
-                     changed_run(source, shuffled, both, source_ids)["last"]))
+        rows.append((both, run(source, ids, both, source_ids)["last"], run(source, shuffled, both, source_ids)["last"]))
     return rows
 
 
 def draw_shuffle(ctx: ViewContext, ivs: list, perm, shuffled, specs: str, source_ids) -> None:
-    t, piece = ctx.t, ctx.tokenizer.piece
+    t, piece = ctx.t, ctx.facts.piece
     st.markdown(t("**Same words, another order.** The shuffled prompt keeps the last token in place. Without RoPE, "
                   "attention scores no longer depend on distance, but the causal mask still tells order apart: each position "
                   "sees a different set of earlier words. Remove both and the last position sees just a bag of words: its "
@@ -418,14 +349,15 @@ def draw_shuffle(ctx: ViewContext, ivs: list, perm, shuffled, specs: str, source
                   "**同样的词，换个顺序。** 打乱后的提示词保持最后一个 token 不动。去掉 RoPE 后，注意力分数不再依赖距离，"
                   "但因果掩码仍然能区分顺序：每个位置看到的前文集合不同。两者都去掉后，最后一个位置只看到一袋词，"
                   "它的预测不再随词序变化（仅有舍入误差）。"))
-    st.caption(t("Shuffled: ", "打乱后：") + " ".join(ctx.pieces[i] for i in perm))
+    st.text(t("Shuffled: ", "打乱后：") + " ".join(ctx.pieces[i] for i in perm))  # prompt text: never markdown
     rows = shuffle_rows(ctx, ivs, shuffled, specs, source_ids)
     table = {t("model", "模型"): [], t("top token (prompt)", "最可能 token（原顺序）"): [],
              t("top token (shuffled)", "最可能 token（打乱）"): [], t("max |Δ logit|", "最大 |Δ logit|"): []}
     def top(logits) -> str:
-        return f"{display_piece(piece(int(logits.argmax())))} {float(torch.softmax(logits, -1).max()):.3f}"
+        i, p = V.top_token(logits)
+        return f"{display_piece(piece(i))} {p:.3f}"
     for name, a, b in rows:
-        for col, v in zip(table, (name, top(a), top(b), float((a - b).abs().max()))):
+        for col, v in zip(table, (name, top(a), top(b), V.max_abs_diff(a, b))):
             table[col].append(v)
     st.dataframe(table, hide_index=True)
 
@@ -443,19 +375,20 @@ def draw_sweep(ctx: ViewContext) -> None:
                               key="whatif_sweep_layers"))
     mean = c[1].radio(t("Ablation", "消融方式"), [False, True], key="whatif_sweep_mode", horizontal=True,
                       format_func=lambda m: t("mean", "平均") if m else t("zero", "置零")) or False
-    key = sweep_key(ctx.extras["source"], ctx.ids, n, mean)
+    key = (ctx.source, tuple(ctx.ids), n, bool(mean))
     if c[2].button(t("Run the sweep", "运行扫描"), key="whatif_sweep_run"):
         bar = st.progress(0.0, text=t("Ablating heads …", "正在消融各个头 …"))
-        run_sweep(key, lambda d, total: bar.progress(d / total, text=t(f"block {d} of {total}", f"第 {d}/{total} 个模块")))
+        explorer.head_sweep(*key, progress=lambda d, total: bar.progress(
+            d / total, text=t(f"block {d} of {total}", f"第 {d}/{total} 个模块")))
         bar.empty()
         st.session_state["whatif_sweep_key"] = key
-    if st.session_state.get("whatif_sweep_key") != key or key not in _sweeps():
+    res = explorer.cached_head_sweep(*key) if st.session_state.get("whatif_sweep_key") == key else None
+    if res is None:  # not asked for here yet, or evicted from the cache since
         st.caption(t(f"{n} layers × {cfg.n_heads} heads = {n * cfg.n_heads} ablated runs, batched per layer.",
                      f"{n} 层 × {cfg.n_heads} 个头 = {n * cfg.n_heads} 次消融运行，按层成批计算。"))
         return
-    res = run_sweep(key)
-    delta = res["delta"].numpy()
-    target = display_piece(ctx.tokenizer.piece(res["target"]))
+    delta = np.asarray(res["delta"])
+    target = display_piece(ctx.facts.piece(res["target"]))
     plots.show(sweep_figure(delta, res["layers"], target, res["p_clean"], t), ctx, key="whatif_sweep",
                height=min(900, 160 + 22 * len(res["layers"])))
     l, h = np.unravel_index(np.argmin(delta), delta.shape)

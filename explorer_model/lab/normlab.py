@@ -8,7 +8,9 @@ Three variants of the same decoder, built from `LlamaModel` at a small width:
 DeepNorm is not a model flag: it is a Post-Norm model whose residual is scaled through hook points
 (hook_attn_out / hook_mlp_out return F(x) + (α − 1)·x, so the norm reads α·x + F(x)).
 
-Experiments (all deterministic for a given seed; every function takes and restores torch's thread count):
+Experiments (deterministic for a given seed and thread count). They never set torch's thread count, which
+is process-wide: the app runs them in its one lab worker process (lab/worker.py), which uses one thread;
+offline runs (`python -m explorer_model.lab.normlab`) use `threads(1)` around the whole job.
   - `init_gradients`: at initialization, the gradient norm of every layer's FFN output weight
     (mlp.down_proj), the residual RMS per layer, and how far the output moves after one Adam step,
     for depths 2…48 (Xiong et al. 2020, Fig. 3; Liu et al. 2020's amplification).
@@ -44,7 +46,8 @@ RACE_CURVES_PATH = ASSETS / "lab" / "race_curves.json"
 
 @contextmanager
 def threads(n: int = 1) -> Iterator[None]:
-    """One thread is fastest for models this small, and keeps sums in a fixed order (determinism)."""
+    """One thread is fastest for models this small, and keeps sums in a fixed order (determinism).
+    Process-wide: for offline scripts and tests only, never in a server thread."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -224,12 +227,11 @@ def init_gradients(opts: LabOptions = LabOptions(), depth: int = 12, depths=SWEE
     jobs += [(v, d, s) for d in depths for v in variants for s in sweep_s if (d, s) not in {(depth, x) for x in seeds}]
     total = sum(d for _, d, _ in jobs)  # cost is about proportional to layers
     done, runs = 0, {}
-    with threads(1):
-        for v, d, s in jobs:
-            runs[v, d, s] = probe_fn(v, d, opts, s)
-            done += d
-            if progress:
-                progress(done / total, f"{v} · {d} layers · seed {s}")
+    for v, d, s in jobs:
+        runs[v, d, s] = probe_fn(v, d, opts, s)
+        done += d
+        if progress:
+            progress(done / total, f"{v} · {d} layers · seed {s}")
     profile, sweep = {}, {}
     for v in variants:
         prof = [runs[v, depth, s] for s in seeds]
@@ -325,7 +327,7 @@ def race(rc: RaceConfig = RaceConfig(), time_limit: float | None = None,
     t0 = time.perf_counter()
     out = {"config": asdict(rc), "steps": [], "curves": {k: [] for k in RUN_KEYS},
            "unigram_entropy": data["unigram_entropy"], "seconds": 0.0, "completed": False}
-    with threads(1), _race_models(rc, data["vocab"]) as runs:
+    with _race_models(rc, data["vocab"]) as runs:
         gen = torch.Generator().manual_seed(rc.seed)
         sums = {k: 0.0 for k in RUN_KEYS}
         for step in range(rc.steps):
@@ -466,4 +468,5 @@ def load_race_curves(path: Path = RACE_CURVES_PATH) -> dict | None:
 
 
 if __name__ == "__main__":  # python -m explorer_model.lab.normlab: rebuild assets/lab/race_curves.json
-    precompute_race_curves()
+    with threads(1):  # its own process: the thread count concerns nobody else
+        precompute_race_curves()

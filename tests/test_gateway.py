@@ -1,0 +1,166 @@
+"""The gateway (app/explorer.py): one cache with one byte budget for every kind of result, one forward counter,
+and lab experiments in one worker process that never touches the server's torch thread count."""
+import threading
+import time
+
+import pytest
+import torch
+
+from apptest_util import run_app
+
+from app import explorer
+from explorer_model.lab import normlab as lab
+
+pytestmark = pytest.mark.slow
+PROMPT = "The cat sat on the mat. The cat sat"
+
+
+def fresh_cache(monkeypatch, mb: float):
+    """A new gateway cache whose budget comes from the environment, as `serve --cache-mb` sets it."""
+    monkeypatch.setenv("LLAMA_EXPLORER_CACHE_MB", str(mb))
+    explorer.result_cache.clear()  # the st.cache_resource singleton: the next call builds it from the env
+    cache = explorer.result_cache()
+    assert cache.budget == int(mb * 2**20) and cache.stored_bytes() == 0
+    return cache
+
+
+def unique_storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind tensors (the independent count for a Recording)."""
+    seen = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def walk_views(lab_init: bool = True):
+    """Residual (logit lens), What-if (changed run + KL) and, if asked, the lab's init experiment, via AppTest."""
+    at = run_app(view="residual", prompt=PROMPT)
+    assert not at.exception
+    at.segmented_control(key="view").set_value("whatif").run()
+    at.text_input(key="whatif_specs").set_value("no-mask").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    if lab_init:
+        at.segmented_control(key="view").set_value("normlab").run()
+        at.button(key="lab_init_run").click().run()
+        assert not at.exception
+    return at
+
+
+def test_one_budget_holds_every_kind_and_counts_forwards(monkeypatch):
+    cache = fresh_cache(monkeypatch, 4096)
+    before = explorer.FORWARDS["count"]
+    walk_views()
+    kinds = cache.kinds()
+    for kind in ("recording", "lens", "whatif", "whatif_kl", "lab_init"):
+        assert kinds.get(kind, 0) > 0, (kind, kinds)
+    # forwards: prompt recording + lens, changed run + its KL, the twins (2 prompts × 2 twins), one lab experiment
+    assert explorer.FORWARDS["count"] - before == 2 + 2 + 4 + 1
+    assert cache.stored_bytes() == sum(kinds.values()) <= cache.budget
+    # a recording is counted by its distinct storages (resid_post of L is resid_pre of L+1: once)
+    ids = tuple(explorer.encode_prompt("smollm2", PROMPT, 256)[0])
+    rec = cache.peek(("recording", "smollm2", ids))
+    tensors = [rec[n] for n in rec.names if "hook_pattern" not in n and "hook_attn_scores" not in n]
+    tensors += [rec.logits, rec.token_ids]
+    counted = cache._bytes[("recording", "smollm2", ids)]
+    assert unique_storage_bytes(tensors) <= counted < unique_storage_bytes(tensors) + 2**20
+    assert counted < rec.stored_bytes()  # the recorder's own count adds shared storages twice
+    # the changed run holds rotated Q/K of every layer: they are counted too
+    key = next(k for k in cache.keys() if k[0] == "whatif")
+    run = cache.peek(key)
+    assert counted_at_least(cache._bytes[key], [t for qk in run["rot"] for t in qk])
+    # asking again costs no forward pass
+    n = explorer.FORWARDS["count"]
+    walk_views()
+    assert explorer.FORWARDS["count"] == n
+
+
+def counted_at_least(n: int, tensors) -> bool:
+    return n >= unique_storage_bytes(tensors) > 0
+
+
+def test_a_small_budget_evicts_and_stays_bounded(monkeypatch):
+    cache = fresh_cache(monkeypatch, 3)  # 3 MiB: less than one SmolLM2 recording of this prompt
+    walk_views(lab_init=False)
+    assert cache.evictions > 0
+    assert len(cache.keys()) == 1 or cache.stored_bytes() <= cache.budget  # only the newest may exceed it
+    n = explorer.FORWARDS["count"]
+    at = run_app(view="residual", prompt=PROMPT)  # evicted: the recording and the lens are made again
+    assert not at.exception and explorer.FORWARDS["count"] >= n + 1
+
+
+def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monkeypatch):
+    fresh_cache(monkeypatch, 512)
+    restore = torch.get_num_threads()
+    torch.set_num_threads(2)  # (this test process plays the server) two threads, so a worker's 1 would show
+    server_threads = torch.get_num_threads()
+    assert explorer.lab_worker_threads() == 1  # the worker has its own count
+    seen, stop = set(), threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            seen.add(torch.get_num_threads())
+            time.sleep(0.005)
+    poller = threading.Thread(target=poll)
+    poller.start()
+    configs = [lab.RaceConfig(depth=2, steps=40, log_every=5, seq=16, batch=4, seed=s) for s in (11, 12)]
+    jobs = [explorer.lab_race(rc, None) for rc in configs]  # started at once
+    positions = []
+    while not jobs[1].done():
+        positions.append(jobs[1].position())
+        time.sleep(0.01)
+    results = [j.result() for j in jobs]
+    stop.set()
+    poller.join()
+    torch.set_num_threads(restore)
+    assert seen == {server_threads} and server_threads == 2
+    assert positions[0] == 1 and positions[-1] == 0 and positions == sorted(positions, reverse=True)
+    assert jobs[0].done() and explorer.lab_queue_length() == 0
+    with lab.threads(1):  # the same experiment in this process, one thread: the worker's results are these
+        for rc, r in zip(configs, results):
+            assert lab.race(rc)["curves"] == r["curves"]
+    n = explorer.FORWARDS["count"]
+    again = explorer.lab_race(configs[0], None)  # cached once finished: no second run
+    assert again.done() and again.result()["curves"] == results[0]["curves"] and explorer.FORWARDS["count"] == n
+
+
+def test_the_lab_view_shows_the_place_in_the_queue():
+    """wait_for (the lab panel's waiting loop) tells a visitor how many experiments are ahead, then the progress."""
+    from app.panels.normlab import wait_for
+
+    class Job:  # a job two places back in the queue, then running, then done
+        def __init__(self):
+            self.states = [(2, 0.0, ""), (1, 0.0, ""), (0, 0.5, "half way"), (0, 1.0, "done")]
+            self.fraction, self.message, self.partial = 0.0, "", None
+
+        def position(self):
+            return self.states[0][0]
+
+        def done(self):
+            return len(self.states) == 1
+
+        def wait(self, on_update):
+            while not self.done():
+                _, self.fraction, self.message = self.states[0]
+                on_update(self)
+                self.states.pop(0)
+            return {"ok": True}
+
+    class Box:
+        def __init__(self):
+            self.shown = []
+
+        def info(self, text):
+            self.shown.append(("info", text))
+
+        def progress(self, value, text):
+            self.shown.append(("progress", value, text))
+
+        def empty(self):
+            self.shown.append(("empty",))
+
+    box = Box()
+    assert wait_for(Job(), lambda en, zh: en, box) == {"ok": True}
+    assert box.shown[0][0] == "info" and "2 experiment(s) ahead" in box.shown[0][1]
+    assert box.shown[1][0] == "info" and "1 experiment(s) ahead" in box.shown[1][1]
+    assert box.shown[2] == ("progress", 0.5, "half way") and box.shown[-1] == ("empty",)
