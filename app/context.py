@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from app import i18n
 from app.facts import ModelFacts
 from explorer_model.recording import Recording
 
@@ -40,8 +41,14 @@ class ViewContext:
         """Unique axis labels 'position:piece' (Plotly merges equal category labels)."""
         return [f"{i}:{p}" for i, p in enumerate(self.pieces)]
 
-    def t(self, en: str, zh: str) -> str:
-        return zh if self.lang == "zh" else en
+    def t(self, key: str, zh: str | None = None, **values) -> str:
+        """The catalog message `key` in this visitor's language (app/i18n.py), placeholders filled from values.
+
+        (The old inline form t(english, chinese) still works while panels move to the catalogs; the catalog test
+        fails as long as any remains.)"""
+        if zh is not None:
+            return zh if self.lang == "zh" else key
+        return i18n.t(key, self.lang, **values)
 
 
 def display_piece(text: str) -> str:
