@@ -79,7 +79,7 @@ def test_norm_switching_selection_runs_no_forward(norm_page):
 
 def test_norm_chinese():
     at = run_app(view="norm", prompt=PROMPT, lang="zh", layer=3, token=2)
-    assert not at.exception
+    assert not at.exception and not at.error
     text = all_text(at)
     assert "可学习的增益" in text and "均方根" in text
     assert "一个 token 经过归一化" in str(by_id(at, "norm_vectors")["layout"]["title"])
@@ -98,6 +98,8 @@ def test_theta_and_angles(rope_page, reference):
     assert not rope_page.exception
     theta = model_inverse_frequencies(rec.cfg).double().numpy()
     np.testing.assert_allclose(decode(trace(by_id(rope_page, "rope_theta"), "theta_model")["y"]), theta, rtol=1e-7)
+    y_axis = by_id(rope_page, "rope_theta")["layout"]["yaxis"]
+    assert y_axis["type"] == "log" and y_axis["dtick"] == 1  # labels at powers of ten only (issue 11.15)
     heat = by_id(rope_page, "rope_angles")["data"][0]
     exact = decode(heat["customdata"])
     np.testing.assert_allclose(exact, np.arange(len(ids))[:, None] * theta[None, :], rtol=1e-9)
@@ -177,7 +179,7 @@ def _theta(at):
 
 def test_rope_chinese():
     at = run_app(view="rope", prompt=PROMPT, lang="zh", layer=1, head=2, token=5)
-    assert not at.exception
+    assert not at.exception and not at.error
     text = all_text(at)
     assert "旋转" in text and "相邻" in text
     assert "每一对的旋转速度" in str(by_id(at, "rope_theta")["layout"]["title"])
