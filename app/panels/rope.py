@@ -188,6 +188,11 @@ def clock_figure(theta: np.ndarray, pairs: list[int], m: int, t) -> go.Figure:
 
 
 # --------------------------------------------------------------------------- sections
+def sentences(ctx: ViewContext, *parts: str) -> str:
+    """Messages shown as one paragraph: Chinese runs on without spaces, English takes one between."""
+    return ("" if ctx.lang == "zh" else " ").join(p for p in parts if p)
+
+
 def draw_intro(ctx: ViewContext) -> None:
     cfg = ctx.cfg
     with st.expander(ctx.t("rope.explain"), expanded=not ctx.presenter):
@@ -207,9 +212,9 @@ def draw_intro(ctx: ViewContext) -> None:
 def draw_theta(ctx: ViewContext, plain: np.ndarray, used: np.ndarray) -> None:
     scaled = ctx.cfg.rope_scaling is not None
     plots.show(theta_figure(plain, used, ctx.t, scaled), ctx, key="rope_theta_fig", filename="rope_theta")
-    st.caption(ctx.t("rope.theta_caption", fast=used[0], fast_turn=TWO_PI / used[0], last=len(used) - 1,
-                     slow=used[-1], slow_turn=TWO_PI / used[-1])
-               + (" " + ctx.t("rope.theta_scaled") if scaled else ""))
+    st.caption(sentences(ctx, ctx.t("rope.theta_caption", fast=used[0], fast_turn=TWO_PI / used[0], last=len(used) - 1,
+                                    slow=used[-1], slow_turn=TWO_PI / used[-1]),
+                         ctx.t("rope.theta_scaled") if scaled else ""))
 
 
 def draw_angles(ctx: ViewContext, ang: np.ndarray) -> None:
@@ -250,8 +255,8 @@ def draw_shift(ctx: ViewContext, theta: np.ndarray) -> pd.DataFrame:
     if n <= m:
         recorded = float(ctx.rec.scores(ctx.layer)[0, ctx.head, m, n])
         ours = float(df["score q·k/√d"].iloc[0])
-        msg += " " + ctx.t("rope.shift_recorded", recorded=f"{recorded:.6g}", sqrt_d=f"{math.sqrt(ctx.cfg.head_dim):.4g}",
-                           ours=f"{ours:.6g}", diff=f"{abs(recorded - ours):.1e}")
+        msg = sentences(ctx, msg, ctx.t("rope.shift_recorded", recorded=f"{recorded:.6g}", ours=f"{ours:.6g}",
+                                        sqrt_d=f"{math.sqrt(ctx.cfg.head_dim):.4g}", diff=f"{abs(recorded - ours):.1e}"))
         st.markdown(msg)
     else:
         st.markdown(msg)
@@ -292,8 +297,8 @@ def draw_clock(ctx: ViewContext, theta: np.ndarray) -> None:
     sweep = (n_ctx - 1) * theta.min()
     values = dict(m=m, fast_turns=f"{m * theta.max() / TWO_PI:,.1f}", period=f"{period:,.0f}", n_ctx=f"{n_ctx:,}",
                   sweep=f"{sweep:.3g}", share=f"{sweep / TWO_PI:.1%}")
-    st.markdown(ctx.t("rope.clock_text", **values) + " "
-                + (ctx.t("rope.clock_unique") if period > n_ctx else ctx.t("rope.clock_wraps")))
+    st.markdown(sentences(ctx, ctx.t("rope.clock_text", **values),
+                          ctx.t("rope.clock_unique") if period > n_ctx else ctx.t("rope.clock_wraps")))
 
 
 def draw_csv(ctx: ViewContext, plain, used, ang, df) -> None:

@@ -51,7 +51,7 @@ def compare_figure(data: dict, foot: dict, labels, layer: int, t) -> go.Figure:
         bar(np.linalg.norm(data["v_position"], axis=-1), t("rope.v_position"), "v_position", "#e45756", left),
         bar(foot["q_change"], t("rope.q_change"), "q_change", "#4c78a8", right),
         bar(foot["k_change"], t("rope.k_change"), "k_change", "#72b7b2", right),
-        bar(np.zeros(len(x)), t("rope.v_change"), "v_change", "#e45756", right),
+        bar(np.zeros(len(x)), t("rope.v_change"), "v_change", "#54a24b", right),
     ]
     for ax in (left, right):
         layout["xaxis" + ax[0][1:]].update(type="category", tickangle=-45)

@@ -31,8 +31,11 @@ def diff_figure(cmp: dict, labels, changed: int, selected: int, layer: int, t) -
         go.Bar(x=x, y=cmp["input_diff"], name=t("swiglu.pw_input"), meta="input_diff", marker_color="#4c78a8"),
         go.Bar(x=x, y=cmp["output_diff"], name=t("swiglu.pw_output"), meta="output_diff", marker_color="#f58518"),
     ])
-    fig.add_vline(x=changed, line_dash="dash", line_color="#e45756")
-    fig.add_vline(x=selected, line_dash="dot", line_color="#555555")
+    fig.add_vline(x=changed, line_dash="dash", line_color="#e45756", annotation_text=t("swiglu.pw_replaced"),
+                  annotation_position="top left" if changed > len(x) / 2 else "top right")
+    if selected != changed:
+        fig.add_vline(x=selected, line_dash="dot", line_color="#555555", annotation_text=t("swiglu.pw_selected"),
+                      annotation_position="top left" if selected < changed else "top right")
     fig.update_layout(barmode="group", title=t("swiglu.pw_title", layer=layer), xaxis_title=t("swiglu.token"),
                       yaxis_title=t("swiglu.pw_axis"), height=380, margin=dict(l=10, r=10, t=50, b=10),
                       legend=dict(orientation="h", y=-0.3), meta={"id": "swiglu_positionwise"})
