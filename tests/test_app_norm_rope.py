@@ -269,3 +269,18 @@ def test_rope_subplot_titles_are_short():
         assert titles and max(len(line) for s in titles for line in s.split("<br>")) * 7 <= column * width
     rows = sorted({tuple(v["domain"]) for k, v in by_id(at, "rope_arrows")["layout"].items() if k.startswith("yaxis")})
     assert len(rows) == 2 and (rows[1][0] - rows[0][1]) * (460 - 90 - 10) >= 60  # plot area: height − margins
+
+
+@pytest.mark.parametrize("view", ["norm", "rope", "swiglu"])
+def test_presenter_mode_folds_explanations(view):
+    """Main figure first; in presenter mode the explanations start folded, otherwise open."""
+    from apptest_util import figures
+
+    at = run_app(view=view, prompt=PROMPT, layer=2, head=1, token=4)
+    assert not at.exception and not at.error
+    assert at.expander and all(e.proto.expanded for e in at.expander)
+    first = figures(at)[0]["layout"].get("meta") or {}
+    assert first.get("id") == {"norm": "norm_divisors", "rope": "rope_angles", "swiglu": "swiglu_heatmap"}[view]
+    at.sidebar.toggle(key="presenter").set_value(True).run()
+    assert not at.exception and not at.error
+    assert at.expander and not any(e.proto.expanded for e in at.expander)

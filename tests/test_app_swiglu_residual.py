@@ -1,4 +1,4 @@
-"""The SwiGLU and Residual/prediction views: their figures show exactly what the recording holds."""
+"""The Residual/prediction view: its figures show exactly what the recording holds (SwiGLU: test_app_swiglu.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -214,6 +214,7 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
     k = int(c2.number_input(t("swiglu.topk"), 1, min(256, ctx.cfg.d_ff), 32, key="swiglu_topk"))
     neurons = top_neurons(vals["post"], k)
     fig = heatmap_figure(vals, neurons, ctx.labels, quantity or "post", t)
+    fig.update_layout(meta={"id": "swiglu_heatmap"})  # lets tests find the main figure
     rows = len(ctx.ids) * (2 if quantity == "all" else 1)
     plots.show(fig, ctx, key="swiglu_heatmap", filename=f"swiglu_layer{ctx.layer}",
                height=int(min(900, 160 + 20 * rows)))
