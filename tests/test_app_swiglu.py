@@ -175,7 +175,7 @@ def _ffn(loaded, rec, layer):
     return (gate * (n @ w(blk.mlp.up_proj).T)) @ w(blk.mlp.down_proj).T
 
 
-@pytest.mark.parametrize("pos, word", [(9, " dog"), (2, " cat")])
+@pytest.mark.parametrize("pos, word", [(9, " dog"), (2, " cat"), (0, " A")])
 def test_ffn_is_position_wise(page, loaded, pos, word):
     ids, rec = recording(loaded, PROMPT)
     page.selectbox(key="swiglu_pw_pos").set_value(pos).run()
@@ -199,6 +199,7 @@ def test_ffn_is_position_wise(page, loaded, pos, word):
         y = _ffn(loaded, r, LAYER)
         assert (y - r[f"blocks.{LAYER}.hook_mlp_out"][0].double()).abs().max() < 1e-4
     text = all_text(page)
+    assert (f"At {int((din == 0).sum())} of {len(ids)} positions the FFN input is unchanged" in text) == (pos > 0)
     reported = [float(x) for x in re.search(r"up to (\S+) in the original prompt and (\S+) in the changed", text).groups()]
     assert max(reported) < 1e-4  # the page's own recomputation at the selected token agrees too
 

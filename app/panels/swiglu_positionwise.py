@@ -79,9 +79,11 @@ def draw(ctx: ViewContext) -> None:
     plots.show(diff_figure(cmp, ctx.labels, pos, ctx.token, ctx.layer, t), ctx, key="swiglu_pw_fig",
                filename=f"ffn_position_wise_L{ctx.layer}")
     same = ~cmp["input_changed"]
-    st.markdown(t("swiglu.pw_result", n_same=int(same.sum()), n=len(ctx.ids),
-                  out_max=float(cmp["output_diff"][same].max()) if same.any() else 0.0,
-                  n_changed=int(cmp["input_changed"].sum()), pos=pos))
+    if same.any():
+        st.markdown(t("swiglu.pw_result", n_same=int(same.sum()), n=len(ctx.ids), out_max=float(cmp["output_diff"][same].max()),
+                      n_changed=int(cmp["input_changed"].sum()), pos=pos))
+    else:  # the first token replaced: every later token sees it, so no position keeps its input
+        st.markdown(t("swiglu.pw_all_changed", n=len(ctx.ids)))
     a, b = recompute(ctx, ctx.rec, ctx.token), recompute(ctx, rec_b, ctx.token)
     st.markdown(t("swiglu.pw_recompute", token=plain(ctx.labels[ctx.token]), layer=ctx.layer,
                   diff_a=f"{a['max_abs_diff']:.1e}", diff_b=f"{b['max_abs_diff']:.1e}",
