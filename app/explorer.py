@@ -383,3 +383,20 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES"]
+
+
+# --------------------------------------------------------------------------- nrs: one layer's weight matrices
+def layer_weights(source: str, layer: int) -> dict[str, np.ndarray]:
+    """Copies of one block's FFN matrices and its W_v, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
+    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d]), cached: the SwiGLU view
+    recomputes the FFN from a recorded input, the RoPE view shows what an added position vector does to V."""
+    def take() -> dict[str, np.ndarray]:
+        block = _model(source).model.blocks[int(layer)]
+        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj}
+        if hasattr(block.mlp, "gate_proj"):
+            mats["W_gate"] = block.mlp.gate_proj
+        return {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
+    return result_cache().get(("layer_weights", _ident(source), int(layer)), take)
+
+
+__all__ += ["layer_weights"]
