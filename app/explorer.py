@@ -414,11 +414,15 @@ def lesson_target(source: str, preset_key: str, ids) -> dict:
             hit = LS.strongest(LS.induction_scores(rec, period))
             out.update(layer=hit["layer"], head=hit["head"], key=last - period + 1,
                        values={"layer": hit["layer"], "head": hit["head"], "score": hit["weight"], "period": period})
-        elif preset.kind == "lens":
-            top, _ = logit_lens(source, ids, last)  # [layer, 1]
-            final = top[-1, 0]
-            layer = next(l for l in range(len(top)) if (top[l:, 0] == final).all())
-            out.update(layer=layer, values={"layer": layer, "n_layers": len(top), "top_id": int(final)})
+        elif preset.kind == "lens":  # the layer from which the final answer stays among the lens's top LENS_TOP
+            with _FORWARD, torch.no_grad():
+                lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, last])  # [layer, vocab]
+                _forward()
+            final = int(lp[-1].argmax())
+            ranks = (lp > lp[:, final:final + 1]).sum(-1).numpy()  # 0 = the top token after that layer
+            layer = next(l for l in range(len(ranks)) if (ranks[l:] < LENS_TOP).all())
+            out.update(layer=layer, values={"layer": layer, "n_layers": len(ranks), "top_id": final,
+                                            "top": LENS_TOP, "rank0": int(ranks[0]) + 1})
         elif preset.kind == "split":
             text = b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
             split = [p for p, i in enumerate(ids) if not tok.is_special(i) and _is_fragment(tok.token_bytes(i))]
@@ -429,6 +433,9 @@ def lesson_target(source: str, preset_key: str, ids) -> dict:
             out.update(token=special[0] if special else last, values={"special": len(special), "tokens": n})
         return out
     return result_cache().get(("lesson", _ident(source), preset_key, ids), find)
+
+
+LENS_TOP = 10  # the fact lesson: "enters the top 10"
 
 
 def _is_fragment(data: bytes) -> bool:

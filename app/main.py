@@ -89,11 +89,11 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
                                 token=target["token"], _token_auto=False)
     values = dict(target["values"])
     if preset.kind == "link":
-        values.update(query=preset.args[0], key=preset.args[1])
+        values.update(query=preset.args[0], other=preset.args[1])
     if "top_id" in values:
         values["piece"] = display_piece(facts.piece(int(values.pop("top_id"))))
     if "key" in target and preset.kind != "link":
-        values["key"] = pieces[target["key"]]
+        values["other"] = pieces[target["key"]]
     if preset.kind == "split":
         values["example"] = pieces[target["token"]]
     st.info(tr(f"preset.lesson.{preset.kind}", **{k: plain(v) if isinstance(v, str) else v
