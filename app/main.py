@@ -119,11 +119,11 @@ def main() -> None:
     read_url_once()
     page_top()
     facts = side.choose_model()
+    if facts is not None:
+        url_ids_once(facts)  # before the prompt box exists: it may set the box's text
     prompt = side.sidebar_prompt(facts)
     if facts is None:
         return
-    url_ids_once(facts)
-    prompt = st.session_state.get("prompt") or ""
     if not prompt.strip() and not st.session_state.get("ids"):
         st.info(tr("app.empty_prompt"))
         return

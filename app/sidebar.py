@@ -101,15 +101,16 @@ def step_api(facts: ModelFacts, body: list[int]) -> dict:
     """The ViewContext extras for step generation (see app/context.py). body: the prompt's ids without an
     app-prepended BOS."""
     def append_token(new_id: int) -> None:
-        st.session_state.setdefault("ids_history", []).append(_state())
+        st.session_state["ids_history"] = [*(st.session_state.get("ids_history") or []), _state()]
         ids = list(body) + [int(new_id)]
         text = clean_text(facts, ids)
         st.session_state["_pending"] = {"prompt": text, "ids": ids, "ids_text": text}
 
     def undo() -> None:
-        hist = st.session_state.get("ids_history") or []
+        hist = list(st.session_state.get("ids_history") or [])
         if hist:
             st.session_state["_pending"] = hist.pop()
+            st.session_state["ids_history"] = hist
 
     return {"append_token": append_token, "undo": undo, "can_undo": bool(st.session_state.get("ids_history")),
             "replace_prompt": replace_prompt}
