@@ -218,3 +218,16 @@ def test_recording_npz_holds_every_hook():
     data = np.load(io.BytesIO(state.recording_npz("smollm2", ids)))
     assert "blocks.29.attn.hook_pattern" in data.files and "token_ids" in data.files
     assert data["blocks.0.mlp.hook_post"].shape == (1, len(ids), 1536)
+
+
+def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
+    from app import launch
+
+    monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+    monkeypatch.setattr(launch, "lan_addresses", lambda: ["192.168.1.20", "10.0.0.7"], raising=False)
+    at = run_app(view="tokens", prompt="Hi", presenter=1)
+    assert not at.exception
+    code = " ".join(c.value for c in at.code)
+    assert "http://192.168.1.20:" in code and "http://10.0.0.7:" in code
+    images = at.get("imgs")
+    assert len(images) == 1 and "192.168.1.20" in images[0].proto.imgs[0].caption  # the QR code of the first
