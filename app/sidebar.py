@@ -259,4 +259,4 @@ def share_box(port: int) -> None:
         return
     with st.expander(tr("sidebar.share_title"), expanded=bool(st.session_state.get("presenter"))):
         st.code("\n".join(urls), language=None)
-        st.image(qr_png(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240)
+        st.image(qr_png(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240, output_format="PNG")

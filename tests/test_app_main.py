@@ -229,5 +229,5 @@ def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
     assert not at.exception
     code = " ".join(c.value for c in at.code)
     assert "http://192.168.1.20:" in code and "http://10.0.0.7:" in code
-    images = at.get("imgs")
+    images = at.get("image")
     assert len(images) == 1 and "192.168.1.20" in images[0].proto.imgs[0].caption  # the QR code of the first
