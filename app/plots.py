@@ -19,9 +19,10 @@ def masked_to_nan(a) -> np.ndarray:
 
 
 # Heatmap sizing: square cells, the plot area between these bounds (px); a tick label needs about this much room.
-HEAT_MAX, HEAT_MIN, CELL_MAX = 640, 300, 48
+HEAT_MAX, HEAT_MIN, CELL_MAX = 520, 300, 48
 LABEL_ROOM = 1.25  # × the tick font size: the spacing one horizontal label line needs
-FONT, PRESENTER_FONT = 12, 16  # tick label px; presenter mode must stay ≥ 14 px on the projector
+FONT, PRESENTER_FONT = 12, 16
+PRESENTER_MAX_H = 680  # tick label px; presenter mode must stay ≥ 14 px on the projector
 
 
 def heatmap(z, x: Sequence[str], y: Sequence[str], *, title: str = "", colorscale: str = "Viridis",
@@ -72,7 +73,7 @@ def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None
     """Render with Plotly's own PNG download button. Presenter mode scales the figure and every font (tick labels
     PRESENTER_FONT px on every axis, titles, legend, hover, annotations) and thins labels again for the larger font.
     chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
-    if height:
+    if height and not (fig.layout.yaxis.scaleanchor and fig.layout.height):  # heatmaps size themselves
         fig.update_layout(height=height)
     if ctx.presenter:
         big = PRESENTER_FONT
@@ -82,9 +83,9 @@ def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None
         fig.update_yaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
         fig.for_each_annotation(lambda a: a.update(font=dict(size=big + 2)))
         if fig.layout.width:
-            fig.update_layout(width=min(int(fig.layout.width * 1.2), 900))
-        if fig.layout.height:
-            fig.update_layout(height=min(int(fig.layout.height * 1.2), 900))
+            fig.update_layout(width=min(int(fig.layout.width * 1.2), 1000))
+        if fig.layout.height:  # the main figure must still fit the first 1280×720 screen
+            fig.update_layout(height=min(int(fig.layout.height * 1.2), PRESENTER_MAX_H))
         thin_ticks(fig, big)
     config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2}}
     return st.plotly_chart(fig, key=key, config=config, width="content" if fig.layout.width else "stretch",

@@ -231,3 +231,16 @@ def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
     assert "http://192.168.1.20:" in code and "http://10.0.0.7:" in code
     images = at.get("image")
     assert len(images) == 1 and "192.168.1.20" in images[0].proto.imgs[0].caption  # the QR code of the first
+
+
+def test_long_prompt_heatmap_is_square_capped_and_labels_thinned():
+    at = run_app(view="attention", prompt="word " * 300)
+    fig = figures(at)[0]
+    lay, x = fig["layout"], fig["data"][0]["x"]
+    assert len(x) == 256 and len(set(x)) == 256  # every cell keeps its own label for the hover
+    assert lay["yaxis"]["scaleanchor"] == "x" and 300 <= lay["height"] <= 700 and lay["width"] <= 900
+    shown = lay["xaxis"]["tickvals"]
+    k = x.index(shown[1])
+    assert 1 < k and shown == x[::k]  # every k-th label, evenly
+    room = (lay["width"] - 160) / len(shown)  # px per shown label along the axis
+    assert room >= lay["xaxis"]["tickfont"]["size"]
