@@ -118,9 +118,9 @@ def step_api(facts: ModelFacts, body: list[int]) -> dict:
 
 def replace_prompt(text: str, keep_mine: bool = True) -> None:
     """Set a new prompt (a preset, a what-if pair), keeping the visitor's own for "back to my prompt"."""
-    if keep_mine and "my_prompt" not in st.session_state:
+    if keep_mine and not st.session_state.get("my_prompt"):
         st.session_state["my_prompt"] = _state()
-    st.session_state["_pending"] = {"prompt": text, "ids": None, "ids_text": None}
+    st.session_state["_pending"] = {"prompt": text, "ids": None, "ids_text": None, "replaced_by": text}
 
 
 def _back() -> None:
@@ -146,6 +146,8 @@ def sidebar_prompt(facts: ModelFacts | None) -> str:
                  placeholder=tr("sidebar.preset_placeholder"))
     if "prompt" not in st.session_state:
         st.session_state.prompt = PRESETS[0].prompt
+    if st.session_state.get("my_prompt") and st.session_state.get("prompt") != st.session_state.get("replaced_by"):
+        st.session_state.pop("my_prompt")  # the visitor made the new prompt theirs: nothing to go back to
     if st.session_state.get("my_prompt"):
         sb.button(tr("sidebar.back"), on_click=_back, key="back_to_mine")
     sb.text_area(tr("sidebar.prompt"), key="prompt", height=110)

@@ -129,3 +129,11 @@ def test_a_preset_keeps_the_visitors_prompt_for_the_way_back():
     assert at.session_state["prompt"] == "my own words"
     assert at.query_params["prompt"] == "my own words"
     assert not [b for b in at.sidebar.button if b.key == "back_to_mine"]
+
+
+def test_editing_the_presets_prompt_makes_it_the_visitors_own():
+    at = choose("coref", prompt="my own words")
+    assert [b for b in at.sidebar.button if b.key == "back_to_mine"]
+    at.sidebar.text_area(key="prompt").set_value("The animal slept.").run()
+    assert not [b for b in at.sidebar.button if b.key == "back_to_mine"]
+    assert all("of its attention on" not in i.value for i in at.info)  # the lesson no longer applies
