@@ -106,9 +106,9 @@ def page_top() -> None:
              format_func=lambda v: "English" if v == "en" else "\u4e2d\u6587")
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))
     if st.session_state.get("presenter"):  # larger prose; figures scale in plots.show; slider values never wrap
-        st.markdown("<style>html, .stMarkdown, p, li, label {font-size: 1.3rem !important;}"
-                    "[data-testid='stSliderTickBarMin'], [data-testid='stSliderTickBarMax'] {display: none;}</style>",
-                    unsafe_allow_html=True)
+        st.markdown("<style>[data-testid='stMain'] :is(.stMarkdown, p, li, label) {font-size: 1.3rem !important;}"
+                    "[data-testid='stSliderTickBar'] {display: none;}</style>",
+                    unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     st.title(tr("app.title"))
     if explorer.shared():
         side.share_box(int(st.get_option("server.port")))
