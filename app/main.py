@@ -107,7 +107,8 @@ def page_top() -> None:
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))
     if st.session_state.get("presenter"):  # larger prose; figures scale in plots.show; slider values never wrap
         st.markdown("<style>[data-testid='stMain'] :is(.stMarkdown, p, li, label) {font-size: 1.3rem !important;}"
-                    "[data-testid='stSliderTickBar'] {display: none;}</style>",
+                    "[data-testid='stSliderTickBar'] {display: none;}"
+                    "[data-testid='stMainBlockContainer'] {padding-top: 1.5rem;}</style>",
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     st.title(tr("app.title"))
     if explorer.shared():

@@ -160,6 +160,7 @@ def sidebar_prompt(facts: ModelFacts | None) -> str:
             sb.caption(tr("sidebar.bos_self"))
         else:
             sb.toggle(tr("sidebar.bos"), key="bos", help=tr("sidebar.bos_help"))
+            sb.caption(tr("sidebar.bos_not"))
     return st.session_state.get("prompt") or ""
 
 

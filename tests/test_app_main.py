@@ -115,6 +115,7 @@ def test_bos_toggle_prepends_the_models_bos_and_is_kept_in_the_url():
     facts = explorer.facts("smollm2")
     assert facts.bos_id is not None and not facts.add_bos  # SmolLM2 does not add one by itself
     at = run_app(view="attention", prompt="I love machine learning.")
+    assert "does not put a BOS token" in " ".join(c.value for c in at.sidebar.caption)
     n = len(decode(figures(at)[0]["data"][0]["z"]))
     at.sidebar.toggle(key="bos").set_value(True).run()
     assert at.query_params["bos"] == "1"
