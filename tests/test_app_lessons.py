@@ -67,6 +67,8 @@ def test_sink_lesson_finds_the_head_that_reads_the_first_token_most():
     assert view == "attention" and token == len(ids) - 1
     assert (layer, head) == np.unravel_index(np.argmax(share), share.shape)
     assert share[layer, head] > 0.5
+    z = decode(figures(at)[0]["data"][0]["z"])  # the view shows that head
+    np.testing.assert_allclose(np.nan_to_num(z), patterns(ids)[layer, head], atol=1e-4)
 
 
 def test_induction_lesson_finds_a_head_reading_the_next_token_of_the_first_copy():
@@ -81,6 +83,8 @@ def test_induction_lesson_finds_a_head_reading_the_next_token_of_the_first_copy(
     assert view == "attention" and token == n - 1
     assert (layer, head) == np.unravel_index(np.argmax(score), score.shape)
     assert score[layer, head] > 0.5
+    z = decode(figures(at)[0]["data"][0]["z"])  # the last token's row reads the token after its first copy
+    assert z[token, n - period] == pytest.approx(p[layer, head, token, n - period], abs=1e-4)
 
 
 def test_fact_lesson_points_at_the_layer_where_the_lens_settles():
