@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..model import LlamaModel
-from .common import LoadError, one_line
+from .common import LoadError, check_tokenizer_fits, one_line
 
 if TYPE_CHECKING:  # the tokenizer module is imported only when a model is loaded
     from ..tokenizer import Tokenizer
@@ -105,6 +105,7 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
         else:
             raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
                             "nor an explorer folder (explorer_config.json)")
+        check_tokenizer_fits(model.cfg, tokenizer, path)
     except LoadError:
         raise
     except OSError as e:  # unreadable, vanished or unmappable files
