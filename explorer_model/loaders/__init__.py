@@ -80,7 +80,10 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
     elif named is not None:
         path = named
     else:
-        path = Path(source).expanduser()
+        try:
+            path = Path(source).expanduser()
+        except RuntimeError:  # ~nosuchuser/m.gguf
+            raise LoadError(f"{source}: no such user, so '~' cannot be expanded") from None
     try:
         if not path.exists():
             if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too

@@ -226,7 +226,7 @@ def content_digest(path: Path) -> str:
 def cache_file(path: Path, cache_dir=None, digest: str | None = None) -> Path:
     """<stem>-<which file>-<which content>.safetensors; a changed GGUF gets a new name."""
     path = path.resolve()
-    which = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    which = hashlib.sha256(os.fsencode(path)).hexdigest()[:8]  # a name that is not UTF-8 is bytes
     version = hashlib.sha256(f"{CACHE_VERSION}|{digest or content_digest(path)}".encode()).hexdigest()[:16]
     return cache_root(cache_dir) / f"{path.stem}-{which}-{version}.safetensors"
 
