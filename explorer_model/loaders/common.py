@@ -54,9 +54,8 @@ def check_sizes(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.Pat
         if t is None:
             raise LoadError(f"{source}: the weights lack {key}")
         if tuple(t.shape) != shape:
-            raise LoadError(f"{source}: shape mismatch for {key}: weights {list(t.shape)}, config implies {list(shape)} "
-                            f"(vocab {cfg.vocab_size}, d_model {cfg.d_model}, heads {cfg.n_heads}/{cfg.n_kv_heads} "
-                            f"x {cfg.head_dim}, d_ff {cfg.d_ff})")
+            raise LoadError(f"{source}: shape mismatch for {key}: the weights hold {list(t.shape)}, "
+                            f"the config implies {list(shape)}")
 
 
 def check_tokenizer_fits(cfg: ModelConfig, tokenizer, source: os.PathLike | str) -> None:

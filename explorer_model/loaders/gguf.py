@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig, RopeScaling
-from .common import LoadError, build_model, describe, load_tokenizer, one_line
+from .common import LoadError, build_model, check_tokenizer_fits, describe, load_tokenizer, one_line
 
 CACHE_VERSION = "3"  # bump whenever what is cached or how it is computed changes
 
@@ -67,7 +67,8 @@ def _reader_class():
 
 def open_reader(path: Path):
     try:
-        return _reader_class()(path)
+        with np.errstate(over="ignore"):  # a wrapping tensor offset is reported by check_tensor_table, not numpy
+            return _reader_class()(path)
     except Exception as e:  # bad magic, truncated header or data, unknown value type, empty file ...
         with open(path, "rb") as f:
             magic = f.read(4) == b"GGUF"
@@ -346,6 +347,7 @@ def load_gguf(path: Path, cache_dir=None, use_cache: bool = True):
     tok_fields = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     model = build_model(cfg, state, path)
     tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, tok_fields, source=str(path))
+    check_tokenizer_fits(cfg, tokenizer, path)  # load() checks every format; here it must precede the cache
     # only once the file proved loadable, and only if it was not rewritten in place while we read it
     if cache and content_digest(path) == digest:
         write_cache(cache, cfg, state, tok_fields, note)
