@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     # torch's unpickler warns about pickle protocols on the way to refusing a file; the user needs
     # our one line, not its internals.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
+    # Our own warnings (e.g. an unwritable weight cache) are one line each, like the errors.
+    warnings.formatwarning = lambda message, *_a, **_k: f"llama-explorer: warning: {one_line(Warning(message))}\n"
     args = build_parser().parse_args(argv)
     from .runtime import keep_freed_memory
 
