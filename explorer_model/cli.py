@@ -25,7 +25,7 @@ class CliError(Exception):
 def one_line(e: BaseException) -> str:
     from .loaders.common import one_line as first_line
 
-    return first_line(e)
+    return first_line(e, limit=500)  # room for a long path and what is wrong with it
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -271,12 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     # torch's unpickler warns about pickle protocols on the way to refusing a file; the user needs
     # our one line, not its internals.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
-    # Our own warnings (e.g. an unwritable weight cache) are one line each, like the errors.
-    warnings.formatwarning = lambda message, *_a, **_k: f"llama-explorer: warning: {one_line(Warning(message))}\n"
     args = build_parser().parse_args(argv)
     from .runtime import keep_freed_memory
 
     keep_freed_memory()
+    # Our own warnings (e.g. an unwritable weight cache) are one line each, like the errors.
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_a, **_k: f"llama-explorer: warning: {one_line(Warning(message))}\n"
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = formatwarning
+
+
+def _run(args) -> int:
     from .config import ConfigError
     from .export import ExportError
     from .loaders import LoadError

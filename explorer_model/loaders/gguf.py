@@ -335,6 +335,9 @@ def load_gguf(path: Path, cache_dir=None, use_cache: bool = True):
     from ..tokenizer import Tokenizer
 
     path = Path(path)
+    with open(path, "rb") as f:  # before hashing: a 3 GB file of anything else is refused at once
+        if f.read(4) != b"GGUF":
+            raise LoadError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
     digest = content_digest(path) if use_cache else None
     cache = cache_file(path, cache_dir, digest) if use_cache else None
     if cache:
