@@ -27,12 +27,14 @@ import torch
 
 from app.facts import ModelFacts, facts_of
 from app.result_cache import ResultCache
-from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, offered_models,  # noqa: F401
-                          resolve_source, shared, shipped_models, source_version, token_cap)
+from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
+                          offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
+                          token_cap)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 from explorer_model.lab import worker
+from explorer_model.tokenizer import PromptError, check_prompt
 from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
 from explorer_model.recording import Recording, record
@@ -91,7 +93,9 @@ def encode_prompt(source: str, text: str, max_tokens: int) -> tuple[list[int], i
 
 
 def _encode(loaded, text: str, max_tokens: int) -> tuple[list[int], int]:
-    ids = loaded.tokenizer.encode(text, add_bos=getattr(loaded.tokenizer, "add_bos", False))
+    """Raises PromptError (one line) for a prompt over settings.prompt_char_limit() or not valid text."""
+    ids = loaded.tokenizer.encode(check_prompt(text, prompt_char_limit()),
+                                  add_bos=getattr(loaded.tokenizer, "add_bos", False))
     limit = max(1, min(max_tokens, token_cap(), loaded.model.cfg.max_seq_len))
     return ids[:limit], len(ids)
 
@@ -329,10 +333,16 @@ def _read_progress(queue) -> None:
             job.fraction, job.message, job.partial = fraction, message, partial
 
 
+class LabDisabled(RuntimeError):
+    """The server was started with --no-lab: experiments not computed yet are not run."""
+
+
 def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
     hit = result_cache().peek(key) if cache else None
     if hit is not None:
         return LabJob(key, result=hit)
+    if not lab_enabled():
+        raise LabDisabled("the lab's experiments are switched off on this server")
     pool, _ = _lab_pool()
     with _LAB_LOCK:
         _LAB_JOBS[:] = [j for j in _LAB_JOBS if not j.done()]
@@ -381,7 +391,8 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "embedding_rows", "check_interventions", "recording", "extend", "recording_npz", "derived",
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
-           "result_cache", "offered_models", "shared", "token_cap", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
+           "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
+           "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES"]
 
 

@@ -194,12 +194,12 @@ def cmd_train_tiny(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from app.launch import serve
+    from .serve import serve
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
     serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
-          max_tokens=args.max_tokens, cache_mb=args.cache_mb)
+          max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--models-dir", help="with --share: a folder whose models (.gguf files, model folders) are offered")
     s.add_argument("--max-tokens", type=int, help="longest prompt a visitor may run (default 512 shared, 2048 local)")
     s.add_argument("--cache-mb", type=int, help="memory for cached recordings (default 2048)")
+    s.add_argument("--no-lab", action="store_true",
+                   help="switch off the norm lab's training races and gradient probes (computed results still show)")
     s.set_defaults(fn=cmd_serve)
     return p
 

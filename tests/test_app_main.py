@@ -222,7 +222,7 @@ def test_recording_npz_holds_every_hook():
 
 
 def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
-    from app import launch
+    from explorer_model import serve as launch
 
     monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
     monkeypatch.setattr(launch, "lan_addresses", lambda: ["192.168.1.20", "10.0.0.7"], raising=False)

@@ -31,7 +31,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    from app.launch import streamlit_command
+    from explorer_model.serve import streamlit_command
 
     port = free_port()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")

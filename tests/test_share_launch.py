@@ -57,7 +57,7 @@ def foreign_origin_websocket(port: int) -> bytes:
 
 
 def test_share_mode_makes_no_outbound_connection(tmp_path):
-    from app.launch import lan_addresses
+    from explorer_model.serve import lan_addresses
 
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
@@ -110,7 +110,7 @@ def test_the_hook_sees_an_outbound_connection(tmp_path):
 
 
 def test_lan_addresses_are_interfaces_not_loopback():
-    from app.launch import lan_addresses
+    from explorer_model.serve import lan_addresses
 
     addrs = lan_addresses()
     assert all(not a.startswith("127.") for a in addrs)

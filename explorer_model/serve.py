@@ -1,4 +1,5 @@
-"""Start the Streamlit server the way a classroom needs it: no telemetry, no CDN, local unless shared."""
+"""Start the Streamlit server the way a classroom needs it: no telemetry, no CDN, no outbound lookups, local unless
+shared. The app (app/main.py) runs in the Streamlit subprocess; this module never imports it."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MAIN = Path(__file__).resolve().parent / "main.py"
+MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"  # run as a script: never imported here
 
 
 # Streamlit looks up this machine's addresses by itself: a UDP connect towards 8.8.8.8 (the internal IP) and an
@@ -59,8 +60,10 @@ def lan_addresses() -> list[str]:
 
 
 def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
-               cache_mb: int | None = None) -> dict[str, str]:
+               cache_mb: int | None = None, lab: bool = True) -> dict[str, str]:
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    if not lab:
+        env["LLAMA_EXPLORER_LAB"] = "0"
     if share:
         env["LLAMA_EXPLORER_SHARE"] = "1"
     if models_dir:
@@ -73,7 +76,7 @@ def server_env(share: bool = False, models_dir: str | None = None, max_tokens: i
 
 
 def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models_dir: str | None = None,
-          max_tokens: int | None = None, cache_mb: int | None = None) -> None:
+          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True) -> None:
     address = "0.0.0.0" if share else "127.0.0.1"
     query = "" if source == "smollm2" else f"?model={source}"
     hosts = (lan_addresses() if share else []) or ["127.0.0.1"]
@@ -86,6 +89,6 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
               + (f" and the models in {models_dir}" if models_dir else "") + "; they cannot load paths.", flush=True)
     try:
         subprocess.run(streamlit_command(port, address, hosts[0]),
-                       env=server_env(share, models_dir, max_tokens, cache_mb), check=False)
+                       env=server_env(share, models_dir, max_tokens, cache_mb, lab), check=False)
     except KeyboardInterrupt:
         pass
