@@ -29,13 +29,13 @@ def plain(piece: str) -> str:
 
 
 def variant_name(t, v: str) -> str:
-    return {"pre": t("Pre-Norm", "Pre-Norm（前置）"), "post": t("Post-Norm", "Post-Norm（后置）"),
+    return {"pre": t("normlab.pre_norm"), "post": t("normlab.post_norm"),
             "deepnorm": "DeepNorm"}[v]
 
 
 def run_name(t, key: str) -> str:
     placement, warm = key.split("_")
-    return variant_name(t, placement) + (t(", warmup", "，有预热") if warm == "warmup" else t(", no warmup", "，无预热"))
+    return variant_name(t, placement) + (t("normlab.warmup") if warm == "warmup" else t("normlab.no_warmup"))
 
 
 def _fig(fig_id: str, title: str, x_title: str, y_title: str, height: int = 360, **layout) -> go.Figure:
@@ -60,15 +60,15 @@ def twin_attention_figure(rec, layer: int, head: int, labels, t, v: str) -> go.F
     z = plots.masked_to_nan(rec.scores(layer)[0, head])
     z = np.where(np.isnan(z), np.nan, rec.pattern(layer)[0, head].float().numpy())
     fig = plots.heatmap(z, x=labels, y=labels, zmin=0, zmax=1, fmt=".3f",
-                        title=t(f"{variant_name(t, v)}: layer {layer}, head {head}", f"{variant_name(t, v)}：第 {layer} 层，头 {head}"),
-                        x_title=t("key", "键"), y_title=t("query", "查询"), value_name=t("weight", "权重"))
+                        title=t("normlab.layer_head", variant_name_t_v=variant_name(t, v), layer=layer, head=head),
+                        x_title=t("normlab.key"), y_title=t("normlab.query"), value_name=t("normlab.weight"))
     fig.update_layout(height=360, meta={"id": f"normlab_attn_{v}"})
     return fig
 
 
 def top_figure(pieces, probs, t, v: str) -> go.Figure:
-    fig = _fig(f"normlab_top_{v}", t(f"{variant_name(t, v)}: next token", f"{variant_name(t, v)}：下一个 token"),
-               t("probability", "概率"), "", height=260)
+    fig = _fig(f"normlab_top_{v}", t("normlab.next_token", variant_name_t_v=variant_name(t, v)),
+               t("normlab.probability"), "", height=260)
     fig.add_trace(go.Bar(x=probs, y=pieces, orientation="h", marker_color=COLORS[v], meta="top",
                          hovertemplate="%{y}: %{x:.4f}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", type="category")
@@ -77,12 +77,11 @@ def top_figure(pieces, probs, t, v: str) -> go.Figure:
 
 def train_grad_figure(curves: dict, t, v: str) -> go.Figure:
     g = np.asarray(curves["grad_down"], dtype=float)  # [log point, layer]
-    fig = _fig(f"normlab_train_grads_{v}", t(f"{variant_name(t, v)}: ‖∇W_down‖ per layer while training",
-                                              f"{variant_name(t, v)}：训练中各层 ‖∇W_down‖"),
-               t("step", "步数"), t("gradient norm (log)", "梯度范数（对数）"), yaxis_type="log")
+    fig = _fig(f"normlab_train_grads_{v}", t("normlab.w_down_per_layer_while", variant_name_t_v=variant_name(t, v)),
+               t("normlab.step"), t("normlab.gradient_norm_log"), yaxis_type="log")
     for layer in range(g.shape[1]):
         shade = 0.45 + 0.55 * layer / max(g.shape[1] - 1, 1)
-        fig.add_trace(go.Scatter(x=curves["grad_step"], y=g[:, layer], name=t(f"layer {layer}", f"第 {layer} 层"),
+        fig.add_trace(go.Scatter(x=curves["grad_step"], y=g[:, layer], name=t("normlab.layer_2", layer=layer),
                                  meta=f"L{layer}", mode="lines", line=dict(color=COLORS[v], width=1 + 2 * shade),
                                  opacity=shade))
     return fig
@@ -101,15 +100,15 @@ def variants_figure(fig_id, title, x, ys_by_variant: dict, t, x_title, y_title, 
 
 def race_figure(result: dict | None, t, shipped: dict | None = None, fig_id: str = "normlab_race") -> go.Figure:
     """Live (or finished) race curves, with the shipped seeds faint behind them, and the unigram line."""
-    fig = _fig(fig_id, t("Training loss: Pre vs Post, with and without warmup", "训练损失：Pre 与 Post，有无预热"),
-               t("step", "步数"), t("training loss (nats / token)", "训练损失（奈特 / token）"), height=420)
+    fig = _fig(fig_id, t("normlab.training_loss_pre_vs_post"),
+               t("normlab.step"), t("normlab.training_loss_nats_token"), height=420)
     if shipped:  # faint behind a live race; the legend names them only when they are alone
         for i, (seed, runs) in enumerate(shipped["seeds"].items()):
             for key, ys in runs.items():
                 fig.add_trace(go.Scatter(x=shipped["steps"], y=ys, name=run_name(t, key), legendgroup=key,
                                          meta=f"shipped_{key}_{seed}", mode="lines", opacity=0.3 if result else 0.8,
                                          showlegend=i == 0 and not result,
-                                         hovertemplate=t("seed", "种子") + f" {seed}, " + "%{x}: %{y:.3f}<extra></extra>",
+                                         hovertemplate=t("normlab.seed") + f" {seed}, " + "%{x}: %{y:.3f}<extra></extra>",
                                          line=dict(color=COLORS[key.split("_")[0]], dash=RACE_DASH[key.endswith("_warmup")], width=1.5)))
     if result:
         for key, ys in result["curves"].items():
@@ -119,8 +118,7 @@ def race_figure(result: dict | None, t, shipped: dict | None = None, fig_id: str
     h = (result or shipped or {}).get("unigram_entropy")
     if h is not None:
         fig.add_hline(y=h, line=dict(color="gray", dash="dash"),
-                      annotation_text=t(f"unigram entropy {h:.2f}: learned token frequencies only",
-                                        f"一元熵 {h:.2f}：只学会了 token 频率"), annotation_position="top right")
+                      annotation_text=t("normlab.unigram_entropy_learned_token_frequencies", h=h), annotation_position="top right")
     return fig
 
 
@@ -133,10 +131,9 @@ def wait_for(job, t, box, on_partial=None, label=None):
     def update(j) -> None:
         pos = j.position()
         if pos > 0:
-            box.info(t(f"Waiting for the lab: {pos} experiment(s) ahead of yours (one runs at a time on this server).",
-                       f"正在排队：前面还有 {pos} 个实验（本服务器一次只运行一个）。"))
+            box.info(t("normlab.waiting_for_the_lab_experiment", pos=pos))
         else:
-            text = (label(j) if label and j.partial else j.message) or t("starting …", "正在启动 …")
+            text = (label(j) if label and j.partial else j.message) or t("normlab.starting")
             box.progress(min(max(j.fraction, 0.0), 1.0), text=text)
             if on_partial and j.partial and j.partial is not drawn[0]:
                 drawn[0] = j.partial
@@ -153,16 +150,7 @@ def init_gradients(ffn: str, init: str, norm: str, depth: int, t=None, box=None)
 
 # --------------------------------------------------------------------------- sections
 def draw_intro(ctx: ViewContext) -> None:
-    st.markdown(ctx.t(
-        "Where the normalization sits decides how gradients travel. **Post-Norm** (the 2017 Transformer) "
-        "normalizes *after* adding the sublayer's output, so every signal, forward and backward, passes "
-        "through every norm. **Pre-Norm** (GPT-2, LLaMA) normalizes only the *input* of each sublayer and "
-        "leaves the residual sum untouched: an identity path runs from the loss to the first layer. "
-        "**DeepNorm** keeps Post-Norm but up-weights the residual by α and shrinks the initial weights by β.",
-        "归一化放在哪里，决定了梯度如何传递。**Post-Norm**（2017 年的 Transformer）在加上子层输出*之后*才归一化，"
-        "前向和反向的信号都要穿过每一个归一化。**Pre-Norm**（GPT-2、LLaMA）只归一化每个子层的*输入*，"
-        "残差求和本身不动：从损失到第一层有一条恒等通路。**DeepNorm** 保留 Post-Norm，但把残差放大 α 倍，"
-        "并把初始权重缩小 β 倍。"))
+    st.markdown(ctx.t("normlab.where_the_normalization_sits_decides"))
     st.latex(r"\begin{aligned}\text{Pre:}\quad & x_{l+1}=x_l+F(\mathrm{Norm}(x_l))\\"
              r"\text{Post:}\quad & x_{l+1}=\mathrm{Norm}(x_l+F(x_l))\\"
              r"\text{DeepNorm:}\quad & x_{l+1}=\mathrm{Norm}(\alpha x_l+F(x_l)),\quad \alpha=(2N)^{1/4},\ "
@@ -174,43 +162,30 @@ def _twin_recordings(ctx: ViewContext):
     twins, err = explorer.twin_recordings(st.session_state.get("prompt") or "",
                                           int(st.session_state.get("max_tokens") or 256))
     if twins is None:
-        st.info(ctx.t(f"A twin is not available ({plain_md(err)}).", f"孪生模型不可用（{plain_md(err)}）。"))
+        st.info(ctx.t("normlab.a_twin_is_not_available", plain_md_err=plain_md(err)))
         return None
     return {v: (w["facts"], w["ids"], w["rec"], w["line_rec"]) for v, w in twins.items()}
 
 
 def draw_twins(ctx: ViewContext) -> dict | None:
-    st.subheader(ctx.t("1 · The trained twins on your prompt", "1 · 训练好的孪生模型读你的提示词"))
+    st.subheader(ctx.t("normlab.1_the_trained_twins_on"))
     twins = _twin_recordings(ctx)
     if twins is None:
         return None
     t = ctx.t
     cfg = twins["pre"][2].cfg
-    st.markdown(t(
-        f"`tiny-pre` and `tiny-post`: {cfg.n_layers} layers, d = {cfg.d_model}, same data, same initial weights, "
-        "same schedule; only the norm placement differs. They read the prompt in their own tokenizer "
-        f"({len(twins['pre'][1])} tokens).",
-        f"`tiny-pre` 与 `tiny-post`：{cfg.n_layers} 层，d = {cfg.d_model}，数据、初始权重、学习率计划都相同，"
-        f"只有归一化的位置不同。它们用自己的分词器读提示词（{len(twins['pre'][1])} 个 token）。"))
+    st.markdown(t("normlab.tiny_pre_and_tiny_post", cfg_n_layers=cfg.n_layers, cfg_d_model=cfg.d_model, len_twins_pre_1=len(twins['pre'][1])))
     res = {v: lab.residual_norms(twins[v][2]) for v in twins}
     layers_x = ["emb"] + [f"L{i}" for i in range(cfg.n_layers)]
-    plots.show(twin_lines_figure("normlab_resid", t("Residual-stream size after each block (mean ‖x‖ over tokens)",
-                                                    "每个模块之后残差流的大小（各 token ‖x‖ 的平均）"),
+    plots.show(twin_lines_figure("normlab_resid", t("normlab.residual_stream_size_after_each"),
                                  layers_x, {v: (variant_name(t, v), res[v], COLORS[v], "solid") for v in res}, t,
-                                 "‖x‖", t("layer", "层")), ctx, key="normlab_resid_fig")
-    st.caption(t(
-        f"Pre-Norm lets the residual grow ({res['pre'][1]:.3g} → {res['pre'][-1]:.3g}): each block adds to it and "
-        f"nothing shrinks it until the final norm. Post-Norm re-normalizes after every block, so its size stays "
-        f"pinned, set by the norms' gains γ rather than by depth ({res['post'][-1]:.3g} at the output).",
-        f"Pre-Norm 的残差不断增长（{res['pre'][1]:.3g} → {res['pre'][-1]:.3g}）：每个模块都往上加，直到最终归一化才缩回。"
-        f"Post-Norm 每个模块后都重新归一化，大小被钉住，由归一化的增益 γ 决定而与深度无关（输出处为 {res['post'][-1]:.3g}）。"))
+                                 "‖x‖", t("normlab.layer")), ctx, key="normlab_resid_fig")
+    st.caption(t("normlab.pre_norm_lets_the_residual", res_pre_1=res['pre'][1], res_pre_12=res['pre'][-1], res_post_1=res['post'][-1]))
     sc = {f"{v}_{w}": (f"{variant_name(t, v)} {w}", lab.norm_scales(twins[v][2], w), COLORS[v],
                        "solid" if w == "ln1" else "dot") for v in twins for w in ("ln1", "ln2")}
-    plots.show(twin_lines_figure("normlab_scales", t("Norm divisors per layer (mean over tokens)", "每层归一化的除数（各 token 平均）"),
-                                 layers_x[1:], sc, t, t("divisor", "除数"), t("layer", "层")), ctx, key="normlab_scales_fig")
-    st.caption(t("A Pre-Norm divisor is the size of the residual read at that point, so it climbs with depth; a "
-                 "Post-Norm divisor measures x + F(x) just before it is squeezed back.",
-                 "Pre-Norm 的除数就是该处残差的大小，所以随深度上升；Post-Norm 的除数衡量的是被压回之前的 x + F(x)。"))
+    plots.show(twin_lines_figure("normlab_scales", t("normlab.norm_divisors_per_layer_mean"),
+                                 layers_x[1:], sc, t, t("normlab.divisor"), t("normlab.layer")), ctx, key="normlab_scales_fig")
+    st.caption(t("normlab.a_pre_norm_divisor_is"))
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         loaded, ids, rec, line_rec = twins[v]
@@ -221,10 +196,9 @@ def draw_twins(ctx: ViewContext) -> dict | None:
             top, probs = lab.top_predictions(rec)
             plots.show(top_figure([plain(loaded.piece(i)) for i in top], probs, t, v), ctx,
                        key=f"normlab_top_{v}_fig")
-            st.metric(t("loss on the held-out line", "留出句上的损失"), f"{lab.sequence_loss(line_rec):.3f}",
-                      help=t(f"“{HELDOUT_LINE}” (from Hamlet, never trained on); nats per token",
-                             f"“{HELDOUT_LINE}”（出自《哈姆雷特》，训练中从未见过）；单位：奈特 / token"))
-    st.caption(t("Layer and head follow the sidebar, clamped to the twins' size.", "层与头跟随侧边栏，超出孪生模型规模时取最大值。"))
+            st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
+                      help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))
+    st.caption(t("normlab.layer_and_head_follow_the"))
     rows = lambda: plots.to_csv(["twin", "layer", "resid_norm_after", "ln1_divisor", "ln2_divisor"],  # noqa: E731
                                 ([v, i, res[v][i + 1], sc[f"{v}_ln1"][1][i], sc[f"{v}_ln2"][1][i]]
                                  for v in res for i in range(cfg.n_layers)))
@@ -237,18 +211,18 @@ def draw_train_logs(ctx: ViewContext) -> None:
     t = ctx.t
     logs = {v: lab.train_log(name) for v, name in zip(("pre", "post"), lab.TWINS)}
     if any(l is None for l in logs.values()):
-        st.info(t("Training logs of the twins are missing.", "缺少孪生模型的训练日志。"))
+        st.info(t("normlab.training_logs_of_the_twins"))
         return
     curves = {v: lab.log_curves(l) for v, l in logs.items()}
     series = {}
     for v, c in curves.items():
-        series[f"{v}_train"] = (f"{variant_name(t, v)} · " + t("train", "训练"), c["train_loss"], COLORS[v], "solid", c["step"])
-        series[f"{v}_heldout"] = (f"{variant_name(t, v)} · " + t("held-out", "留出"), c["heldout_loss"], COLORS[v], "dot", c["step"])
-    fig = twin_lines_figure("normlab_train_loss", t("How the twins were trained: loss", "孪生模型的训练过程：损失"),
-                            curves["pre"]["step"], series, t, t("loss (nats / token)", "损失（奈特 / token）"), t("step", "步数"))
+        series[f"{v}_train"] = (f"{variant_name(t, v)} · " + t("normlab.train"), c["train_loss"], COLORS[v], "solid", c["step"])
+        series[f"{v}_heldout"] = (f"{variant_name(t, v)} · " + t("normlab.held_out"), c["heldout_loss"], COLORS[v], "dot", c["step"])
+    fig = twin_lines_figure("normlab_train_loss", t("normlab.how_the_twins_were_trained"),
+                            curves["pre"]["step"], series, t, t("normlab.loss_nats_token"), t("normlab.step"))
     h = logs["pre"].get("unigram_entropy_train")
     if h:
-        fig.add_hline(y=h, line=dict(color="gray", dash="dash"), annotation_text=t("unigram entropy", "一元熵"))
+        fig.add_hline(y=h, line=dict(color="gray", dash="dash"), annotation_text=t("normlab.unigram_entropy"))
     plots.show(fig, ctx, key="normlab_train_loss_fig")
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
@@ -258,93 +232,51 @@ def draw_train_logs(ctx: ViewContext) -> None:
     tc = logs["post"].get("train_config", {})
     ratio = {v: [g[-1] / g[0] for g in (curves[v]["grad_down"][0], curves[v]["grad_down"][-1])] for v in curves}
     nan = float("nan")
-    st.caption(t(
-        f"Both twins: {tc.get('steps', '?')} steps, peak learning rate {tc.get('lr', nan):g} after {tc.get('warmup', '?')} "
-        f"warmup steps. Final held-out loss: Pre {fin['pre'].get('heldout_loss', nan):.3f}, Post "
-        f"{fin['post'].get('heldout_loss', nan):.3f} (unigram baseline on the same text "
-        f"{logs['pre'].get('unigram_cross_entropy_heldout', nan):.3f}). Last/first layer ‖∇W_down‖ at the first and last "
-        f"log entries: Pre {ratio['pre'][0]:.2f} → {ratio['pre'][1]:.2f}, Post {ratio['post'][0]:.2f} → {ratio['post'][1]:.2f}.",
-        f"两个模型：{tc.get('steps', '?')} 步，预热 {tc.get('warmup', '?')} 步后学习率峰值 {tc.get('lr', nan):g}。"
-        f"最终留出损失：Pre {fin['pre'].get('heldout_loss', nan):.3f}，Post {fin['post'].get('heldout_loss', nan):.3f}"
-        f"（同一文本上的一元基线 {logs['pre'].get('unigram_cross_entropy_heldout', nan):.3f}）。"
-        f"首末两条日志中最后一层 / 第一层的 ‖∇W_down‖ 之比：Pre {ratio['pre'][0]:.2f} → {ratio['pre'][1]:.2f}，"
-        f"Post {ratio['post'][0]:.2f} → {ratio['post'][1]:.2f}。"))
+    st.caption(t("normlab.both_twins_steps_peak_learning", tc_get_steps=tc.get('steps', '?'), tc_get_lr_nan=tc.get('lr', nan), tc_get_warmup=tc.get('warmup', '?'), fin_pre_get_heldout_loss_nan=fin['pre'].get('heldout_loss', nan), fin_post_get_heldout_loss_na=fin['post'].get('heldout_loss', nan), logs_pre_get_unigram_cross_e=logs['pre'].get('unigram_cross_entropy_heldout', nan), ratio_pre_0=ratio['pre'][0], ratio_pre_1=ratio['pre'][1], ratio_post_0=ratio['post'][0], ratio_post_1=ratio['post'][1]))
 
 
 def draw_init(ctx: ViewContext) -> dict | None:
     t = ctx.t
-    st.subheader(t("2 · Gradients at initialization", "2 · 初始化时的梯度"))
-    st.markdown(t(
-        "Fresh random models (d = 64, 4 heads), one batch of 4 × 32 random tokens with word-like (Zipf) "
-        "frequencies. For every layer: the gradient norm of the FFN output matrix W_down. Numbers are averaged "
-        "over 5 initializations (2 for the depth sweeps) because a single model is noisy.",
-        "全新的随机模型（d = 64，4 个头），一批 4 × 32 个按词频规律（Zipf）抽取的随机 token。"
-        "对每一层求前馈输出矩阵 W_down 的梯度范数。数值是 5 次随机初始化的平均（深度扫描为 2 次），因为单个模型噪声很大。"))
+    st.subheader(t("normlab.2_gradients_at_initialization"))
+    st.markdown(t("normlab.fresh_random_models_d_64"))
     c = st.columns(4)
-    ffn = c[0].radio(t("FFN", "前馈网络"), ("relu", "swiglu"), key="lab_ffn", horizontal=True,
+    ffn = c[0].radio(t("normlab.ffn"), ("relu", "swiglu"), key="lab_ffn", horizontal=True,
                      format_func=lambda x: {"relu": "ReLU", "swiglu": "SwiGLU"}[x])
-    init = c[1].radio(t("Initialization", "初始化"), ("xavier", "llama"), key="lab_init", horizontal=True,
+    init = c[1].radio(t("normlab.initialization"), ("xavier", "llama"), key="lab_init", horizontal=True,
                       format_func=lambda x: {"xavier": "Xavier", "llama": "N(0, 0.02)"}[x])
-    norm = c[2].radio(t("Norm", "归一化"), ("layer", "rms"), key="lab_norm", horizontal=True,
+    norm = c[2].radio(t("normlab.norm"), ("layer", "rms"), key="lab_norm", horizontal=True,
                       format_func=lambda x: {"layer": "LayerNorm", "rms": "RMSNorm"}[x])
-    depth = c[3].select_slider(t("Depth N", "深度 N"), lab.DEPTHS, value=12, key="lab_depth")
-    if st.button(t("Run the experiment (≈ 5–20 s)", "运行实验（约 5–20 秒）"), key="lab_init_run"):
+    depth = c[3].select_slider(t("normlab.depth_n"), lab.DEPTHS, value=12, key="lab_depth")
+    if st.button(t("normlab.run_the_experiment_5_20"), key="lab_init_run"):
         st.session_state["lab_init_go"] = True
     if not st.session_state.get("lab_init_go"):
-        st.info(t("Press the button; results are kept for each combination of options.", "请按按钮；每组选项的结果都会被保存。"))
+        st.info(t("normlab.press_the_button_results_are"))
         return None
     r = init_gradients(ffn, init, norm, int(depth), t, st.empty())
     prof, sweep = r["profile"], r["sweep"]
     ratio = {v: lab.last_first_ratio(prof[v]["grad_down"]) for v in prof}
     grows = {v: sum(x > 1 for x in prof[v]["ratio_seeds"]) for v in prof}
-    plots.show(variants_figure("normlab_init_profile", t(f"‖∇W_down‖ per layer at initialization, N = {depth}",
-                                                          f"初始化时各层的 ‖∇W_down‖，N = {depth}"),
-                               range(depth), {v: prof[v]["grad_down"] for v in prof}, t, t("layer", "层"),
-                               t("gradient norm", "梯度范数")), ctx, key="normlab_init_profile_fig")
-    st.caption(t(
-        f"Last/first layer ratio: Pre {ratio['pre']:.2f}, Post {ratio['post']:.2f}, DeepNorm {ratio['deepnorm']:.2f} "
-        f"(single models above 1: Pre {grows['pre']}/{len(r['seeds'])}, Post {grows['post']}/{len(r['seeds'])}, "
-        f"DeepNorm {grows['deepnorm']}/{len(r['seeds'])}). ",
-        f"最后一层 / 第一层之比：Pre {ratio['pre']:.2f}，Post {ratio['post']:.2f}，DeepNorm {ratio['deepnorm']:.2f}"
-        f"（单个模型中比值大于 1 的：Pre {grows['pre']}/{len(r['seeds'])}，Post {grows['post']}/{len(r['seeds'])}，"
-        f"DeepNorm {grows['deepnorm']}/{len(r['seeds'])}）。") + init_lesson(t, ffn, init))
+    plots.show(variants_figure("normlab_init_profile", t("normlab.w_down_per_layer_at", depth=depth),
+                               range(depth), {v: prof[v]["grad_down"] for v in prof}, t, t("normlab.layer"),
+                               t("normlab.gradient_norm")), ctx, key="normlab_init_profile_fig")
+    st.caption(t("normlab.last_first_layer_ratio_pre", ratio_pre=ratio['pre'], ratio_post=ratio['post'], ratio_deepnorm=ratio['deepnorm'], grows_pre=grows['pre'], len_r_seeds=len(r['seeds']), grows_post=grows['post'], grows_deepnorm=grows['deepnorm']) + init_lesson(t, ffn, init))
     depths = r["depths"]
-    plots.show(variants_figure("normlab_init_depth", t("Last layer's ‖∇W_down‖ against depth", "最后一层 ‖∇W_down‖ 随深度的变化"),
-                               depths, {v: sweep[v]["last_grad"] for v in sweep}, t, t("layers N (log)", "层数 N（对数）"),
-                               t("gradient norm (log)", "梯度范数（对数）"), log_y=True, log_x=True), ctx, key="normlab_init_depth_fig")
+    plots.show(variants_figure("normlab_init_depth", t("normlab.last_layer_s_w_down"),
+                               depths, {v: sweep[v]["last_grad"] for v in sweep}, t, t("normlab.layers_n_log"),
+                               t("normlab.gradient_norm_log"), log_y=True, log_x=True), ctx, key="normlab_init_depth_fig")
     lg = {v: sweep[v]["last_grad"] for v in sweep}
-    st.caption(t(
-        f"From {depths[0]} to {depths[-1]} layers the last layer's gradient goes Pre {lg['pre'][0]:.3g} → {lg['pre'][-1]:.3g}, "
-        f"Post {lg['post'][0]:.3g} → {lg['post'][-1]:.3g}, DeepNorm {lg['deepnorm'][0]:.3g} → {lg['deepnorm'][-1]:.3g}. "
-        "Post-Norm's top layer gets the same large gradient however deep the model is; Xiong et al. argue this is why "
-        "it needs warmup and a small learning rate. Pre-Norm's shrinks with depth (about as 1/√N), which tames deep models.",
-        f"从 {depths[0]} 层到 {depths[-1]} 层，最后一层的梯度：Pre {lg['pre'][0]:.3g} → {lg['pre'][-1]:.3g}，"
-        f"Post {lg['post'][0]:.3g} → {lg['post'][-1]:.3g}，DeepNorm {lg['deepnorm'][0]:.3g} → {lg['deepnorm'][-1]:.3g}。"
-        "无论多深，Post-Norm 顶层拿到的梯度都一样大；Xiong 等认为这正是它需要预热和小学习率的原因。Pre-Norm 的随深度变小（约按 1/√N），深层模型因此更好驯服。"))
+    st.caption(t("normlab.from_to_layers_the_last", depths_0=depths[0], depths_1=depths[-1], lg_pre_0=lg['pre'][0], lg_pre_1=lg['pre'][-1], lg_post_0=lg['post'][0], lg_post_1=lg['post'][-1], lg_deepnorm_0=lg['deepnorm'][0], lg_deepnorm_1=lg['deepnorm'][-1]))
     cols = st.columns(2)
     with cols[0]:
-        plots.show(variants_figure("normlab_init_resid", t(f"Residual RMS after each block, N = {depth}", f"每个模块后的残差 RMS，N = {depth}"),
-                                   range(depth), {v: prof[v]["resid_rms"] for v in prof}, t, t("layer", "层"), "RMS"),
+        plots.show(variants_figure("normlab_init_resid", t("normlab.residual_rms_after_each_block", depth=depth),
+                                   range(depth), {v: prof[v]["resid_rms"] for v in prof}, t, t("normlab.layer"), "RMS"),
                    ctx, key="normlab_init_resid_fig")
     oc = {v: sweep[v]["output_change"] for v in sweep}
     with cols[1]:
-        plots.show(variants_figure("normlab_init_update", t("Output change after one Adam step (lr 1e-3)", "一步 Adam（lr 1e-3）后输出的变化"),
-                                   depths, oc, t, t("layers N (log)", "层数 N（对数）"), t("RMS change of the logits", "logits 变化的 RMS"), log_x=True),
+        plots.show(variants_figure("normlab_init_update", t("normlab.output_change_after_one_adam"),
+                                   depths, oc, t, t("normlab.layers_n_log"), t("normlab.rms_change_of_the_logits"), log_x=True),
                    ctx, key="normlab_init_update_fig")
-    st.caption(t(
-        f"Left: Pre-Norm's residual grows layer by layer (RMS {prof['pre']['resid_rms'][0]:.2f} → {prof['pre']['resid_rms'][-1]:.2f}); "
-        f"Post-Norm and DeepNorm are pinned at 1 by their norms. Right: one update of fixed size moves the output "
-        f"of a {depths[-1]}-layer model by Pre {oc['pre'][-1]:.3g}, Post {oc['post'][-1]:.3g}, "
-        f"DeepNorm {oc['deepnorm'][-1]:.3g} (at {depths[0]} layers: {oc['pre'][0]:.3g}, {oc['post'][0]:.3g}, {oc['deepnorm'][0]:.3g}). "
-        "Liu et al. (2020) call this amplification: Post-Norm leans on every residual branch, so small changes in many "
-        "layers add up. Here Post moves more than Pre at every depth, but by a factor, not a different growth law; "
-        "DeepNorm's α and β are built to keep this change bounded.",
-        f"左：Pre-Norm 的残差逐层变大（RMS {prof['pre']['resid_rms'][0]:.2f} → {prof['pre']['resid_rms'][-1]:.2f}）；"
-        f"Post-Norm 与 DeepNorm 被各自的归一化钉在 1。右：同样大小的一步更新，使 {depths[-1]} 层模型的输出变化："
-        f"Pre {oc['pre'][-1]:.3g}，Post {oc['post'][-1]:.3g}，DeepNorm {oc['deepnorm'][-1]:.3g}"
-        f"（{depths[0]} 层时：{oc['pre'][0]:.3g}、{oc['post'][0]:.3g}、{oc['deepnorm'][0]:.3g}）。Liu 等（2020）称之为放大效应："
-        "Post-Norm 依赖每一个残差分支，许多层的小变化会累加起来。这里 Post 在每个深度都比 Pre 动得多，但只是倍数差别，"
-        "增长规律并无不同；DeepNorm 的 α 和 β 正是为了让这个变化有界。"))
+    st.caption(t("normlab.left_pre_norm_s_residual", prof_pre_resid_rms_0=prof['pre']['resid_rms'][0], prof_pre_resid_rms_1=prof['pre']['resid_rms'][-1], depths_1=depths[-1], oc_pre_1=oc['pre'][-1], oc_post_1=oc['post'][-1], oc_deepnorm_1=oc['deepnorm'][-1], depths_0=depths[0], oc_pre_0=oc['pre'][0], oc_post_0=oc['post'][0], oc_deepnorm_0=oc['deepnorm'][0]))
     rows = lambda: plots.to_csv(["variant", "depth", "layer", "grad_down", "resid_rms"],  # noqa: E731
                                 ([v, depth, i, g, x] for v in prof for i, (g, x) in
                                  enumerate(zip(prof[v]["grad_down"], prof[v]["resid_rms"]))))
@@ -354,47 +286,22 @@ def draw_init(ctx: ViewContext) -> dict | None:
 
 def init_lesson(t, ffn: str, init: str) -> str:
     """What a student should see for these options; the numbers quoted are from our runs (12 layers, 5 inits)."""
-    pre = t("Pre-Norm's gradients shrink toward the output (ratio ≈ 0.3–0.5 in our 12-layer runs): every layer gets the loss's "
-            "gradient straight through the identity path, and the early ones also collect it through every later branch. ",
-            "Pre-Norm 的梯度越靠近输出越小（我们在 12 层时测得比值约 0.3–0.5）：每层都经恒等通路直接拿到损失的梯度，"
-            "而靠前的层还会经由后面每个分支再收集一份。")
+    pre = t("normlab.pre_norm_s_gradients_shrink")
     if init == "llama":
-        return pre + t(
-            "With N(0, 0.02) every sublayer starts out tiny next to the residual, so Post-Norm's norms see almost "
-            "only x and all its layers get about the same gradient (ratio ≈ 1.0 in our 12-layer runs): at the start a shallow "
-            "Post-Norm model is not handicapped, one reason it can train well with this init.",
-            "用 N(0, 0.02) 初始化时，每个子层的输出起初都远小于残差，Post-Norm 的归一化几乎只看到 x，各层梯度差不多"
-            "（我们在 12 层时测得比值约 1.0）：起步时浅层 Post-Norm 并不吃亏，这是它在这种初始化下能训练好的原因之一。")
+        return pre + t("normlab.with_n_0_0_02")
     if ffn == "swiglu":
-        return pre + t(
-            "With SwiGLU Post-Norm's rise toward the output flattens, here even reverses (ratio ≈ 0.4–0.7 in our "
-            "runs). A likely reason: the gate sends back more gradient than it lets signal forward, which undoes the "
-            "shrinking at each Post-Norm norm.",
-            "换成 SwiGLU 后，Post-Norm 越靠近输出越大的趋势变平，在这里甚至反转（我们在 12 层时测得比值约 0.4–0.7）。"
-            "可能的原因：门控反向传回的梯度比前向放出的信号多，抵消了每个 Post-Norm 归一化处的缩小。")
-    return pre + t(
-        "With Xavier init and ReLU, Post-Norm's gradients grow toward the output (ratio ≈ 1.1–1.8 in our 12-layer runs), the "
-        "ordering Xiong et al. (2020, Fig. 3) report: each norm divides the backward signal by the size of x + F(x). "
-        "At this size the rise is modest and holds on average; single models can break it.",
-        "Xavier 初始化加 ReLU 时，Post-Norm 的梯度越靠近输出越大（我们在 12 层时测得比值约 1.1–1.8），与 Xiong 等（2020，图 3）"
-        "的结论一致：每个归一化都把反向信号除以 x + F(x) 的大小。在这么小的模型里上升幅度不大，只在平均意义上成立，单个模型可能例外。")
+        return pre + t("normlab.with_swiglu_post_norm_s")
+    return pre + t("normlab.with_xavier_init_and_relu")
 
 
 def draw_race(ctx: ViewContext) -> dict | None:
     t = ctx.t
-    st.subheader(t("3 · Training race", "3 · 训练赛跑"))
-    st.markdown(t(
-        "Four small models with LLaMA's recipe (RMSNorm, SwiGLU, N(0, 0.02), d = 64) train on the same "
-        "Shakespeare batches with Adam: Pre and Post, each with a linear warmup over the first quarter of the "
-        "steps and without one. The dashed line is the unigram entropy: a model sitting on it has learned "
-        "which tokens are common, and nothing about context.",
-        "四个采用 LLaMA 配方（RMSNorm、SwiGLU、N(0, 0.02)，d = 64）的小模型，用 Adam 在相同的莎士比亚文本批次上训练："
-        "Pre 与 Post，各自有或没有在前四分之一步数内线性预热。虚线是一元熵：停在这条线上的模型只学会了哪些 token 常见，"
-        "对上下文一无所知。"))
+    st.subheader(t("normlab.3_training_race"))
+    st.markdown(t("normlab.four_small_models_with_llama"))
     c = st.columns(3)
-    depth = c[0].select_slider(t("Layers", "层数"), (2, 4, 6, 8, 12), value=6, key="lab_race_depth")
-    lr = c[1].select_slider(t("Learning rate", "学习率"), RACE_LRS, value=1e-3, key="lab_race_lr", format_func=lambda x: f"{x:g}")
-    steps = int(c[2].number_input(t("Steps", "步数"), 4, 2000, 300, step=50, key="lab_race_steps"))
+    depth = c[0].select_slider(t("normlab.layers"), (2, 4, 6, 8, 12), value=6, key="lab_race_depth")
+    lr = c[1].select_slider(t("normlab.learning_rate"), RACE_LRS, value=1e-3, key="lab_race_lr", format_func=lambda x: f"{x:g}")
+    steps = int(c[2].number_input(t("normlab.steps"), 4, 2000, 300, step=50, key="lab_race_steps"))
     shipped_all = lab.load_race_curves()
     shipped = (shipped_all or {}).get("runs", {}).get(lab.race_grid_key(int(depth), float(lr)))
     if shipped:
@@ -404,10 +311,9 @@ def draw_race(ctx: ViewContext) -> dict | None:
     if shipped_all:
         st.markdown(t(*RACE_LESSON))
     if not shipped:
-        st.info(t("No precomputed curves for this setting (shipped: 6 and 12 layers at lr 0.001 and 0.003).",
-                  "该设置没有预先算好的曲线（随附的有：6 层和 12 层，学习率 0.001 与 0.003）。"))
+        st.info(t("normlab.no_precomputed_curves_for_this"))
     rc = lab.RaceConfig(depth=int(depth), lr=float(lr), steps=steps, log_every=max(1, steps // 30))
-    if st.button(t(f"Start the race (≤ {RACE_TIME_LIMIT:.0f} s)", f"开始赛跑（≤ {RACE_TIME_LIMIT:.0f} 秒）"), key="lab_race_start"):
+    if st.button(t("normlab.start_the_race_s", race_time_limit=RACE_TIME_LIMIT), key="lab_race_start"):
         box, bar = st.empty(), st.empty()
 
         def live(r):
@@ -415,7 +321,7 @@ def draw_race(ctx: ViewContext) -> dict | None:
 
         def label(j) -> str:
             step, sec = j.partial["steps"][-1], j.partial["seconds"]
-            return t(f"step {step} · {sec:.0f} s", f"第 {step} 步 · {sec:.0f} 秒")
+            return t("normlab.step_s", step=step, sec=sec)
 
         st.session_state["lab_race_result"] = wait_for(explorer.lab_race(rc, RACE_TIME_LIMIT), t, bar, live, label)
         box.empty()
@@ -423,8 +329,7 @@ def draw_race(ctx: ViewContext) -> dict | None:
     if r:
         plots.show(race_figure(r, t, shipped, fig_id="normlab_race_live"), ctx, key="normlab_race_result_fig")
         if not r["completed"]:
-            st.warning(t(f"Stopped at step {r['steps'][-1]} of {r['config']['steps']} after {r['seconds']:.0f} s.",
-                         f"用时 {r['seconds']:.0f} 秒，在第 {r['steps'][-1]} 步（共 {r['config']['steps']} 步）停止。"))
+            st.warning(t("normlab.stopped_at_step_of_after", r_steps_1=r['steps'][-1], r_config_steps=r['config']['steps'], r_seconds=r['seconds']))
         st.caption(race_summary({"steps": r["steps"], "seeds": {"live": r["curves"]},
                                  "unigram_entropy": r["unigram_entropy"]}, t))
     runs = [("live", r["steps"], r["curves"])] if r else []
