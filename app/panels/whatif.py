@@ -7,117 +7,25 @@ same experiment.
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 import streamlit as st
 
 from app import explorer, plots
 from app.context import ViewContext, display_piece, plain
-from app.presets import BANK_PAIR
+from app.panels import whatif_bank
+from app.panels.whatif_figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
+                                     masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.analysis import views_data as V
 
 KL_MAX_POS = explorer.KL_MAX_POS
-N_TOP = 10
-KINDS = [  # builder choices: (key, English, 中文)
-    ("ablate-head", "Ablate the selected head", "消融所选的头"),
-    ("ablate-layer", "Ablate every head of the layer", "消融该层所有头"),
-    ("skip-attn", "Skip the layer's attention", "跳过该层注意力"), ("skip-mlp", "Skip the layer's FFN", "跳过该层 FFN"),
-    ("no-mask", "Remove the causal mask", "去掉因果掩码"), ("no-rope", "Remove RoPE", "去掉 RoPE"),
-    ("norm-identity", "RMSNorm → no normalization (γ kept)", "RMSNorm → 不归一化（保留 γ）"),
-    ("norm-eps", "Change RMSNorm's ε", "修改 RMSNorm 的 ε"), ("scale", "Scale a residual branch", "缩放残差分支"),
-    ("gate-off", "SwiGLU gate off (gate ≡ 1)", "关闭 SwiGLU 门（gate ≡ 1）"), ("relu", "SiLU → ReLU", "SiLU → ReLU"),
-    ("patch", "Patch from a second prompt", "从第二个提示词修补激活"),
-]
+KINDS = {  # builder choices and the message that names each
+    "ablate-head": "whatif.kind_ablate_head", "ablate-layer": "whatif.kind_ablate_layer",
+    "skip-attn": "whatif.kind_skip_attn", "skip-mlp": "whatif.kind_skip_mlp", "no-mask": "whatif.kind_no_mask",
+    "no-rope": "whatif.kind_no_rope", "norm-identity": "whatif.kind_norm_identity", "norm-eps": "whatif.kind_norm_eps",
+    "scale": "whatif.kind_scale", "gate-off": "whatif.kind_gate_off", "relu": "whatif.kind_relu",
+    "patch": "whatif.kind_patch"}
 PATCH_HOOKS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"]
-
-
-# ----------------------------------------------------------------------------- pure data / figures
-def pattern_of(run: dict, layer: int, ivs) -> np.ndarray:
-    """[head, q, k] attention of a changed run, rebuilt from its rotated Q and K like the recorder does;
-    where no-mask applies the mask is pushed past the last key, as the intervention does."""
-    q, k = run["rot"][layer]
-    unmasked = any(isinstance(iv, I.NoMask) and iv.layer in (None, layer) for iv in ivs)
-    return V.pattern_from_rotated(q, k, unmasked)
-
-
-def distribution_data(clean_logits, changed_logits, n: int = N_TOP) -> dict:
-    """Last-position probabilities: the union of both runs' top n tokens, and the n tokens that moved most."""
-    return V.distribution_data(clean_logits, changed_logits, n)
-
-
-def distribution_figure(d: dict, piece, t) -> go.Figure:
-    x = [f"{display_piece(piece(int(i)))} ({int(i)})" for i in d["ids"]]
-    fig = go.Figure([go.Bar(x=x, y=d["clean"], name=t("whatif.unchanged"), marker_color="#888888"),
-                     go.Bar(x=x, y=d["changed"], name=t("whatif.changed"), marker_color="#d62728")])
-    fig.update_layout(barmode="group", title=t("whatif.next_token_probabilities_at_the"),
-                      xaxis_title=t("whatif.token_id"), yaxis_title=t("whatif.probability"),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.3))
-    fig.update_xaxes(type="category")
-    return fig
-
-
-def moved_figure(d: dict, piece, t) -> go.Figure:
-    y = [f"{display_piece(piece(int(i)))} ({int(i)})" for i in d["moved"]]
-    colours = np.where(d["delta"] > 0, "#2ca02c", "#d62728")
-    fig = go.Figure(go.Bar(x=d["delta"], y=y, orientation="h", marker_color=colours,
-                           hovertemplate="%{y}<br>Δp = %{x:.4f}<extra></extra>"))
-    fig.update_layout(title=t("whatif.tokens_that_moved_most_p"),
-                      xaxis_title="Δp", margin=dict(l=10, r=10, t=50, b=10))
-    fig.update_yaxes(autorange="reversed", type="category")
-    return fig
-
-
-def kl_figure(kl: np.ndarray, t) -> go.Figure:
-    fig = go.Figure(go.Bar(x=list(range(len(kl))), y=kl, marker_color="#9467bd",
-                           hovertemplate="L%{x}: %{y:.4f} nats<extra></extra>"))
-    fig.update_layout(title=t("whatif.where_the_runs_part_kl"),
-                      xaxis_title=t("whatif.layer"), yaxis_title=t("whatif.kl_nats_mean_over_positions"),
-                      margin=dict(l=10, r=10, t=50, b=10))
-    return fig
-
-
-def own_token_figure(p_clean: np.ndarray, p_changed: np.ndarray, labels, t) -> go.Figure:
-    x = labels[:len(p_clean)]
-    fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name, line=dict(color=colour)) for y, name, colour in
-                     ((p_clean, t("whatif.unchanged"), "#888888"), (p_changed, t("whatif.changed"), "#d62728"))])
-    fig.update_layout(title=t("whatif.probability_each_position_gives_to"),
-                      xaxis_title=t("whatif.position_predicting_the_token_after"),
-                      yaxis_title=t("whatif.probability"), yaxis_range=[0, 1.02], margin=dict(l=10, r=10, t=50, b=10),
-                      legend=dict(orientation="h", y=-0.3))
-    fig.update_xaxes(type="category")
-    return fig
-
-
-def attention_figure(mats: list[np.ndarray], titles: list[str], label_sets: list[list[str]], t) -> go.Figure:
-    """Side-by-side patterns; cells the mask removes are blank (NaN), cells it would remove but did not are coloured."""
-    layout = plots.grid_layout(1, len(mats), titles, hspace=0.04)
-    traces = []
-    for c, (m, labels) in enumerate(zip(mats, label_sets)):
-        xa, ya = plots.axis_ids(1, c + 1, len(mats))
-        traces.append(go.Heatmap(z=m, x=labels, y=labels, coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya,
-                                 hovertemplate="q %{y}<br>k %{x}<br>%{z:.4f}<extra></extra>"))
-        layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", showticklabels=c == 0)
-        layout["xaxis" + xa[1:]].update(type="category", showticklabels=False)
-    fig = go.Figure(traces, layout)
-    fig.update_layout(coloraxis=dict(colorscale="Blues", cmin=0, cmax=1), margin=dict(l=10, r=10, t=40, b=10))
-    return fig
-
-
-def masked_blank(m: np.ndarray, ivs, layer: int) -> np.ndarray:
-    """Blank the future only where the mask is still in force (a masked probability is not a small number)."""
-    if any(isinstance(iv, I.NoMask) and iv.layer in (None, layer) for iv in ivs):
-        return m
-    return np.where(np.triu(np.ones(m.shape, dtype=bool), 1), np.nan, m)
-
-
-def sweep_figure(delta: np.ndarray, layers, target_piece: str, p_clean: float, t) -> go.Figure:
-    lim = float(np.abs(delta).max()) or 1.0
-    fig = plots.heatmap(delta, [t("whatif.head", h=h) for h in range(delta.shape[1])],
-                        [t("whatif.layer_2", l=l) for l in layers], colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
-                        title=t("whatif.which_heads_matter_change_of", target_piece=target_piece, p_clean=p_clean),
-                        x_title=t("whatif.head_2"), y_title=t("whatif.layer"), value_name="Δp")
-    return fig
 
 
 # ----------------------------------------------------------------------------- choosing interventions
@@ -139,11 +47,6 @@ def _add(spec: str) -> None:
     current = st.session_state.get("whatif", "")
     specs = [s for s in current.split(",") if s.strip()]
     _set_specs(",".join(dict.fromkeys(specs + [spec])))
-
-
-def _set_bank() -> None:
-    st.session_state["prompt"] = BANK_PAIR[0]
-    st.session_state["whatif_source"] = st.session_state["whatif_source_text"] = BANK_PAIR[1]
 
 
 def _clamp(key: str, lo: int, hi: int, default: int) -> None:
@@ -189,7 +92,7 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
     """The widgets; returns the parsed interventions (empty on error) and the source prompt's text."""
     t = ctx.t
     # Without a source in the link, the other bank sentence is the source (the same for whoever opens it).
-    other = BANK_PAIR[1] if st.session_state.get("prompt") != BANK_PAIR[1] else BANK_PAIR[0]
+    other = whatif_bank.other_sentence(st.session_state.get("prompt"))
     for key, widget, default in (("whatif", "whatif_specs", ""), ("whatif_source", "whatif_source_text", other)):
         if widget not in st.session_state:  # a widget's state is dropped while another view is shown
             st.session_state[widget] = st.session_state.get(key) or default
@@ -197,13 +100,12 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
     c[0].button(t("whatif.no_causal_mask"), key="whatif_q_mask", on_click=_set_specs, args=("no-mask",))
     c[1].button(t("whatif.no_rope"), key="whatif_q_rope", on_click=_set_specs, args=("no-rope",))
     c[2].button(t("whatif.no_rope_no_mask"), key="whatif_q_both", on_click=_set_specs, args=("no-rope,no-mask",))
-    c[3].button(t("whatif.bank_river_patch"), key="whatif_q_bank", on_click=lambda: (
-        _set_bank(), _set_specs(f"patch:blocks.{ctx.layer}.hook_resid_post@-1")))
+    c[3].button(t("whatif.bank_river_patch"), key="whatif_q_bank", on_click=whatif_bank.apply, args=(ctx.source, _set_specs))
     c[4].button(t("whatif.clear"), key="whatif_clear", on_click=_set_specs, args=("",))
     left, right = st.columns([2, 3])
     with left:
-        kind = st.selectbox(t("whatif.build_one"), [k[0] for k in KINDS], key="whatif_kind",
-                            format_func=lambda k: t(*next(x[1:] for x in KINDS if x[0] == k)))
+        kind = st.selectbox(t("whatif.build_one"), list(KINDS), key="whatif_kind",
+                            format_func=lambda k: t(KINDS[k]))
         spec = built_spec(ctx, kind)
         st.button(t("whatif.add", spec=spec), key="whatif_add", on_click=_add, args=(spec,))
         st.caption(t("whatif.layer_and_head_come_from"))
@@ -226,10 +128,12 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
 
 # ----------------------------------------------------------------------------- drawing
 def draw(ctx: ViewContext) -> None:
-    draw_intro(ctx)
+    st.subheader(ctx.t("whatif.title"))
     ivs, source_text = draw_chooser(ctx)
     if ivs:
         draw_results(ctx, ivs, source_text)
+    with st.expander(ctx.t("whatif.intro_expander"), expanded=not ctx.presenter and not ivs):
+        draw_intro(ctx)
     draw_sweep(ctx)
 
 
@@ -258,6 +162,7 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
         st.error(plain(e))
         return
     st.subheader(t("whatif.with", plain_specs=plain(specs)))
+    whatif_bank.draw_note(ctx, specs)
     loss0, loss1 = M.prompt_loss(ctx.rec.logits, ids), run["loss"]
     d = distribution_data(ctx.rec.logits[0, -1], run["last"])
     top0, top1 = int(ctx.rec.logits[0, -1].argmax()), int(run["last"].argmax())
@@ -290,7 +195,8 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
         rows += [("own_next", p, ctx.pieces[p + 1], float(a), float(b)) for p, (a, b) in enumerate(zip(own0, own1))]
         rows += [("loss", "", "", loss0, loss1)]
         return plots.to_csv(["quantity", "id_or_position", "token", "unchanged", "changed"], rows)
-    plots.csv_button(ctx, "Both runs' numbers (CSV)", "两次运行的数值（CSV）", csv, "whatif.csv", key="whatif_csv")
+    label = t("whatif.csv_runs")
+    plots.csv_button(ctx, label, label, csv, "whatif.csv", key="whatif_csv")
 
 
 def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_ids) -> None:
@@ -368,6 +274,7 @@ def draw_sweep(ctx: ViewContext) -> None:
                height=min(900, 160 + 22 * len(res["layers"])))
     l, h = np.unravel_index(np.argmin(delta), delta.shape)
     st.caption(t("whatif.biggest_drop_layer_head_p", res_layers_l=res['layers'][l], h=h, delta_l_h=delta[l, h]))
-    plots.csv_button(ctx, "Sweep (CSV)", "扫描结果（CSV）",
+    label = t("whatif.csv_sweep")
+    plots.csv_button(ctx, label, label,
                      lambda: plots.matrix_csv(delta, [str(x) for x in res["layers"]], [str(x) for x in range(cfg.n_heads)],
                                               "layer\\head"), "whatif_sweep.csv", key="whatif_csv_sweep")
