@@ -26,9 +26,10 @@ text), so the probe needs neither the corpus nor a tokenizer and takes a few sec
 from __future__ import annotations
 
 # The lab lives in four modules by concept; this one keeps the old import path working.
+from ..paths import ASSETS  # noqa: F401
 from .probe import (SWEEP_DEPTHS, init_gradients, last_first_ratio, lm_loss, probe,  # noqa: F401
                     profile_ratio, zipf_tokens)
-from .race import (RACE_CURVES_PATH, RACE_GRID, RACE_RUNS, RUN_KEYS, RaceConfig, escape_step,  # noqa: F401
+from .race import (PLATEAU_MARGIN, RACE_CURVES_PATH, RACE_GRID, RACE_RUNS, RUN_KEYS, RaceConfig, escape_step,  # noqa: F401
                    load_race_curves, precompute_race_curves, race, race_data, race_grid_key, run_key)
 from .twins import (TWINS, log_curves, norm_scales, residual_norms, sequence_loss, top_predictions,  # noqa: F401
                     train_log)

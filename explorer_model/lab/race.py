@@ -164,7 +164,11 @@ def precompute_race_curves(path: Path | None = RACE_CURVES_PATH, grid: dict = RA
     return out
 
 
-def escape_step(steps: list[int], losses: list[float | None], unigram: float, margin: float = 0.15) -> int | None:
+PLATEAU_MARGIN = 0.15  # nats below the unigram entropy that count as off the plateau (not noise)
+
+
+def escape_step(steps: list[int], losses: list[float | None], unigram: float,
+                margin: float = PLATEAU_MARGIN) -> int | None:
     """First logged step whose loss is `margin` below the unigram entropy (off the plateau), or None."""
     return next((s for s, y in zip(steps, losses) if y is not None and y < unigram - margin), None)
 
@@ -179,3 +183,37 @@ def load_race_curves(path: Path = RACE_CURVES_PATH) -> dict | None:
 if __name__ == "__main__":  # rebuild assets/lab/race_curves.json
     with threads(1):  # its own process: the thread count concerns nobody else
         precompute_race_curves()
+
+
+def race_lesson_numbers(curves: dict, easy: tuple[int, float] | None = None) -> dict:
+    """What the lab's lesson says about the shipped runs, measured from them (`curves` as load_race_curves returns).
+
+    easy = (depth, lr) of the mildest shipped setting (default: the smallest depth and lr); every other setting is
+    "hard". Returns counts and step ranges of leaving the unigram plateau (escape_step) for Pre in every setting,
+    for Post in the easy one, and how many Post runs never leave it in the hard ones."""
+    grid = {key: entry for key, entry in curves["runs"].items()}
+    parsed = {key: (int(key.split("_")[0][5:]), float(key.split("_lr")[1])) for key in grid}
+    easy = easy or (min(d for d, _ in parsed.values()), min(lr for _, lr in parsed.values()))
+    h = curves["unigram_entropy"]
+
+    def escapes(keys, placement):
+        out = []
+        for key in keys:
+            entry = grid[key]
+            out += [escape_step(entry["steps"], seed[run], h) for seed in entry["seeds"].values()
+                    for run in seed if run.startswith(placement + "_")]
+        return out
+    easy_keys = [k for k, v in parsed.items() if v == easy]
+    hard_keys = [k for k, v in parsed.items() if v != easy]
+    pre = escapes(grid, "pre")
+    post_easy, post_hard = escapes(easy_keys, "post"), escapes(hard_keys, "post")
+    off = [s for s in pre if s is not None]
+    off_easy = [s for s in post_easy if s is not None]
+    any_entry = next(iter(grid.values()))
+    return {"seeds": len(any_entry["seeds"]), "steps": any_entry["steps"][-1], "unigram": h,
+            "pre_off": len(off), "pre_all": len(pre), "pre_lo": min(off, default=None), "pre_hi": max(off, default=None),
+            "easy_depth": easy[0], "easy_lr": easy[1], "post_easy_off": len(off_easy), "post_easy_all": len(post_easy),
+            "post_easy_lo": min(off_easy, default=None), "post_easy_hi": max(off_easy, default=None),
+            "hard_depth": max(d for d, _ in parsed.values()), "hard_lr": max(lr for _, lr in parsed.values()),
+            "post_hard_stuck": sum(s is None for s in post_hard), "post_hard_all": len(post_hard),
+            "settings": sorted(parsed.values())}
