@@ -382,7 +382,8 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES"]
+           "KL_MAX_POS", "WHATIF_NAMES",
+           "patch_lesson"]
 
 
 # ----------------------------------------------------------------------------- what-if patch lesson (branch rwl)
@@ -398,5 +399,3 @@ def patch_lesson(source: str, ids, source_ids) -> dict:
         return r
     return result_cache().get(("patch_lesson", _ident(source), ids, source_ids), run, _FORWARD)
 
-
-__all__ += ["patch_lesson"]
