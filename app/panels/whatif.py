@@ -10,8 +10,9 @@ import numpy as np
 import streamlit as st
 
 from app import explorer, plots
-from app.context import ViewContext, display_piece, plain
+from app.context import ViewContext, plain
 from app.panels import whatif_bank
+from app.panels.generation import candidate_label
 from app.panels.whatif_figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
                                      masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
 from explorer_model.analysis import interventions as I
@@ -26,6 +27,12 @@ KINDS = {  # builder choices and the message that names each
     "scale": "whatif.kind_scale", "gate-off": "whatif.kind_gate_off", "relu": "whatif.kind_relu",
     "patch": "whatif.kind_patch"}
 PATCH_HOOKS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"]
+
+
+def candidate_namer(ctx: ViewContext):
+    """id -> label of a next-token candidate after this prompt (generation.candidate_label)."""
+    ids = [int(i) for i in ctx.ids]
+    return lambda i: candidate_label(ctx.facts, ids, int(i))
 
 
 # ----------------------------------------------------------------------------- choosing interventions
@@ -170,13 +177,14 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[0].metric(t("whatif.loss_on_the_prompt_unchanged"), f"{loss0:.3f}")
     c[1].metric(t("whatif.loss_on_the_prompt_changed"), f"{loss1:.3f}", f"{loss1 - loss0:+.3f}",
                 delta_color="inverse")
-    c[2].metric(t("whatif.top_next_token"), f"{display_piece(tok.piece(top0))} → {display_piece(tok.piece(top1))}")
+    name = candidate_namer(ctx)
+    c[2].metric(t("whatif.top_next_token"), f"{name(top0)} → {name(top1)}")
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
-        plots.show(distribution_figure(d, tok.piece, t), ctx, key="whatif_dist", height=420)
+        plots.show(distribution_figure(d, name, t), ctx, key="whatif_dist", height=420)
     with right:
-        plots.show(moved_figure(d, tok.piece, t), ctx, key="whatif_moved", height=420)
+        plots.show(moved_figure(d, name, t), ctx, key="whatif_moved", height=420)
     plots.show(kl_figure(kl, t), ctx, key="whatif_kl", height=340)
     start = max(0, len(ids) - KL_MAX_POS)
     st.caption(t("whatif.averaged_over_positions_a_layer", start=start, len_ids_1=len(ids) - 1))
@@ -190,7 +198,7 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
         draw_attention(ctx, ivs, run, specs, source_ids)
 
     def csv() -> str:
-        rows = [("next", int(i), tok.piece(int(i)), float(a), float(b)) for i, a, b in zip(d["ids"], d["clean"], d["changed"])]
+        rows = [("next", int(i), name(int(i)), float(a), float(b)) for i, a, b in zip(d["ids"], d["clean"], d["changed"])]
         rows += [("kl_layer", l, "", float(v), "") for l, v in enumerate(kl)]
         rows += [("own_next", p, ctx.pieces[p + 1], float(a), float(b)) for p, (a, b) in enumerate(zip(own0, own1))]
         rows += [("loss", "", "", loss0, loss1)]
@@ -232,7 +240,7 @@ def shuffle_rows(ctx: ViewContext, ivs: list, shuffled, specs: str, source_ids) 
 
 
 def draw_shuffle(ctx: ViewContext, ivs: list, perm, shuffled, specs: str, source_ids) -> None:
-    t, piece = ctx.t, ctx.facts.piece
+    t, label_of = ctx.t, candidate_namer(ctx)
     st.markdown(t("whatif.same_words_another_order_the"))
     st.text(t("whatif.shuffled") + " ".join(ctx.pieces[i] for i in perm))  # prompt text: never markdown
     rows = shuffle_rows(ctx, ivs, shuffled, specs, source_ids)
@@ -240,7 +248,7 @@ def draw_shuffle(ctx: ViewContext, ivs: list, perm, shuffled, specs: str, source
              t("whatif.top_token_shuffled"): [], t("whatif.max_logit"): []}
     def top(logits) -> str:
         i, p = V.top_token(logits)
-        return f"{display_piece(piece(i))} {p:.3f}"
+        return f"{label_of(i)} {p:.3f}"
     for name, a, b in rows:
         for col, v in zip(table, (name, top(a), top(b), V.max_abs_diff(a, b))):
             table[col].append(v)
@@ -269,7 +277,7 @@ def draw_sweep(ctx: ViewContext) -> None:
         st.caption(t("whatif.layers_heads_ablated_runs_batched", n=n, cfg_n_heads=cfg.n_heads, n_cfg_n_heads=n * cfg.n_heads))
         return
     delta = np.asarray(res["delta"])
-    target = display_piece(ctx.facts.piece(res["target"]))
+    target = candidate_namer(ctx)(int(res["target"]))
     plots.show(sweep_figure(delta, res["layers"], target, res["p_clean"], t), ctx, key="whatif_sweep",
                height=min(900, 160 + 22 * len(res["layers"])))
     l, h = np.unravel_index(np.argmin(delta), delta.shape)

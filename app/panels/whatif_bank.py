@@ -59,8 +59,8 @@ def draw_note(ctx: ViewContext, specs: str) -> None:
     ss, t = st.session_state, ctx.t
     if ss.get("prompt") != BANK_TARGET:
         return
-    les = lesson(ctx.source)
-    if specs == les["spec"]:
+    les = lesson(ctx.source) if specs.startswith("patch:") else None  # (the layer search runs only for a patch)
+    if les and specs == les["spec"]:
         sw, L, piece = les["sweep"], les["layer"], ctx.facts.piece
         st.info(t("whatif.bank_lesson", layer=L, before=plain(display_piece(piece(int(sw["top_clean"])))),
                   after=plain(display_piece(piece(int(sw["top"][L])))), kl=float(sw["kl"][L]),

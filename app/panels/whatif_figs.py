@@ -5,7 +5,6 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app import plots
-from app.context import display_piece
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import views_data as V
 
@@ -25,8 +24,9 @@ def distribution_data(clean_logits, changed_logits, n: int = N_TOP) -> dict:
     return V.distribution_data(clean_logits, changed_logits, n)
 
 
-def distribution_figure(d: dict, piece, t) -> go.Figure:
-    x = [f"{display_piece(piece(int(i)))} ({int(i)})" for i in d["ids"]]
+def distribution_figure(d: dict, name, t) -> go.Figure:
+    """name(id): how a candidate token reads (a character fragment as the character it completes)."""
+    x = [f"{name(int(i))} ({int(i)})" for i in d["ids"]]
     fig = go.Figure([go.Bar(x=x, y=d["clean"], name=t("whatif.unchanged"), marker_color="#888888"),
                      go.Bar(x=x, y=d["changed"], name=t("whatif.changed"), marker_color="#d62728")])
     fig.update_layout(barmode="group", title=t("whatif.next_token_probabilities_at_the"),
@@ -36,8 +36,8 @@ def distribution_figure(d: dict, piece, t) -> go.Figure:
     return fig
 
 
-def moved_figure(d: dict, piece, t) -> go.Figure:
-    y = [f"{display_piece(piece(int(i)))} ({int(i)})" for i in d["moved"]]
+def moved_figure(d: dict, name, t) -> go.Figure:
+    y = [f"{name(int(i))} ({int(i)})" for i in d["moved"]]
     colours = np.where(d["delta"] > 0, "#2ca02c", "#d62728")
     fig = go.Figure(go.Bar(x=d["delta"], y=y, orientation="h", marker_color=colours,
                            hovertemplate="%{y}<br>Δp = %{x:.4f}<extra></extra>"))
