@@ -207,3 +207,13 @@ def test_builder_and_bad_input():
     assert not at.exception and "layer 99 does not exist" in " ".join(e.value for e in at.error)
     at.text_input(key="whatif_specs").set_value("nonsense").run()
     assert "unknown intervention" in " ".join(e.value for e in at.error)
+
+
+def test_chinese_candidates_are_readable():
+    """A candidate that is part of a character is named by what it completes: no byte escapes, no U+FFFD."""
+    at = run_app(view="whatif", whatif="no-mask", prompt="深度学习很", lang="zh")
+    assert not at.exception
+    dist = figures(at)[0]
+    labels = list(dist["data"][0]["x"]) + list(figures(at)[1]["data"][0]["y"])
+    assert labels and not any("\\x" in x or "\ufffd" in x for x in labels), labels
+    assert any("‹" in x and "…›" in x for x in labels)  # candidates that start a character: its first bytes
