@@ -393,7 +393,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES"]
+           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson"]
 
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices
@@ -476,3 +476,17 @@ def _is_fragment(data: bytes) -> bool:
 
 
 __all__ += ["lesson_target"]
+
+
+# ----------------------------------------------------------------------------- what-if patch lesson (branch rwl)
+def patch_lesson(source: str, ids, source_ids) -> dict:
+    """Per layer, how far patching the last position's resid_post from `source_ids` moves the last prediction
+    (explorer_model.analysis.patch_lesson), cached: the what-if preset's lesson target, found on the model."""
+    from explorer_model.analysis.patch_lesson import patch_layer_sweep
+    ids, source_ids = tuple(int(i) for i in ids), tuple(int(i) for i in source_ids)
+
+    def run() -> dict:
+        r = patch_layer_sweep(_model(source).model, ids, source_ids)
+        _forward(len(r["kl"]) + 2)
+        return r
+    return result_cache().get(("patch_lesson", _ident(source), ids, source_ids), run, _FORWARD)
