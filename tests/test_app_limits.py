@@ -49,3 +49,12 @@ def test_serve_no_lab_sets_the_switch_for_the_server(monkeypatch):
     monkeypatch.setattr("explorer_model.serve.subprocess.run", lambda cmd, env, check: seen.update(env=env))
     assert cli.main(["serve", "--share", "--no-lab", "--port", "8599"]) in (0, None)
     assert seen["env"]["LLAMA_EXPLORER_LAB"] == "0" and seen["env"]["LLAMA_EXPLORER_SHARE"] == "1"
+
+
+def test_the_lab_view_says_when_experiments_are_off(monkeypatch):
+    monkeypatch.setenv("LLAMA_EXPLORER_LAB", "0")
+    explorer.result_cache().clear()  # no race of these settings computed before in this process
+    at = run_app(view="normlab", prompt="To be, or not to be")
+    at.button(key="lab_race_start").click().run(timeout=300)
+    assert not at.exception
+    assert any("--no-lab" in i.value for i in at.info)

@@ -44,7 +44,11 @@ def draw_init(ctx: ViewContext) -> dict | None:
     if not st.session_state.get("lab_init_go"):
         st.info(t("normlab.press_the_button_results_are"))
         return None
-    r = init_gradients(ffn, init, norm, int(depth), t, st.empty())
+    try:
+        r = init_gradients(ffn, init, norm, int(depth), t, st.empty())
+    except explorer.LabDisabled:  # serve --no-lab: only results computed before are shown
+        st.info(t("normlab.lab_off"))
+        return None
     prof, sweep = r["profile"], r["sweep"]
     ratio = {v: lab.last_first_ratio(prof[v]["grad_down"]) for v in prof}
     grows = {v: sum(x > 1 for x in prof[v]["ratio_seeds"]) for v in prof}

@@ -79,10 +79,14 @@ def draw_race(ctx: ViewContext) -> dict | None:
     if start:
         def label(j) -> str:
             return t("normlab.step_s", step=j.partial["steps"][-1], sec=j.partial["seconds"])
-        r = wait_for(explorer.lab_race(rc, RACE_TIME_LIMIT), t, bar,
-                     lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}"), label)
-        st.session_state["lab_race_result"] = r
-        chart(r, "normlab_race_done")
+        try:
+            job = explorer.lab_race(rc, RACE_TIME_LIMIT)
+        except explorer.LabDisabled:  # serve --no-lab: the shipped curves above still show
+            st.info(t("normlab.lab_off"))
+        else:
+            r = wait_for(job, t, bar, lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}"), label)
+            st.session_state["lab_race_result"] = r
+            chart(r, "normlab_race_done")
     if r and not r["completed"]:
         st.warning(t("normlab.stopped_at_step_of_after", r_steps_1=r["steps"][-1], r_config_steps=r["config"]["steps"],
                      r_seconds=r["seconds"]))
