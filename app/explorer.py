@@ -382,4 +382,22 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES"]
+           "KL_MAX_POS", "WHATIF_NAMES",
+           "attention_w_o"]
+
+
+# --------------------------------------------------------------------------- attention view: one layer's W_O
+def attention_w_o(source: str, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(W_O, b_O) of one layer's attention output projection as float32 numpy (nn.Linear layout
+    [d_model, n_heads·d_head]; b_O None without a bias), read-only and cached: the multi-head figure projects the
+    recorded concatenation of heads with it. Only the layer asked for is read, not the weights of every layer."""
+    def read() -> tuple[np.ndarray, np.ndarray | None]:
+        proj = _model(source).model.blocks[int(layer)].attn.o_proj
+        out = []
+        for t in (proj.weight, proj.bias):
+            a = None if t is None else t.detach().float().numpy().copy()
+            if a is not None:
+                a.setflags(write=False)
+            out.append(a)
+        return out[0], out[1]
+    return result_cache().get(("w_o", _ident(source), int(layer)), read)

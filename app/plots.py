@@ -32,13 +32,15 @@ def heatmap(z, x: Sequence[str], y: Sequence[str], *, title: str = "", colorscal
     return fig
 
 
-def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None) -> None:
-    """Render with Plotly's own PNG download button; larger fonts in presenter mode."""
+def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None,
+         **chart_args) -> None:
+    """Render with Plotly's own PNG download button; larger fonts in presenter mode.
+    chart_args go to st.plotly_chart (e.g. on_select=callback, selection_mode="points" for clickable cells)."""
     if ctx.presenter:
         fig.update_layout(font=dict(size=18), title_font=dict(size=22))
     if height:
         fig.update_layout(height=height)
-    st.plotly_chart(fig, key=key, config={
+    st.plotly_chart(fig, key=key, **chart_args, config={
         "displaylogo": False,
         "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2},
     })
