@@ -65,7 +65,7 @@ def draw_head(ctx: ViewContext, kind: str, lo: int, hi: int) -> None:
     fig.data[0].hoverinfo = "skip"  # the overlay's markers carry the hover text
     fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
     plots.show(clickable(fig), ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
-               height=560, on_select=attention_links.pick_pair_callback("attn_head", lo),
+               height=500, on_select=attention_links.pick_pair_callback("attn_head", lo),
                selection_mode="points")
     if hi - lo < len(ctx.ids):
         st.caption(ctx.t("attention.window.shown", first=lo, last=hi - 1, n=len(ctx.ids)))
