@@ -58,7 +58,7 @@ def click_overlay(rows: np.ndarray, cols: np.ndarray, x: list[str], y: list[str]
                                           if (rows[i], cols[i]) == tuple(selected)]
     return go.Scatter(
         x=[x[c] for c in cols], y=[y[r] for r in rows], mode="markers", xaxis=xaxis, yaxis=yaxis,
-        customdata=np.stack([rows, cols], -1), text=text, hovertemplate="%{text}<extra></extra>",
+        customdata=np.stack([rows, cols], -1).tolist(), text=text, hovertemplate="%{text}<extra></extra>",
         marker=dict(symbol="square-open", size=12, opacity=0.0, color="#111", line=dict(width=2)),
         selectedpoints=chosen or None, selected=dict(marker=dict(opacity=1.0)),
         unselected=dict(marker=dict(opacity=0.0)), showlegend=False, meta="cells")
@@ -73,6 +73,8 @@ def clicked_cell(event) -> tuple[int, int] | None:
         return None
     for p in points:
         cd = p.get("customdata") if isinstance(p, dict) else None
+        if isinstance(cd, dict):  # a typed array arrives as {"0": row, "1": col}
+            cd = [cd[k] for k in sorted(cd, key=int)]
         if isinstance(cd, (list, tuple)) and len(cd) == 2:
             return int(cd[0]), int(cd[1])
     return None
