@@ -67,7 +67,7 @@ def click_script():
                            "box": [], "lasso": []}}
     st.session_state["fake_map"] = event
     st.session_state["fake_head"] = {"selection": {**event["selection"], "points": [
-        {"curve_number": 1, "point_index": 3, "customdata": [6, 2]}]}}
+        {"curve_number": 1, "point_index": 3, "customdata": {"0": 6, "1": 2}}]}}  # a typed array, as Chromium sends it
     L._jump_from_map("fake_map", 9)()
     L.pick_pair_callback("fake_head", 40)()
     st.session_state["fake_map"] = {"selection": {"points": [], "point_indices": [], "box": [], "lasso": []}}

@@ -18,7 +18,7 @@ from app import explorer, plots
 from app.context import ViewContext, plain
 from app.panels import attention_heads, attention_links, attention_scale
 from app.panels.attention_cells import (WINDOW_DEFAULT, click_overlay, clickable, csv_cells, head_label,
-                                        head_matrix, thinned, window)
+                                        layer_matrices, thinned, window)
 from explorer_model.analysis.attention_math import attention_entropy
 from explorer_model.analysis.lesson import sink_share
 
@@ -45,8 +45,8 @@ def draw_explanation(ctx: ViewContext) -> None:
                          d_head=cfg.head_dim))
 
 
-def draw_head(ctx: ViewContext, kind: str, lo: int, hi: int) -> None:
-    m = head_matrix(ctx, ctx.layer, ctx.head, kind)
+def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
+    m = mats[ctx.head]
     sub, labels = m[lo:hi, lo:hi], ctx.labels[lo:hi]
     name = ctx.t("attention.value.pattern" if kind == "pattern" else "attention.value.scores")
     q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
@@ -75,9 +75,9 @@ def draw_head(ctx: ViewContext, kind: str, lo: int, hi: int) -> None:
                      f"attention_L{ctx.layer}_H{ctx.head}_{kind}.csv", key="attn_csv_head")
 
 
-def draw_query_text(ctx: ViewContext) -> None:
-    """The selected query token's attention row as highlighted text."""
-    row = ctx.rec.pattern(ctx.layer)[0, ctx.head, ctx.token].double().numpy()
+def draw_query_text(ctx: ViewContext, pattern: np.ndarray) -> None:
+    """The selected query token's attention row as highlighted text (pattern: [head, q, k], future NaN)."""
+    row = np.nan_to_num(pattern[ctx.head, ctx.token])
     top = row.max() if row.size else 1.0
     masked = ctx.t("attention.query.masked")
     spans = []
@@ -99,7 +99,7 @@ def draw_query_text(ctx: ViewContext) -> None:
     st.caption(ctx.t("attention.query.top", keys=", ".join(f"{plain(ctx.labels[i])} ({row[i]:.3f})" for i in order)))
 
 
-def draw_head_grid(ctx: ViewContext, kind: str, lo: int, hi: int) -> None:
+def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
     cfg = ctx.cfg
     # Columns are KV groups, so heads that share K and V stand in one column.
     n_cols, n_rows = cfg.n_kv_heads, cfg.n_rep
@@ -118,7 +118,7 @@ def draw_head_grid(ctx: ViewContext, kind: str, lo: int, hi: int) -> None:
     traces = []
     for h, (r, c) in slots.items():
         xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
-        traces.append(go.Heatmap(z=head_matrix(ctx, ctx.layer, h, kind)[lo:hi, lo:hi], x=labels, y=labels,
+        traces.append(go.Heatmap(z=mats[h, lo:hi, lo:hi], x=labels, y=labels,
                                  coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya, meta=h,
                                  hovertemplate=f"{q_title}: %{{y}}<br>{k_title}: %{{x}}<br>%{{z:.4f}}"
                                                f"<extra>{head_label(ctx, h)}</extra>"))
@@ -131,7 +131,7 @@ def draw_head_grid(ctx: ViewContext, kind: str, lo: int, hi: int) -> None:
     fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
                                      cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
                       title=ctx.t("attention.grid.title", layer=ctx.layer), meta=dict(id="attn_grid"),
-                      margin=dict(l=10, r=10, t=70, b=10))
+                      margin=dict(l=90, r=10, t=70, b=90))  # room for the outer axes' token labels
     plots.show(fig, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=300 * n_rows + 160)
 
 
@@ -168,19 +168,21 @@ def draw_overview(ctx: ViewContext) -> None:
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("attention.title"))
     attention_links.init_pair(ctx)  # before the main figure, which marks the pair and sets it on a click
-    c1, c2 = st.columns([3, 2])
-    kind = c1.radio(ctx.t("attention.show"), ["pattern", "scores"], horizontal=True, key="attn_kind",
-                    format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern" else "attention.show.scores"))
-    half = c2.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES, value=WINDOW_DEFAULT,
-                            key="attn_window", help=ctx.t("attention.window.help"))
-    lo, hi = window(len(ctx.ids), ctx.token, half)
     left, right = st.columns([3, 2])
+    with right:  # the controls stand beside the figure, so the figure starts right under the title
+        kind = st.radio(ctx.t("attention.show"), ["pattern", "scores"], horizontal=True, key="attn_kind",
+                        format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
+                                                    else "attention.show.scores"))
+        half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
+                                value=WINDOW_DEFAULT, key="attn_window", help=ctx.t("attention.window.help"))
+        pattern = layer_matrices(ctx, ctx.layer, "pattern")
+        draw_query_text(ctx, pattern)
+    mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
+    lo, hi = window(len(ctx.ids), ctx.token, half)
     with left:
-        draw_head(ctx, kind, lo, hi)
-    with right:
-        draw_query_text(ctx)
+        draw_head(ctx, mats, kind, lo, hi)
     draw_explanation(ctx)
-    draw_head_grid(ctx, kind, lo, hi)
+    draw_head_grid(ctx, mats, kind, lo, hi)
     attention_links.draw(ctx)
     attention_heads.draw(ctx, lo, hi)
     attention_scale.draw(ctx)

@@ -27,10 +27,11 @@ def head_label(ctx: ViewContext, h: int) -> str:
     return ctx.t("attention.head_label", head=h, kv=h // ctx.cfg.n_rep)
 
 
-def head_matrix(ctx: ViewContext, layer: int, head: int, kind: str) -> np.ndarray:
-    """[q_pos, k_pos] probabilities or scaled scores; the masked future is NaN in both (drawn blank)."""
-    m = (ctx.rec.pattern(layer) if kind == "pattern" else ctx.rec.scores(layer))[0, head].double().numpy()
-    future = np.triu(np.ones(m.shape, dtype=bool), 1)
+def layer_matrices(ctx: ViewContext, layer: int, kind: str) -> np.ndarray:
+    """[head, q_pos, k_pos] probabilities or scaled scores of one layer; the masked future is NaN in both (drawn
+    blank). Built once per run and shared by the figures: the recording rebuilds it from Q and K on every read."""
+    m = (ctx.rec.pattern(layer) if kind == "pattern" else ctx.rec.scores(layer))[0].double().numpy()
+    future = np.triu(np.ones(m.shape[-2:], dtype=bool), 1)
     return np.where(future, np.nan, m)
 
 
@@ -85,5 +86,5 @@ def clickable(fig: go.Figure) -> go.Figure:
     return fig.update_layout(clickmode="event+select", dragmode=False)
 
 
-__all__ = ["WINDOW_DEFAULT", "window", "head_label", "head_matrix", "thinned", "csv_cells", "click_overlay",
+__all__ = ["WINDOW_DEFAULT", "window", "head_label", "layer_matrices", "thinned", "csv_cells", "click_overlay",
            "clicked_cell", "clickable"]

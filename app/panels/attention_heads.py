@@ -24,8 +24,9 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 def _panel(z, labels, xa, ya, name, meta, blocks: int = 0, width: int = 0) -> tuple[go.Heatmap, list[dict]]:
     """One [tokens, features] heatmap of the flow with its own symmetric colour range, and lines between the
-    `blocks` heads it is made of (each `width` columns wide)."""
-    lim = float(np.abs(z).max()) or 1.0
+    `blocks` heads it is made of (each `width` columns wide). The range is the 99th percentile of |value|: a few
+    outlier dimensions (common in attention outputs) would otherwise wash every other cell out to white."""
+    lim = float(np.percentile(np.abs(z), 99)) or float(np.abs(z).max()) or 1.0
     trace = go.Heatmap(z=z, y=labels, x=np.arange(z.shape[1]), xaxis=xa, yaxis=ya, colorscale="RdBu_r",
                        zmin=-lim, zmax=lim, showscale=False, meta=meta,
                        hovertemplate=f"%{{y}}<br>{name}[%{{x}}] = %{{z:.4f}}<extra></extra>")

@@ -41,7 +41,7 @@ def draw_study(ctx: ViewContext, s: A.ScaleStudy) -> None:
         go.Scatter(x=layers, y=s.raw_std, name=raw, meta="raw_std", mode="lines+markers", legendgroup="a"),
         go.Scatter(x=layers, y=s.scaled_std, name=scaled, meta="scaled_std", mode="lines+markers", legendgroup="a"),
         go.Scatter(x=layers, y=np.full(layers.size, np.sqrt(s.d_k)), meta="sqrt_dk", mode="lines",
-                   name=ctx.t("attention.scale.sqrt_dk", d_k=s.d_k), line=dict(dash="dash", color="#555")),
+                   name=ctx.t("attention.scale.sqrt_dk", d_k=s.d_k, root=float(np.sqrt(s.d_k))), line=dict(dash="dash", color="#555")),
         go.Scatter(x=layers, y=ent_s, name=ctx.t("attention.scale.ent_scaled"), meta="entropy_scaled",
                    mode="lines+markers", xaxis="x2", yaxis="y2"),
         go.Scatter(x=layers, y=ent_u, name=ctx.t("attention.scale.ent_unscaled"), meta="entropy_unscaled",
