@@ -77,8 +77,8 @@ def draw(ctx: ViewContext) -> None:
         st.caption(ctx.t("attention.scale.window", queries=s.queries, n=n))
     with st.expander(ctx.t("attention.scale.explain_title"), expanded=not ctx.presenter):
         st.markdown(ctx.t("attention.scale.explain"))
-        st.latex(r"q\cdot k=\sum_{i=1}^{d_k} q_i k_i,\qquad \mathrm{Var}(q\cdot k)=d_k\ \text{(independent, unit "
-                 r"variance)},\qquad \mathrm{std}\Big(\frac{q\cdot k}{\sqrt{d_k}}\Big)=1")
+        st.latex(r"q\cdot k=\sum_{i=1}^{d_k} q_i k_i,\qquad q_i,k_i\sim\mathcal{N}(0,1)\ \Rightarrow\ "
+                 r"\mathrm{Var}(q\cdot k)=d_k,\qquad \mathrm{std}\Big(\frac{q\cdot k}{\sqrt{d_k}}\Big)=1")
         r = random_table(ctx.cfg.head_dim)
         st.caption(ctx.t("attention.scale.table_caption", keys=RANDOM_KEYS, max_entropy=r["max_entropy"]))
         table = pd.DataFrame({ctx.t("attention.scale.col.d_k"): r["d_k"],
