@@ -53,7 +53,8 @@ def test_heatmap_equals_hook_pattern_with_blank_future(page, reference):
     # the click overlay covers exactly the visible cells, with their (query, key) positions
     cells = fig["data"][1]
     assert cells["meta"] == "cells"
-    assert sorted(map(tuple, decode(cells["customdata"]).astype(int).tolist())) == sorted(zip(*np.tril_indices(len(ids))))
+    cell_pairs = sorted(map(tuple, decode(cells["customdata"]).astype(int).tolist()))
+    assert cell_pairs == sorted(zip(*np.tril_indices(len(ids))))
 
 
 def test_scores_switch_shows_scaled_masked_scores(page, reference):

@@ -38,8 +38,8 @@ def draw_explanation(ctx: ViewContext) -> None:
     cfg = ctx.cfg
     with st.expander(ctx.t("attention.explain.title"), expanded=not ctx.presenter):
         st.markdown(ctx.t("attention.explain.body"))
-        st.latex(r"\mathrm{scores}=\frac{QK^\top}{\sqrt{d_{head}}}+M,\quad M_{ij}=\begin{cases}0 & j\le i\\ -\infty & j>i"
-                 r"\end{cases}")
+        st.latex(r"\mathrm{scores}=\frac{QK^\top}{\sqrt{d_{head}}}+M,\quad "
+                 r"M_{ij}=\begin{cases}0 & j\le i\\ -\infty & j>i\end{cases}")
         st.latex(r"\mathrm{pattern}=\mathrm{softmax}(\mathrm{scores}),\qquad z=\mathrm{pattern}\,V")
         st.caption(ctx.t("attention.explain.gqa", n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads, n_rep=cfg.n_rep,
                          d_head=cfg.head_dim))
