@@ -382,22 +382,27 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES",
-           "attention_w_o"]
+           "KL_MAX_POS", "WHATIF_NAMES"]
 
 
-# --------------------------------------------------------------------------- attention view: one layer's W_O
-def attention_w_o(source: str, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """(W_O, b_O) of one layer's attention output projection as float32 numpy (nn.Linear layout
-    [d_model, n_heads·d_head]; b_O None without a bias), read-only and cached: the multi-head figure projects the
-    recorded concatenation of heads with it. Only the layer asked for is read, not the weights of every layer."""
-    def read() -> tuple[np.ndarray, np.ndarray | None]:
-        proj = _model(source).model.blocks[int(layer)].attn.o_proj
-        out = []
-        for t in (proj.weight, proj.bias):
-            a = None if t is None else t.detach().float().numpy().copy()
-            if a is not None:
-                a.setflags(write=False)
-            out.append(a)
-        return out[0], out[1]
-    return result_cache().get(("w_o", _ident(source), int(layer)), read)
+# --------------------------------------------------------------------------- nrs: one layer's weight matrices
+def layer_weights(source: str, layer: int) -> dict[str, np.ndarray]:
+    """Copies of one block's FFN matrices, its W_v and W_O, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
+    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d], "W_O" [d, n_heads·d_k],
+    "b_O" [d] only when the output projection has a bias), cached: the SwiGLU view recomputes the FFN from a
+    recorded input, the RoPE view shows what an added position vector does to V, the attention view projects
+    the recorded concatenation of heads with W_O."""
+    def take() -> dict[str, np.ndarray]:
+        block = _model(source).model.blocks[int(layer)]
+        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj,
+                "W_O": block.attn.o_proj}
+        if hasattr(block.mlp, "gate_proj"):
+            mats["W_gate"] = block.mlp.gate_proj
+        out = {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
+        if block.attn.o_proj.bias is not None:
+            out["b_O"] = block.attn.o_proj.bias.detach().float().numpy().copy()
+        return out
+    return result_cache().get(("layer_weights", _ident(source), int(layer)), take)
+
+
+__all__ += ["layer_weights"]

@@ -79,7 +79,7 @@ def test_norm_switching_selection_runs_no_forward(norm_page):
 
 def test_norm_chinese():
     at = run_app(view="norm", prompt=PROMPT, lang="zh", layer=3, token=2)
-    assert not at.exception
+    assert not at.exception and not at.error
     text = all_text(at)
     assert "可学习的增益" in text and "均方根" in text
     assert "一个 token 经过归一化" in str(by_id(at, "norm_vectors")["layout"]["title"])
@@ -98,6 +98,8 @@ def test_theta_and_angles(rope_page, reference):
     assert not rope_page.exception
     theta = model_inverse_frequencies(rec.cfg).double().numpy()
     np.testing.assert_allclose(decode(trace(by_id(rope_page, "rope_theta"), "theta_model")["y"]), theta, rtol=1e-7)
+    y_axis = by_id(rope_page, "rope_theta")["layout"]["yaxis"]
+    assert y_axis["type"] == "log" and y_axis["dtick"] == 1  # labels at powers of ten only (issue 11.15)
     heat = by_id(rope_page, "rope_angles")["data"][0]
     exact = decode(heat["customdata"])
     np.testing.assert_allclose(exact, np.arange(len(ids))[:, None] * theta[None, :], rtol=1e-9)
@@ -177,7 +179,7 @@ def _theta(at):
 
 def test_rope_chinese():
     at = run_app(view="rope", prompt=PROMPT, lang="zh", layer=1, head=2, token=5)
-    assert not at.exception
+    assert not at.exception and not at.error
     text = all_text(at)
     assert "旋转" in text and "相邻" in text
     assert "每一对的旋转速度" in str(by_id(at, "rope_theta")["layout"]["title"])
@@ -204,8 +206,81 @@ def test_post_norm_layernorm_model_with_llama3_scaling():
     np.testing.assert_allclose(v["scale"], np.sqrt(x.var() + cfg.norm_eps), rtol=1e-5)  # LayerNorm: σ, not RMS
     plain, used = rope.theta_data(cfg)
     assert not np.allclose(plain, used) and np.allclose(plain[0], used[0])  # slow pairs stretched, fast kept
-    fig = rope.theta_figure(plain, used, lambda en, zh: en, True)
+    fig = rope.theta_figure(plain, used, lambda key, **values: key, True)
     assert [t.meta for t in fig.data] == ["theta_unscaled", "theta_model"]
     df = rope.shift_table(rec, used, 1, 3, 6, 2)
     assert np.abs(df["diff vs s=0"]).max() < 1e-9
     assert abs(df["score q·k/√d"].iloc[0] - float(rec.scores(1)[0, 3, 6, 2])) < 1e-5
+
+
+# --------------------------------------------------------------------------- RoPE vs the absolute encoding
+def test_sinusoidal_encoding_beside_rope(rope_page, reference):
+    """PE written out from the 2017 formula; sizes from hook_embed; V's position part from the layer-0 W_v;
+    RoPE's change of Q and K from the recorded tensors, and V untouched."""
+    loaded, ids, rec = reference
+    T, d = len(ids), rec.cfg.d_model
+    pe = np.zeros((T, d))
+    for pos in range(T):
+        for i in range(0, d, 2):
+            pe[pos, i] = math.sin(pos / 10000 ** (i / d))
+            pe[pos, i + 1] = math.cos(pos / 10000 ** (i / d))
+    heat = by_id(rope_page, "rope_pe")["data"][0]
+    shown = decode(heat["z"])
+    assert shown.shape == (T, min(d, 128))
+    np.testing.assert_allclose(shown, pe[:, : shown.shape[1]], atol=1e-12)
+    fig = by_id(rope_page, "rope_vs_absolute")
+    layer = rope_page.session_state["layer"]
+    embed = rec["hook_embed"][0].double().numpy()
+    np.testing.assert_allclose(decode(trace(fig, "embed_norm")["y"]), np.linalg.norm(embed, axis=-1), rtol=1e-9)
+    np.testing.assert_allclose(decode(trace(fig, "pe_norm")["y"]), math.sqrt(d / 2), rtol=1e-12)
+    w_v = loaded.model.blocks[0].attn.v_proj.weight.double().numpy()
+    np.testing.assert_allclose(decode(trace(fig, "v_position")["y"]), np.linalg.norm(pe @ w_v.T, axis=-1), rtol=1e-5)
+    a = f"blocks.{layer}.attn"
+    for name in ("q", "k"):
+        before, after = rec[f"{a}.hook_{name}"][0].double(), rec[f"{a}.hook_rot_{name}"][0].double()
+        expected = ((after - before).norm(dim=-1) / before.norm(dim=-1)).mean(-1).numpy()
+        np.testing.assert_allclose(decode(trace(fig, f"{name}_change")["y"]), expected, rtol=1e-6, atol=1e-12)
+    assert decode(trace(fig, f"q_change")["y"])[0] == 0  # position 0 turns by zero
+    # V is not rotated: z = pattern · V with the recorded V, head by head
+    z = torch.einsum("hqk,khd->qhd", rec.pattern(layer)[0].double(),
+                     rec[f"{a}.hook_v"][0].double().repeat_interleave(rec.cfg.n_rep, dim=1))
+    assert (z - rec[f"{a}.hook_z"][0].double()).abs().max() < 1e-4
+    assert np.all(decode(trace(fig, "v_change")["y"]) == 0)
+
+
+def test_rope_links_to_the_no_rope_whatif():
+    at = run_app(view="rope", prompt=PROMPT, layer=2, head=1, token=4)
+    at.button(key="rope_to_whatif").click().run()
+    assert not at.exception and not at.error
+    assert at.session_state["view"] == "whatif" and at.session_state["whatif"] == "no-rope"
+    assert at.text_input(key="whatif_specs").value == "no-rope"  # the What-if view is drawn with it
+
+
+def test_rope_subplot_titles_are_short():
+    """Issue 11.9: every subplot title line fits its column at 768 px wide (12 px text: ≤ 7 px per character),
+    and the two rows of arrows leave room for the lower row's titles."""
+    at = run_app(view="rope", prompt=PROMPT, layer=2, head=1, token=4)
+    at.multiselect(key="rope_pairs").set_value(list(range(8))).run()
+    for fig_id in ("rope_arrows", "rope_clock"):
+        layout = by_id(at, fig_id)["layout"]
+        width = 768 - 20  # the page is narrower still; the plot's own margins are 10 + 10
+        column = min(v["domain"][1] - v["domain"][0] for k, v in layout.items() if k.startswith("xaxis"))
+        titles = [a["text"] for a in layout["annotations"]]
+        assert titles and max(len(line) for s in titles for line in s.split("<br>")) * 7 <= column * width
+    rows = sorted({tuple(v["domain"]) for k, v in by_id(at, "rope_arrows")["layout"].items() if k.startswith("yaxis")})
+    assert len(rows) == 2 and (rows[1][0] - rows[0][1]) * (460 - 90 - 10) >= 60  # plot area: height − margins
+
+
+@pytest.mark.parametrize("view", ["norm", "rope", "swiglu"])
+def test_presenter_mode_folds_explanations(view):
+    """Main figure first; in presenter mode the explanations start folded, otherwise open."""
+    from apptest_util import figures
+
+    at = run_app(view=view, prompt=PROMPT, layer=2, head=1, token=4)
+    assert not at.exception and not at.error
+    assert at.expander and all(e.proto.expanded for e in at.expander)
+    first = figures(at)[0]["layout"].get("meta") or {}
+    assert first.get("id") == {"norm": "norm_divisors", "rope": "rope_angles", "swiglu": "swiglu_heatmap"}[view]
+    at.sidebar.toggle(key="presenter").set_value(True).run()
+    assert not at.exception and not at.error
+    assert at.expander and not any(e.proto.expanded for e in at.expander)

@@ -21,10 +21,15 @@ RECORDERS = {"record", "recorder"}
 def gateway_api() -> set[str]:
     """Names in app/explorer.py's __all__, read from its source (importing it would load streamlit and torch)."""
     tree = ast.parse((ROOT / "app" / "explorer.py").read_text(encoding="utf-8"))
+    api = None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            return set(ast.literal_eval(node.value))
-    raise AssertionError("app/explorer.py has no __all__")
+            api = set(ast.literal_eval(node.value))
+        elif isinstance(node, ast.AugAssign) and getattr(node.target, "id", None) == "__all__" and api is not None:
+            api |= set(ast.literal_eval(node.value))  # `__all__ += [...]` after a block added at the end
+    if api is None:
+        raise AssertionError("app/explorer.py has no __all__")
+    return api
 
 
 def _hits(module: str, banned) -> bool:

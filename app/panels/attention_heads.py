@@ -5,8 +5,8 @@ concatenated, and W_O bringing them back to the residual stream's width.
     concat = [z_0 | … | z_{H−1}]           [T, H·d_head]
     attn_out = concat · W_Oᵀ               [T, d_model]  = Σ_h z_h · W_O[:, h·d_head:(h+1)·d_head]ᵀ
 
-V, z and attn_out are the recording's own tensors (hook_v, hook_z, hook_attn_out); W_O comes from the gateway, and
-the figure says how closely concat · W_Oᵀ reproduces the recorded output.
+V, z and attn_out are the recording's own tensors (hook_v, hook_z, hook_attn_out); W_O comes from the gateway
+(layer_weights), and the caption says how closely concat · W_Oᵀ reproduces the recorded output.
 """
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def draw(ctx: ViewContext, lo: int, hi: int) -> None:
     cfg = ctx.cfg
     st.subheader(ctx.t("attention.mh.title", layer=ctx.layer))
     parts = explorer.derived("attention_multihead", ctx.source, ctx.ids, A.multihead_parts, ctx.layer)
-    w_o, b_o = explorer.attention_w_o(ctx.source, ctx.layer)
+    weights = explorer.layer_weights(ctx.source, ctx.layer)
+    w_o, b_o = weights["W_O"], weights.get("b_O")
     n = len(ctx.ids)
     st.markdown(ctx.t("attention.mh.shapes", n=n, kv=cfg.n_kv_heads, d=cfg.head_dim, heads=cfg.n_heads,
                       hd=cfg.n_heads * cfg.head_dim, dm=cfg.d_model))
