@@ -185,3 +185,15 @@ def test_chinese(reference):
     text = all_text(at)
     assert "注意力" in text and "哪些头连接这两个 token" in text and "nats" in text
     assert "Which heads" not in text and "What token" not in text
+
+
+def test_main_figure_first_and_presenter_folds_explanations():
+    from apptest_util import figures
+
+    at = run_app(view="attention", prompt=PROMPT, layer=2, head=1, token=4)
+    assert not at.exception and not at.error
+    assert (figures(at)[0]["layout"].get("meta") or {}).get("id") == "attn_head"
+    assert len(at.expander) == 3 and all(e.proto.expanded for e in at.expander)  # attention, heads, √d_k
+    at.sidebar.toggle(key="presenter").set_value(True).run()
+    assert not at.exception and not at.error
+    assert len(at.expander) == 3 and not any(e.proto.expanded for e in at.expander)
