@@ -398,15 +398,21 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices
 def layer_weights(source: str, layer: int) -> dict[str, np.ndarray]:
-    """Copies of one block's FFN matrices and its W_v, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
-    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d]), cached: the SwiGLU view
-    recomputes the FFN from a recorded input, the RoPE view shows what an added position vector does to V."""
+    """Copies of one block's FFN matrices, its W_v and W_O, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
+    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d], "W_O" [d, n_heads·d_k],
+    "b_O" [d] only when the output projection has a bias), cached: the SwiGLU view recomputes the FFN from a
+    recorded input, the RoPE view shows what an added position vector does to V, the attention view projects
+    the recorded concatenation of heads with W_O."""
     def take() -> dict[str, np.ndarray]:
         block = _model(source).model.blocks[int(layer)]
-        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj}
+        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj,
+                "W_O": block.attn.o_proj}
         if hasattr(block.mlp, "gate_proj"):
             mats["W_gate"] = block.mlp.gate_proj
-        return {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
+        out = {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
+        if block.attn.o_proj.bias is not None:
+            out["b_O"] = block.attn.o_proj.bias.detach().float().numpy().copy()
+        return out
     return result_cache().get(("layer_weights", _ident(source), int(layer)), take)
 
 
