@@ -20,7 +20,7 @@ from app.panels import blockcode
 from explorer_model.analysis import views_data as V
 
 MIN_WIDTH_PX = 700  # the narrowest figure the labels must fit (768 px screen minus the page's padding)
-PAD_PX, GAP_PX, ADD_R_PX, FONT_MAX, FONT_MIN = 8, 30, 15, 12, 8
+PAD_PX, GAP_PX, ADD_R_PX, FONT_MAX, FONT_MIN = 6, 24, 15, 12, 8
 BOX_H, PX_PER_Y = 0.42, 95  # box half-height in y units; y units per pixel of the 400 px figure
 EM_LATIN, EM_WIDE = 0.62, 1.0  # rendered width of a character, in font sizes (bold sans-serif, CJK)
 COLOURS = {"io": "#e5e7eb", "norm": "#fde68a", "attention": "#bfdbfe", "rope": "#ddd6fe", "ffn": "#bbf7d0",
@@ -51,24 +51,27 @@ def block_nodes(cfg, T: int, placement: str, t) -> tuple[list[dict], list[tuple[
     x_in = box("io", t("block.diagram.x"), _shape(1, T, D))
     attn = box("attention", t("block.diagram.attention") + "<br>" + t("block.diagram.causal", heads=heads), _shape(1, T, D))
     mlp = box("ffn", ffn, _shape(1, T, D))
-    y_out = box("io", "y", _shape(1, T, D))
-    if placement == "post":
-        nodes = [x_in, attn, box("add", "+", "h′ " + _shape(1, T, D)), box("norm", f"{norm} (ln1)", _shape(1, T, D)),
-                 mlp, box("add", "+", _shape(1, T, D)), box("norm", f"{norm} (ln2)", _shape(1, T, D)), y_out]
+    if placement == "post":  # the output y is the last norm's
+        nodes = [x_in, attn, box("add", "+", "h′ " + _shape(1, T, D)), box("norm", f"{norm} (ln1)", "h " + _shape(1, T, D)),
+                 mlp, box("add", "+", _shape(1, T, D)), box("norm", f"{norm} (ln2)", "y " + _shape(1, T, D))]
         skips = [(0, 2), (3, 5)]
-    else:
+    else:  # the output y is the last add's
         nodes = [x_in, box("norm", f"{norm} (ln1)", _shape(1, T, D)), attn, box("add", "+", "h " + _shape(1, T, D)),
-                 box("norm", f"{norm} (ln2)", _shape(1, T, D)), mlp, box("add", "+", _shape(1, T, D)), y_out]
+                 box("norm", f"{norm} (ln2)", _shape(1, T, D)), mlp, box("add", "+", "y " + _shape(1, T, D))]
         skips = [(0, 3), (3, 6)]
     return nodes, skips
 
 
 def chain_layout(nodes: list[dict]) -> tuple[list[float], list[float], int]:
-    """x centres and half-widths (x units are pixels of a MIN_WIDTH_PX figure) and the font size that fits."""
-    ems = [text_em(n["shape"]) if n["kind"] == "add" else max(text_em(n["label"]), text_em(n["shape"])) for n in nodes]
-    room = MIN_WIDTH_PX - 20 - 2 * PAD_PX * len(nodes) - GAP_PX * (len(nodes) - 1)
+    """x centres and half-widths (x units are pixels of a MIN_WIDTH_PX figure) and the font size that fits.
+
+    An add node is only its circle: its label hangs below the row of boxes, where it has room."""
+    ems = [0.0 if n["kind"] == "add" else max(text_em(n["label"]), text_em(n["shape"])) for n in nodes]
+    adds = sum(n["kind"] == "add" for n in nodes)
+    room = (MIN_WIDTH_PX - 20 - 2 * PAD_PX * (len(nodes) - adds) - 2 * ADD_R_PX * adds
+            - GAP_PX * (len(nodes) - 1))
     font = int(max(FONT_MIN, min(FONT_MAX, room / sum(ems))))
-    half = [max(font * e / 2 + PAD_PX, ADD_R_PX if n["kind"] == "add" else 0) for e, n in zip(ems, nodes)]
+    half = [ADD_R_PX if n["kind"] == "add" else font * e / 2 + PAD_PX for e, n in zip(ems, nodes)]
     xs, x = [], 10.0
     for h in half:
         xs.append(x + h)
@@ -85,7 +88,7 @@ def _draw_chain(shapes: list[dict], notes: list[dict], nodes: list[dict], y: flo
             shapes.append(dict(type="circle", x0=x - ADD_R_PX, x1=x + ADD_R_PX, y0=y - r_y, y1=y + r_y,
                                fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
             notes.append(dict(x=x, y=y, text="<b>+</b>", showarrow=False, font=dict(size=font + 4, color="#111827")))
-            notes.append(dict(x=x, y=y - r_y - 0.1, text=n["shape"], showarrow=False, yanchor="top",
+            notes.append(dict(x=x, y=y - BOX_H - 0.04, text=n["shape"], showarrow=False, yanchor="top",
                               font=dict(size=font, color="#374151")))
         else:
             shapes.append(dict(type="rect", x0=x - w, x1=x + w, y0=y - BOX_H, y1=y + BOX_H,
