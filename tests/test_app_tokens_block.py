@@ -1,4 +1,6 @@
 """The tokens/shapes view and the block view show this prompt's real ids, shapes, counts, costs and norms."""
+import re
+
 import numpy as np
 import pytest
 
@@ -252,7 +254,8 @@ def test_post_norm_drawing_is_a_parameter(reference):
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_diagram_labels_fit_their_boxes_at_768px(reference, lang):
-    """Each box is at least as wide as its widest text line at a 700 px wide figure (a 768 px screen)."""
+    """Each box is at least as wide as its widest text line and as tall as its lines, at the narrowest width the
+    figure gets at a 768 px screen: the block drawing's column (320 px of plot) and the full-width model chain (700)."""
     import unicodedata
 
     from app import i18n
@@ -260,17 +263,21 @@ def test_diagram_labels_fit_their_boxes_at_768px(reference, lang):
 
     cfg = reference[0].model.cfg
     tr = lambda key, **v: i18n.t(key, lang, **v)  # noqa: E731
-    for fig in (block_figure(cfg, 256, "pre", tr), model_figure(cfg, 256, tr)):
+    block = block_figure(cfg, 256, "pre", tr)
+    assert block.layout.height - 70 >= block.layout.yaxis.range[1] - block.layout.yaxis.range[0]  # 1 y unit <= 1 px
+    for fig, plot_px, y_px in ((block, 320, 1.0), (model_figure(cfg, 256, tr), 700, None)):
         lo, hi = fig.layout.xaxis.range
-        px = 700 / (hi - lo)
+        px = plot_px / (hi - lo)
         notes = {(round(a.x, 6), round(a.y, 6)): a for a in fig.layout.annotations if a.text and not a.showarrow}
-        for s in fig.layout.shapes:
-            if s.type != "rect":
-                continue
+        boxes = [s for s in fig.layout.shapes if s.type == "rect"]
+        assert len(boxes) >= 5
+        for s in boxes:
             note = notes[round((s.x0 + s.x1) / 2, 6), round((s.y0 + s.y1) / 2, 6)]
-            lines = note.text.replace("<b>", "").replace("</b>", "").split("<br>")
+            lines = re.sub(r"</?[bi]>", "", note.text).split("<br>")
             width = max(sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.62 for c in line) for line in lines)
             assert width * note.font.size <= (s.x1 - s.x0) * px, note.text
+            if y_px:
+                assert len(lines) * note.font.size * 1.2 <= (s.y1 - s.y0) * y_px, note.text
             assert note.font.size >= 8
 
 
@@ -295,9 +302,10 @@ def test_block_numbers_are_the_recordings(block_page, reference):
 
 
 CODE_VIEWS = [("x = E[ids]", "tokens"), ("h = x + Attn(RMSNorm(x))", "residual"), ("n = RMSNorm(x)", "norm"),
-              ("q, k, v = ", "attention"), ("q, k = RoPE(q, pos)", "rope"), ("p = softmax(", "attention"),
-              ("Attn = concat(z)·W_O", "attention"), ("y = h + FFN(RMSNorm(h))", "residual"),
-              ("n = RMSNorm(h)", "norm"), ("FFN = W_down(SiLU(", "swiglu"), ("logits = ", "residual")]
+              ("q, k, v = ", "attention"), ("q, k = RoPE(q), RoPE(k)", "rope"), ("p = softmax(", "attention"),
+              ("z = p·v", "attention"), ("Attn = concat(z)·W_O", "attention"), ("y = h + FFN(RMSNorm(h))", "residual"),
+              ("n = RMSNorm(h)", "norm"), ("g, u = n·W_gate, n·W_up", "swiglu"), ("FFN = W_down(SiLU(g) ⊙ u)", "swiglu"),
+              ("logits = ", "residual")]
 
 
 def test_pseudo_code_lines_carry_shapes_and_switch_view(block_page, reference):
@@ -307,11 +315,14 @@ def test_pseudo_code_lines_carry_shapes_and_switch_view(block_page, reference):
     assert len(labels) == len(CODE_VIEWS)
     for label, (code, _) in zip(labels, CODE_VIEWS):
         assert code in label
-    by_code = dict(zip([c for c, _ in CODE_VIEWS], labels))
+    shapes = [c.value for c in block_page.caption if c.value.startswith(("[", "q ["))]
+    assert len(shapes) == len(CODE_VIEWS)
+    by_code = dict(zip([c for c, _ in CODE_VIEWS], shapes))
     assert f"[1, {cfg.n_heads}, {T}, {T}]" in by_code["p = softmax("]
     assert f"[1, {T}, {cfg.n_heads * cfg.head_dim}] → [1, {T}, {cfg.d_model}]" in by_code["Attn = concat(z)·W_O"]
-    assert f"[1, {T}, {cfg.d_ff}]" in by_code["FFN = W_down(SiLU("]
-    for i in (2, 4, 9):  # a norm, the RoPE and the SwiGLU line
+    assert f"[1, {T}, {cfg.d_ff}]" in by_code["FFN = W_down(SiLU(g) ⊙ u)"]
+    assert f"[1, {T}, {cfg.n_heads}, {cfg.head_dim}]" == by_code["z = p·v"]
+    for i in (2, 4, 11):  # a norm, the RoPE and the SwiGLU line
         at = run_app(view="block", prompt=PROMPT)
         at.button(key=f"block_code_{i}").click().run()
         assert not at.exception and at.session_state["view"] == CODE_VIEWS[i][1]

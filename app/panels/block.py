@@ -7,6 +7,7 @@ sized to their text, at a font chosen so the whole chain fits a 700 px wide figu
 """
 from __future__ import annotations
 
+import math
 import unicodedata
 
 import numpy as np
@@ -21,7 +22,9 @@ from explorer_model.analysis import views_data as V
 
 MIN_WIDTH_PX = 700  # the narrowest figure the labels must fit (768 px screen minus the page's padding)
 PAD_PX, GAP_PX, ADD_R_PX, FONT_MAX, FONT_MIN = 6, 24, 15, 12, 8
-BOX_H, PX_PER_Y = 0.42, 95  # box half-height in y units; y units per pixel of the 400 px figure
+BOX_H, PX_PER_Y = 0.42, 95  # the model chain: box half-height in y units; pixels per y unit of its figure
+BLOCK_PLOT_PX = 320  # the narrowest plot area of the block drawing (its column at a 768 px screen is ~330 px)
+V_CX, V_HALF_W, V_SKIP_X, V_GAP_PX, LINE = 140, 128, 290, 20, 1.3  # block drawing: centre, box, skip line, gaps
 EM_LATIN, EM_WIDE = 0.62, 1.0  # rendered width of a character, in font sizes (bold sans-serif, CJK)
 COLOURS = {"io": "#e5e7eb", "norm": "#fde68a", "attention": "#bfdbfe", "rope": "#ddd6fe", "ffn": "#bbf7d0",
            "add": "#fecaca", "embed": "#fed7aa", "block": "#e0e7ff", "out": "#a5f3fc"}
@@ -112,34 +115,57 @@ def _finish(shapes, notes, xs, half, y_range: tuple[float, float], title: str, h
 
 
 def block_figure(cfg, T: int, placement: str, t) -> go.Figure:
-    """One block; placement "pre" (LLaMA: x + F(Norm(x))) or "post" (original Transformer: Norm(x + F(x)))."""
+    """One block drawn top to bottom, to stand beside its pseudo-code in a column at least BLOCK_PLOT_PX wide;
+    placement "pre" (LLaMA: x + F(Norm(x))) or "post" (original Transformer: Norm(x + F(x))). Units are pixels in
+    both directions (the figure's height is the drawing's), so text and boxes are sized together."""
     nodes, skips = block_nodes(cfg, T, placement, t)
-    shapes, notes = [], []
-    xs, half, font = _draw_chain(shapes, notes, nodes)
-    top, r_y = BOX_H + 0.55, ADD_R_PX / PX_PER_Y
-    for a, b in skips:  # the residual: a bypass from the split point straight into the add
-        split = xs[a] + half[a] + GAP_PX / 2
-        shapes.append(dict(type="path", path=f"M {split},0 L {split},{top} L {xs[b]},{top} L {xs[b]},{r_y + 0.02}",
-                           line=dict(color="#dc2626", width=2)))
-        notes.append(dict(x=xs[b], y=r_y, ax=xs[b], ay=r_y + 0.3, xref="x", yref="y", axref="x", ayref="y",
-                          text="", showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#dc2626"))
-        notes.append(dict(x=(split + xs[b]) / 2, y=top, text=t("block.diagram.residual"),
-                          showarrow=False, yanchor="bottom", font=dict(size=font, color="#dc2626")))
-    # RoPE and the FFN's inner shapes hang under their boxes
-    ia = next(i for i, n in enumerate(nodes) if n["kind"] == "attention")
-    iff = next(i for i, n in enumerate(nodes) if n["kind"] == "ffn")
-    low = -BOX_H - 1.0
     qk = (f"Q {_shape(1, cfg.n_heads, T, cfg.head_dim)}<br>K, V {_shape(1, cfg.n_kv_heads, T, cfg.head_dim)}"
           f"<br>{t('block.diagram.scores')} {_shape(1, cfg.n_heads, T, T)}")
     inner = (f"W_gate·n, W_up·n: {_shape(1, T, cfg.d_ff)}<br>SiLU(gate) ⊙ up → W_down" if cfg.ffn_type == "swiglu"
              else f"ReLU(W_up·n): {_shape(1, T, cfg.d_ff)}<br>→ W_down")
-    for i, kind, text in ((ia, "rope", f"<b>{t('block.diagram.rope')}</b><br>{qk}"), (iff, "ffn", inner)):
-        shapes.append(dict(type="line", x0=xs[i], x1=xs[i], y0=-BOX_H, y1=low + 0.42,
-                           line=dict(color="#6b7280", dash="dot")))
-        notes.append(dict(x=xs[i], y=low, text=text, showarrow=False, bgcolor=COLOURS[kind], bordercolor="#6b7280",
-                          borderwidth=1, borderpad=4, font=dict(size=font, color="#111827")))
+    texts = []
+    for n in nodes:
+        detail = (f"<br><i>{t('block.diagram.rope')}</i><br>{qk}" if n["kind"] == "attention" else
+                  f"<br>{inner}" if n["kind"] == "ffn" else "")
+        texts.append("" if n["kind"] == "add" else f"<b>{n['label']}</b><br>{n['shape']}{detail}")
+    widest = max(text_em(x) for x in texts if x)
+    font = int(max(FONT_MIN, min(FONT_MAX, (2 * V_HALF_W - 2 * PAD_PX) / widest)))
+    shapes, notes, ys, y = [], [], [], 0.0
+    for n, text in zip(nodes, texts):
+        h = 2 * ADD_R_PX if n["kind"] == "add" else (text.count("<br>") + 1) * font * LINE + 2 * PAD_PX
+        ys.append((y - h / 2, h / 2))
+        y -= h + V_GAP_PX
+    for n, text, (cy, hh) in zip(nodes, texts, ys):
+        if n["kind"] == "add":
+            shapes.append(dict(type="circle", x0=V_CX - ADD_R_PX, x1=V_CX + ADD_R_PX, y0=cy - hh, y1=cy + hh,
+                               fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
+            notes.append(dict(x=V_CX, y=cy, text="<b>+</b>", showarrow=False, font=dict(size=font + 3, color="#111827")))
+            notes.append(dict(x=V_CX + ADD_R_PX + 6, y=cy, text=n["shape"], showarrow=False, xanchor="left",
+                              font=dict(size=font, color="#374151")))
+        else:
+            shapes.append(dict(type="rect", x0=V_CX - V_HALF_W, x1=V_CX + V_HALF_W, y0=cy - hh, y1=cy + hh,
+                               fillcolor=COLOURS[n["kind"]], line=dict(color="#374151", width=1.5)))
+            notes.append(dict(x=V_CX, y=cy, text=text, showarrow=False, font=dict(size=font, color="#111827")))
+    for (c0, h0), (c1, h1) in zip(ys, ys[1:]):
+        notes.append(dict(x=V_CX, y=c1 + h1, ax=V_CX, ay=c0 - h0, xref="x", yref="y", axref="x", ayref="y", text="",
+                          showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151"))
+    for a, b in skips:  # the residual: a bypass from the split point straight into the add
+        split = ys[a][0] - ys[a][1] - V_GAP_PX / 2
+        end = ys[b][0]
+        shapes.append(dict(type="path", path=f"M {V_CX},{split} L {V_SKIP_X},{split} L {V_SKIP_X},{end}",
+                           line=dict(color="#dc2626", width=2)))
+        notes.append(dict(x=V_CX + ADD_R_PX, y=end, ax=V_SKIP_X, ay=end, xref="x", yref="y", axref="x", ayref="y",
+                          text="", showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#dc2626"))
+        notes.append(dict(x=V_SKIP_X + 4, y=(split + end) / 2, text=t("block.diagram.residual"), textangle=-90,
+                          showarrow=False, xanchor="left", font=dict(size=font, color="#dc2626")))
     title = t("block.diagram.title_post") if placement == "post" else t("block.diagram.title_pre")
-    return _finish(shapes, notes, xs, half, (low - 0.75, top + 0.45), f"{title} — T = {T}, D = {cfg.d_model}", 400)
+    bottom = ys[-1][0] - ys[-1][1] - 4
+    return go.Figure(layout=dict(
+        shapes=shapes, annotations=notes, title=dict(text=f"{title}<br><sup>T = {T}, D = {cfg.d_model}</sup>"),
+        height=math.ceil(-bottom + 8) + 70, margin=dict(l=10, r=10, t=60, b=10),
+        xaxis=dict(visible=False, range=[0, BLOCK_PLOT_PX], fixedrange=True),
+        yaxis=dict(visible=False, range=[bottom, 8], fixedrange=True), showlegend=False, plot_bgcolor="white",
+        paper_bgcolor="white", dragmode=False))
 
 
 def model_figure(cfg, T: int, t) -> go.Figure:
@@ -200,7 +226,7 @@ def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t) -
 # --------------------------------------------------------------------------- sections
 def draw_diagrams(ctx: ViewContext) -> None:
     t, cfg, T = ctx.t, ctx.cfg, len(ctx.ids)
-    left, right = st.columns([3, 2])
+    left, right = st.columns(2)
     with left:
         plots.show(block_figure(cfg, T, cfg.norm_placement, t), ctx, key="block_diagram", filename="block")
     with right:

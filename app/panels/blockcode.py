@@ -18,31 +18,33 @@ def _shape(*dims) -> str:
 
 
 def code_lines(cfg, T: int) -> list[tuple[str, str, str]]:
-    """(pseudo-code line, this prompt's shape of what it computes, view that shows that tensor)."""
+    """(pseudo-code line, this prompt's shape of what it computes, view that shows that tensor). Lines stay short
+    (≤ ~28 characters) so each fits its button in a 768 px screen's column."""
     D, H, Hkv, Dh, Dff, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
     norm = "RMSNorm" if cfg.norm_type == "rms" else "LayerNorm"
-    act = "SiLU(n·W_gate) ⊙ (n·W_up)" if cfg.ffn_type == "swiglu" else "ReLU(n·W_up)"
-    ffn_view = "swiglu"
     attention = [
-        ("    q, k, v = n·W_q, n·W_k, n·W_v", f"q {_shape(1, T, H, Dh)}, k, v {_shape(1, T, Hkv, Dh)}", "attention"),
-        ("    q, k = RoPE(q, pos), RoPE(k, pos)", f"{_shape(1, T, H, Dh)}, {_shape(1, T, Hkv, Dh)}", "rope"),
-        ("    p = softmax(q·kᵀ/√Dh + mask)", _shape(1, H, T, T), "attention"),
-        ("    z = p·v;  Attn = concat(z)·W_O", f"{_shape(1, T, H * Dh)} → {_shape(1, T, D)}", "attention"),
+        ("  q, k, v = n·W_q, n·W_k, n·W_v", f"q {_shape(1, T, H, Dh)}, k, v {_shape(1, T, Hkv, Dh)}", "attention"),
+        ("  q, k = RoPE(q), RoPE(k)", f"{_shape(1, T, H, Dh)}, {_shape(1, T, Hkv, Dh)}", "rope"),
+        ("  p = softmax(q·kᵀ/√Dh + mask)", _shape(1, H, T, T), "attention"),
+        ("  z = p·v", _shape(1, T, H, Dh), "attention"),
+        ("  Attn = concat(z)·W_O", f"{_shape(1, T, H * Dh)} → {_shape(1, T, D)}", "attention"),
     ]
+    if cfg.ffn_type == "swiglu":
+        ffn = [("  g, u = n·W_gate, n·W_up", _shape(1, T, Dff), "swiglu"),
+               ("  FFN = W_down(SiLU(g) ⊙ u)", f"{_shape(1, T, Dff)} → {_shape(1, T, D)}", "swiglu")]
+    else:
+        ffn = [("  FFN = W_down(ReLU(n·W_up))", f"{_shape(1, T, Dff)} → {_shape(1, T, D)}", "swiglu")]
     if cfg.norm_placement == "post":
-        lines = [("x = E[ids]", _shape(1, T, D), "tokens"),
-                 (f"h = {norm}(x + Attn(x))", _shape(1, T, D), "residual"),
-                 ("    n = x", _shape(1, T, D), "residual"), *attention,
-                 (f"y = {norm}(h + FFN(h))", _shape(1, T, D), "residual"),
-                 (f"    FFN = W_down({act.replace('n·', 'h·')})", f"{_shape(1, T, Dff)} → {_shape(1, T, D)}", ffn_view)]
-        return lines + [("logits = y·W_outᵀ", _shape(1, T, V), "residual")]
+        return [("x = E[ids]", _shape(1, T, D), "tokens"),
+                (f"h = {norm}(x + Attn(x))", _shape(1, T, D), "residual"), ("  n = x", _shape(1, T, D), "residual"),
+                *attention, (f"y = {norm}(h + FFN(h))", _shape(1, T, D), "residual"),
+                ("  n = h", _shape(1, T, D), "residual"), *ffn, ("logits = y·W_outᵀ", _shape(1, T, V), "residual")]
     return [("x = E[ids]", _shape(1, T, D), "tokens"),
             (f"h = x + Attn({norm}(x))", _shape(1, T, D), "residual"),
-            (f"    n = {norm}(x)", _shape(1, T, D), "norm"), *attention,
+            (f"  n = {norm}(x)", _shape(1, T, D), "norm"), *attention,
             (f"y = h + FFN({norm}(h))", _shape(1, T, D), "residual"),
-            (f"    n = {norm}(h)", _shape(1, T, D), "norm"),
-            (f"    FFN = W_down({act})", f"{_shape(1, T, Dff)} → {_shape(1, T, D)}", ffn_view),
-            (f"logits = {norm}(x_N)·W_outᵀ", _shape(1, T, V), "residual")]
+            (f"  n = {norm}(h)", _shape(1, T, D), "norm"), *ffn,
+            (f"logits = {norm}(x)·W_outᵀ", _shape(1, T, V), "residual")]
 
 
 def view_names(t) -> dict[str, str]:
@@ -69,8 +71,11 @@ def draw_code(ctx: ViewContext) -> None:
     t, names = ctx.t, view_names(ctx.t)
     st.caption(t("block.code.caption", layers=ctx.cfg.n_layers))
     for i, (code, shape, view) in enumerate(code_lines(ctx.cfg, len(ctx.ids))):
-        st.button(f"`{code}`  {shape}", key=f"block_code_{i}", on_click=_go, args=(view,), width="stretch",
-                  help=t("block.code.opens", view=names[view]))
+        left, right = st.columns([5, 3], vertical_alignment="center")
+        inside = code.startswith(" ")  # a step inside the line above: marked, since buttons centre their text
+        left.button(("↳ " if inside else "") + f"`{code.strip()}`", key=f"block_code_{i}", on_click=_go, args=(view,), width="stretch",
+                    help=t("block.code.opens", view=names[view]))
+        right.caption(shape)
 
 
 def draw_node_buttons(ctx: ViewContext) -> None:
