@@ -22,7 +22,7 @@ from explorer_model.analysis import views_data as V
 
 MIN_WIDTH_PX = 700  # the narrowest figure the labels must fit (768 px screen minus the page's padding)
 PAD_PX, GAP_PX, ADD_R_PX, FONT_MAX, FONT_MIN = 6, 24, 15, 12, 8
-BOX_H, PX_PER_Y = 0.42, 95  # the model chain: box half-height in y units; pixels per y unit of its figure
+BOX_H = 0.42  # the model chain: box half-height in y units (of 1.5 over its 130 px plot)
 BLOCK_PLOT_PX = 320  # the narrowest plot area of the block drawing (its column at a 768 px screen is ~330 px)
 V_CX, V_HALF_W, V_SKIP_X, V_GAP_PX, LINE = 140, 128, 290, 20, 1.3  # block drawing: centre, box, skip line, gaps
 EM_LATIN, EM_WIDE = 0.62, 1.0  # rendered width of a character, in font sizes (bold sans-serif, CJK)
@@ -65,52 +65,25 @@ def block_nodes(cfg, T: int, placement: str, t) -> tuple[list[dict], list[tuple[
     return nodes, skips
 
 
-def chain_layout(nodes: list[dict]) -> tuple[list[float], list[float], int]:
-    """x centres and half-widths (x units are pixels of a MIN_WIDTH_PX figure) and the font size that fits.
-
-    An add node is only its circle: its label hangs below the row of boxes, where it has room."""
-    ems = [0.0 if n["kind"] == "add" else max(text_em(n["label"]), text_em(n["shape"])) for n in nodes]
-    adds = sum(n["kind"] == "add" for n in nodes)
-    room = (MIN_WIDTH_PX - 20 - 2 * PAD_PX * (len(nodes) - adds) - 2 * ADD_R_PX * adds
-            - GAP_PX * (len(nodes) - 1))
+def chain_figure(nodes: list[dict], title: str, height: int) -> go.Figure:
+    """Boxes left to right joined by arrows (the whole model), full width. x units are pixels of a MIN_WIDTH_PX
+    figure; each box is as wide as its text at the largest font (≤ FONT_MAX) at which the chain fits that width."""
+    ems = [max(text_em(n["label"]), text_em(n["shape"])) for n in nodes]
+    room = MIN_WIDTH_PX - 20 - 2 * PAD_PX * len(nodes) - GAP_PX * (len(nodes) - 1)
     font = int(max(FONT_MIN, min(FONT_MAX, room / sum(ems))))
-    half = [ADD_R_PX if n["kind"] == "add" else font * e / 2 + PAD_PX for e, n in zip(ems, nodes)]
-    xs, x = [], 10.0
-    for h in half:
-        xs.append(x + h)
-        x += 2 * h + GAP_PX
-    return xs, half, font
-
-
-def _draw_chain(shapes: list[dict], notes: list[dict], nodes: list[dict], y: float = 0.0):
-    """Appends plain dicts; the figure is built once at the end (add_annotation re-validates them all)."""
-    xs, half, font = chain_layout(nodes)
-    r_y = ADD_R_PX / PX_PER_Y
-    for x, w, n in zip(xs, half, nodes):
-        if n["kind"] == "add":
-            shapes.append(dict(type="circle", x0=x - ADD_R_PX, x1=x + ADD_R_PX, y0=y - r_y, y1=y + r_y,
-                               fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
-            notes.append(dict(x=x, y=y, text="<b>+</b>", showarrow=False, font=dict(size=font + 4, color="#111827")))
-            notes.append(dict(x=x, y=y - BOX_H - 0.04, text=n["shape"], showarrow=False, yanchor="top",
-                              font=dict(size=font, color="#374151")))
-        else:
-            shapes.append(dict(type="rect", x0=x - w, x1=x + w, y0=y - BOX_H, y1=y + BOX_H,
-                               fillcolor=COLOURS[n["kind"]], line=dict(color="#374151", width=1.5)))
-            notes.append(dict(x=x, y=y, text=f"<b>{n['label']}</b><br>{n['shape']}", showarrow=False,
-                              font=dict(size=font, color="#111827")))
-    for i in range(len(nodes) - 1):
-        right = xs[i] + (ADD_R_PX if nodes[i]["kind"] == "add" else half[i])
-        left = xs[i + 1] - (ADD_R_PX if nodes[i + 1]["kind"] == "add" else half[i + 1])
-        notes.append(dict(x=left, y=y, ax=right, ay=y, xref="x", yref="y", axref="x", ayref="y", text="",
-                          showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151"))
-    return xs, half, font
-
-
-def _finish(shapes, notes, xs, half, y_range: tuple[float, float], title: str, height: int) -> go.Figure:
+    half = [font * e / 2 + PAD_PX for e in ems]
+    xs = [10 + sum(2 * h + GAP_PX for h in half[:i]) + half[i] for i in range(len(nodes))]
+    shapes = [dict(type="rect", x0=x - w, x1=x + w, y0=-BOX_H, y1=BOX_H, fillcolor=COLOURS[n["kind"]],
+                   line=dict(color="#374151", width=1.5)) for x, w, n in zip(xs, half, nodes)]
+    notes = [dict(x=x, y=0, text=f"<b>{n['label']}</b><br>{n['shape']}", showarrow=False,
+                  font=dict(size=font, color="#111827")) for x, n in zip(xs, nodes)]
+    notes += [dict(x=xs[i + 1] - half[i + 1], y=0, ax=xs[i] + half[i], ay=0, xref="x", yref="y", axref="x", ayref="y",
+                   text="", showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151")
+              for i in range(len(nodes) - 1)]
     return go.Figure(layout=dict(
         shapes=shapes, annotations=notes, title=title, height=height, margin=dict(l=10, r=10, t=50, b=10),
         xaxis=dict(visible=False, range=[0, max(MIN_WIDTH_PX - 20, xs[-1] + half[-1] + 10)], fixedrange=True),
-        yaxis=dict(visible=False, range=list(y_range), fixedrange=True), showlegend=False, plot_bgcolor="white",
+        yaxis=dict(visible=False, range=[-0.75, 0.75], fixedrange=True), showlegend=False, plot_bgcolor="white",
         paper_bgcolor="white", dragmode=False))
 
 
@@ -140,7 +113,7 @@ def block_figure(cfg, T: int, placement: str, t) -> go.Figure:
             shapes.append(dict(type="circle", x0=V_CX - ADD_R_PX, x1=V_CX + ADD_R_PX, y0=cy - hh, y1=cy + hh,
                                fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
             notes.append(dict(x=V_CX, y=cy, text="<b>+</b>", showarrow=False, font=dict(size=font + 3, color="#111827")))
-            notes.append(dict(x=V_CX + ADD_R_PX + 6, y=cy, text=n["shape"], showarrow=False, xanchor="left",
+            notes.append(dict(x=V_CX - ADD_R_PX - 6, y=cy, text=n["shape"], showarrow=False, xanchor="right",
                               font=dict(size=font, color="#374151")))
         else:
             shapes.append(dict(type="rect", x0=V_CX - V_HALF_W, x1=V_CX + V_HALF_W, y0=cy - hh, y1=cy + hh,
@@ -179,9 +152,7 @@ def model_figure(cfg, T: int, t) -> go.Figure:
     tied = "<br>" + t("block.model.tied") if cfg.tie_embeddings else ""
     nodes += [{"kind": "out", "label": t("block.model.output") + tied, "shape": f"{D} → {cfg.vocab_size}"},
               {"kind": "io", "label": "logits", "shape": _shape(1, T, cfg.vocab_size)}]
-    shapes, notes = [], []
-    xs, half, _ = _draw_chain(shapes, notes, nodes)
-    return _finish(shapes, notes, xs, half, (-0.75, 0.75), t("block.model.title", n=cfg.n_layers), 190)
+    return chain_figure(nodes, t("block.model.title", n=cfg.n_layers), 190)
 
 
 # --------------------------------------------------------------------------- numbers through one layer (pure)

@@ -23,7 +23,7 @@ def code_lines(cfg, T: int) -> list[tuple[str, str, str]]:
     D, H, Hkv, Dh, Dff, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
     norm = "RMSNorm" if cfg.norm_type == "rms" else "LayerNorm"
     attention = [
-        ("  q, k, v = n·W_q, n·W_k, n·W_v", f"q {_shape(1, T, H, Dh)}, k, v {_shape(1, T, Hkv, Dh)}", "attention"),
+        ("  q, k, v = n·W_{q, k, v}", f"q {_shape(1, T, H, Dh)}, k, v {_shape(1, T, Hkv, Dh)}", "attention"),
         ("  q, k = RoPE(q), RoPE(k)", f"{_shape(1, T, H, Dh)}, {_shape(1, T, Hkv, Dh)}", "rope"),
         ("  p = softmax(q·kᵀ/√Dh + mask)", _shape(1, H, T, T), "attention"),
         ("  z = p·v", _shape(1, T, H, Dh), "attention"),
@@ -71,7 +71,7 @@ def draw_code(ctx: ViewContext) -> None:
     t, names = ctx.t, view_names(ctx.t)
     st.caption(t("block.code.caption", layers=ctx.cfg.n_layers))
     for i, (code, shape, view) in enumerate(code_lines(ctx.cfg, len(ctx.ids))):
-        left, right = st.columns([5, 3], vertical_alignment="center")
+        left, right = st.columns([2, 1], vertical_alignment="center")
         inside = code.startswith(" ")  # a step inside the line above: marked, since buttons centre their text
         left.button(("↳ " if inside else "") + f"`{code.strip()}`", key=f"block_code_{i}", on_click=_go, args=(view,), width="stretch",
                     help=t("block.code.opens", view=names[view]))
