@@ -108,6 +108,25 @@ def test_bos_state_and_its_effect_on_attention(reference):
     np.testing.assert_allclose(decode(fig["data"][1]["y"]), sink([bos] + ids), atol=1e-5)
 
 
+def test_prompt_that_starts_with_bos_shows_it(reference):
+    """With BOS in front (as the sidebar's switch puts it), position 0 is named as BOS and drawn as the dark chip;
+    the comparison then uses this page's own recording for the BOS run."""
+    loaded, _, _ = reference
+    bos = loaded.tokenizer.bos_id
+    prompt = loaded.tokenizer.piece(bos) + "深度学习很"
+    ids = loaded.tokenizer.encode(prompt)
+    assert ids[0] == bos
+    at = run_app(view="tokens", prompt=prompt)
+    assert not at.exception
+    assert f"Position 0 is now that BOS token: the {len(ids) - 1} tokens of the text" in at.success[0].value
+    chips = next(m.value for m in at.markdown if "<span" in m.value)
+    assert chips.count("background:#1f2937") == 1 and chips.index("background:#1f2937") < chips.index("<span", chips.index("<span") + 1)
+    assert tables(at)[0]["id"].tolist()[0] == bos
+    at.button(key="tokens_bos_go").click().run()
+    fig = fig_by_title(at, "Attention to position 0")
+    assert fig["data"][1]["name"].startswith("with BOS") and len(decode(fig["data"][1]["y"])) == loaded.model.cfg.n_layers
+
+
 def test_bos_variants():
     from app.panels.tokens import bos_variants
 
