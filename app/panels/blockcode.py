@@ -111,15 +111,15 @@ def changes(t, layer: int) -> list[dict]:
 def draw_changes(ctx: ViewContext) -> None:
     t = ctx.t
     st.subheader(t("block.change.title"))
-    head = st.columns([2, 2, 2, 3, 3])
+    head = st.columns([2, 2, 2, 4, 3])
     for col, key in zip(head, ("block.change.col_change", "block.change.col_before", "block.change.col_after",
                                "block.change.col_shows", "block.change.col_open")):
         col.markdown(f"**{t(key)}**")
     for row in changes(t, ctx.layer):
-        cols = st.columns([2, 2, 2, 3, 3])
+        cols = st.columns([2, 2, 2, 4, 3])
         cols[0].markdown(row["change"])
-        cols[1].markdown(f"`{row['before']}`")
-        cols[2].markdown(f"`{row['after']}`")
+        cols[1].markdown(row["before"])
+        cols[2].markdown(row["after"])
         cols[3].markdown(row["shows"])
         for key, label, fn, arg in row["links"]:
             cols[4].button(label, key=key, on_click=fn, args=(arg,), width="stretch")

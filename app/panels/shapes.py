@@ -97,7 +97,8 @@ def component_names(t) -> dict[str, str]:
 
 
 def billions(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+    return (f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} K" if n >= 1e3
+            else str(n))
 
 
 def gib(n: float) -> str:
@@ -180,12 +181,13 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
             st.markdown(t("tokens.params.tied", extra=cfg.vocab_size * cfg.d_model))
         else:
             st.markdown(t("tokens.params.untied"))
-        with st.expander(t("tokens.params.more"), expanded=not ctx.presenter):
-            n_mats = 3 if cfg.ffn_type == "swiglu" else 2
-            st.latex(t("tokens.params.latex_attn", value=f"{2 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.d_model * cfg.n_kv_heads * cfg.head_dim:,}"))
-            st.latex(t("tokens.params.latex_ffn", n=n_mats, value=f"{n_mats * cfg.d_model * cfg.d_ff:,}"))
         plots.csv_button(ctx, t("tokens.csv.params"), t("tokens.csv.params"), lambda: df.to_csv(index=False),
                          "parameters.csv", "tokens_csv_params")
+    with st.expander(t("tokens.params.more"), expanded=not ctx.presenter):  # full width: formulas are long
+        n_mats = 3 if cfg.ffn_type == "swiglu" else 2
+        attn = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.d_model * cfg.n_kv_heads * cfg.head_dim
+        st.latex(t("tokens.params.latex_attn", value=f"{attn:,}"))
+        st.latex(t("tokens.params.latex_ffn", n=n_mats, value=f"{n_mats * cfg.d_model * cfg.d_ff:,}"))
 
 
 def draw_memory(ctx: ViewContext, name: str, cfg) -> None:
