@@ -43,7 +43,7 @@ def cost_figure(data: dict, key: str, title: str, y_title: str, T: int, dashed: 
                             line=dict(color=colour, dash="dash"), showlegend=False,
                             hovertemplate=f"{name}<br>T = %{{x}}: %{{y:.3s}}<extra></extra>")
     fig.add_vline(x=T, line=dict(color="#6b7280", dash="dot"))
-    fig.update_layout(title=title, xaxis_title="T", yaxis_title=y_title, height=360, margin=dict(l=10, r=10, t=50, b=10),
+    fig.update_layout(title=title, xaxis_title="T", yaxis_title=y_title, height=360, margin=dict(l=70, r=10, t=50, b=10),
                       legend=dict(orientation="h", y=-0.25))
     fig.update_xaxes(type="log", dtick=np.log10(2) * 2, tickformat="d", minor=dict(showgrid=False))
     fig.update_yaxes(type="log", dtick=1, exponentformat="SI", minor=dict(showgrid=False))
@@ -58,8 +58,8 @@ def kv_figure(rows: list[dict], t) -> go.Figure:
                      go.Bar(x=names, y=[r["mha_bytes_per_token"] / 1024 for r in rows], name=t("tokens.costs.kv_mha"),
                             meta="mha", marker_color="#9ca3af")])
     fig.update_layout(title=t("tokens.costs.kv_fig_title", bytes=KV_BYTES), yaxis_title="KiB", barmode="group",
-                      height=360, margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.2))
-    fig.update_yaxes(type="log", minor=dict(showgrid=False))
+                      height=360, margin=dict(l=70, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.2))
+    fig.update_yaxes(type="log", dtick=1, minor=dict(showgrid=False))
     fig.update_xaxes(type="category")
     return fig
 
