@@ -100,6 +100,7 @@ def test_bos_state_and_its_effect_on_attention(reference):
     at.button(key="tokens_bos_go").click().run()
     assert not at.exception
     fig = fig_by_title(at, "Attention to position 0")
+    assert fig["data"][0]["name"] == f"without BOS (position 0 = {tables(at)[0]['piece'][0]})"  # the page's own label
 
     def sink(run_ids):
         rec = record(loaded.model, run_ids)

@@ -152,10 +152,12 @@ def draw_bos(ctx: ViewContext) -> None:
     # Two recordings (one of them is the page's own, cached): attention to the first position with and without BOS
     rec_bare = ctx.rec if tuple(ctx.ids) == bare else explorer.recording(ctx.source, bare)
     rec_bos = ctx.rec if tuple(ctx.ids) == with_bos else explorer.recording(ctx.source, with_bos)
-    first_label = plain(facts.piece(bare[0]))
+    # labels for the figure come from the page's token labels (plain() is for markdown only)
+    first_label = ctx.pieces[1] if first else ctx.pieces[0]
+    bos_label = ctx.pieces[0] if first else facts.piece(facts.bos_id)
     a, b = sink_by_layer(rec_bare), sink_by_layer(rec_bos)
-    plots.show(bos_figure(a, b, first_label, piece, t), ctx, key="tokens_bos_fig", filename="bos_sink")
-    st.caption(t("tokens.bos.caption", label=first_label, piece=piece, bare=float(a.mean()), bos=float(b.mean())))
+    plots.show(bos_figure(a, b, first_label, bos_label, t), ctx, key="tokens_bos_fig", filename="bos_sink")
+    st.caption(t("tokens.bos.caption", label=plain(first_label), piece=piece, bare=float(a.mean()), bos=float(b.mean())))
 
 
 def draw_embedding(ctx: ViewContext) -> None:
