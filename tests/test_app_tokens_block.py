@@ -164,7 +164,7 @@ def test_shapes_table_equals_recorded_shapes(tokens_page, reference):
 def test_param_counts_are_the_models(tokens_page, reference):
     loaded, _, _ = reference
     counts = loaded.model.param_counts()
-    df = tables(tokens_page)[2]
+    df = tables(tokens_page)[3]
     names = ["embedding", "attention", "FFN", "norms", "output", "total"]
     assert df["component"].tolist() == names
     assert df["parameters"].tolist() == [counts[k] for k in ("embedding", "attention", "ffn", "norms", "output", "total")]
@@ -183,13 +183,18 @@ def test_family_table_has_published_totals_and_shapes(name):
     at.selectbox(key="tokens_family").set_value(name).run()
     assert not at.exception
     d, n, h, kv, dff, v = SHAPES[name]
-    shapes, params, memory = tables(at)[1], tables(at)[2], tables(at)[3]
+    shapes, weights, params, memory = tables(at)[1], tables(at)[2], tables(at)[3], tables(at)[4]
     row = dict(zip(shapes["hook"], shapes["shape on the meta device"]))
     assert row[f"blocks.{LAYER}.attn.hook_q"] == str([1, T, h, d // h])  # hooks keep [B, T, heads, Dh]
     assert row[f"blocks.{LAYER}.attn.hook_k"] == str([1, T, kv, d // h])
     assert row[f"blocks.{LAYER}.mlp.hook_post"] == str([1, T, dff]) and row["logits"] == str([1, T, v])
     assert shapes["matches"].all()
+    w = dict(zip(weights["weight"], weights["shape"]))
+    assert w[f"blocks.{LAYER}.attn.q_proj.weight"] == str([h * (d // h), d])
+    assert w[f"blocks.{LAYER}.attn.k_proj.weight"] == str([kv * (d // h), d])
+    assert w[f"blocks.{LAYER}.mlp.down_proj.weight"] == str([d, dff]) and w["unembed.weight"] == str([v, d])
     total = params["parameters"].tolist()[-1]
+    assert (weights["parameters"] * weights["copies"]).sum() == total  # the weights add up to the total
     assert total == families.component_params(families.FAMILIES[name])["total"] == published_total(*SHAPES[name])
     assert abs(total / (PUBLISHED[name] * 1e9) - 1) < 0.002
     assert params["rounded"].tolist()[-1] == f"{total / 1e9:.2f} B"
@@ -223,7 +228,7 @@ def test_kv_cache_bytes_mha_vs_gqa(tokens_page, reference):
     cfg, T = loaded.model.cfg, len(ids)
     expected = {"this model": 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2,
                 "LLaMA-1 7B": 2 * 32 * 32 * 128 * 2, "Llama-2 70B": 2 * 80 * 8 * 128 * 2}
-    df = tables(tokens_page)[4]
+    df = tables(tokens_page)[5]
     assert dict(zip(df["model"], df["bytes per token"])) == expected
     assert dict(zip(df["model"], df["attention"])) == {"this model": "GQA", "LLaMA-1 7B": "MHA", "Llama-2 70B": "GQA"}
     assert df[f"bytes, T = {T}"].tolist() == [expected[m] * T for m in df["model"]]
@@ -238,7 +243,7 @@ def test_tokens_view_in_chinese():
     assert not at.exception
     text = all_text(at)
     assert "参数在哪里" in text and "字节级 BPE" in text and "不会" in text
-    params = tables(at)[2]
+    params = tables(at)[3]
     assert params["部分"].tolist() == ["嵌入", "注意力", "前馈网络 FFN", "归一化", "输出层", "合计"]
     assert params["公式"].tolist()[-1] == "求和" and params["公式"].tolist()[-2].startswith("0（共享")
 

@@ -71,6 +71,19 @@ def shape_rows(cfg, T: int, layer: int, got: dict, t) -> list[dict]:
     return rows
 
 
+def weight_rows(cfg, layer: int) -> list[dict]:
+    """Every weight outside the blocks and every weight of block `layer` (all blocks are alike), with its size."""
+    rows = []
+    for key, shape in families.weight_shapes(cfg).items():
+        if key.startswith("blocks.") and not key.startswith(f"blocks.{layer}."):
+            continue
+        n = 1
+        for d in shape:
+            n *= d
+        rows.append({"weight": key, "shape": str(list(shape)), "count": n, "per_block": key.startswith("blocks.")})
+    return rows
+
+
 def param_rows(cfg, counts, t) -> list[dict]:
     """Parameter counts per component next to the same numbers written as formulas of the config."""
     D, N, H, Hkv, Dh, Dff, V = (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
@@ -154,6 +167,12 @@ def draw(ctx: ViewContext) -> None:
             st.markdown(t("tokens.shapes.gqa", kv=cfg.n_kv_heads, rep=cfg.n_rep))
     plots.csv_button(ctx, t("tokens.csv.shapes"), t("tokens.csv.shapes"), lambda: df.to_csv(index=False),
                      "shapes.csv", "tokens_csv_shapes")
+    st.markdown(t("tokens.weights.title", name=name, layer=layer, N=cfg.n_layers))
+    weights = pd.DataFrame([{t("tokens.weights.col_weight"): r["weight"], t("tokens.weights.col_shape"): r["shape"],
+                             t("tokens.weights.col_count"): r["count"],
+                             t("tokens.weights.col_times"): cfg.n_layers if r["per_block"] else 1}
+                            for r in weight_rows(cfg, layer)])
+    st.dataframe(weights, hide_index=True, key="tokens_weights")
     draw_params(ctx, name, cfg, counts)
     draw_memory(ctx, name, cfg)
 
