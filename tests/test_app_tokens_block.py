@@ -405,3 +405,12 @@ def test_switching_layer_and_token_runs_no_forward(block_page):
     assert not block_page.exception
     assert "blocks.9.attn.hook_q" in tables(block_page)[1]["hook"].tolist()
     assert state.FORWARDS["count"] == before
+
+
+@pytest.mark.parametrize("view", ["tokens", "block"])
+def test_presenter_mode_folds_the_explanations(view):
+    at = run_app(view=view, prompt="深度学习很")
+    assert at.expander and all(e.proto.expanded for e in at.expander)
+    at.sidebar.toggle(key="presenter").set_value(True).run()
+    assert not at.exception
+    assert at.expander and not any(e.proto.expanded for e in at.expander)
