@@ -112,9 +112,9 @@ def draw_changes(ctx: ViewContext) -> None:
     t = ctx.t
     st.subheader(t("block.change.title"))
     head = st.columns([2, 2, 2, 4, 3])
-    for col, key in zip(head, ("block.change.col_change", "block.change.col_before", "block.change.col_after",
-                               "block.change.col_shows", "block.change.col_open")):
-        col.markdown(f"**{t(key)}**")
+    for col, label in zip(head, (t("block.change.col_change"), t("block.change.col_before"), t("block.change.col_after"),
+                                 t("block.change.col_shows"), t("block.change.col_open"))):
+        col.markdown(f"**{label}**")
     for row in changes(t, ctx.layer):
         cols = st.columns([2, 2, 2, 4, 3])
         cols[0].markdown(row["change"])
