@@ -14,7 +14,7 @@ a layer are served from that float32 pair (converted on access in a float16 reco
 `attention="stored"` hooks them directly instead, which forces the explicit attention path.
 
 `extend(model, rec, token_id)` adds one position with the KV cache, bit-identical to recording the longer
-prompt (see STABLE_ROWS in model.py for why the bits agree).
+prompt (see stable.py for why the bits agree).
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def extend(model: LlamaModel, rec: Recording, token_id: int) -> Recording:
 
     Equal, hook by hook and bit for bit, to `record(model, rec.token_ids + [token_id], rec.names)`: the
     prefix's activations do not change in a causal model, and the forward passes of both are prefix-stable
-    (STABLE_ROWS in model.py). Needs a float32 recording of one prompt with derived attention that holds
+    (stable.py). Needs a float32 recording of one prompt with derived attention that holds
     every layer's V and rotated K (a full recording does).
     """
     cfg = model.cfg

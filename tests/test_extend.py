@@ -3,7 +3,7 @@ and a recording's stored bytes count each kept tensor once."""
 import pytest
 import torch
 
-from explorer_model.model import Q_BLOCK, STABLE_ROWS
+from explorer_model.stable import Q_BLOCK, STABLE_ROWS
 from explorer_model.recording import extend, record
 from test_model import tiny_model
 
