@@ -66,8 +66,12 @@ def causal_scores(rot_q: torch.Tensor, rot_k: torch.Tensor, q_offset: int = 0) -
     with this same function, so recorded and computed values are identical.
     """
     n_rep = rot_q.shape[2] // rot_k.shape[2]
-    q = rot_q.transpose(1, 2)  # [batch, head, q_pos, d_head]
     k = rot_k.repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    return _masked_scores(rot_q.transpose(1, 2), k, q_offset)
+
+
+def _masked_scores(q: torch.Tensor, k: torch.Tensor, q_offset: int) -> torch.Tensor:
+    """q [batch, head, q_pos, d_head], k [batch, head, k_pos, d_head] -> scaled scores, -inf in the future."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     n_q, n_k = scores.shape[-2:]
     future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1 + q_offset)
@@ -91,6 +95,11 @@ def blocked_attention(rot_q: torch.Tensor, rot_k: torch.Tensor, v: torch.Tensor 
     """
     batch, n_q, n_heads, d_head = rot_q.shape
     n_k = rot_k.shape[1]
+    n_rep = n_heads // rot_k.shape[2]
+    # Keys and values padded to the last block's end and repeated per query head once; each block reads a prefix.
+    end = -(-(q_offset + n_q) // Q_BLOCK) * Q_BLOCK
+    k_all = pad_to(rot_k, end).repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, end, d_head]
+    v_all = None if v is None else pad_to(v, end).repeat_interleave(n_rep, dim=2).transpose(1, 2)
     z = rot_q.new_empty(batch, n_q, n_heads, d_head) if v is not None else None
     scores_all = pattern_all = None
     if weights:
@@ -100,15 +109,15 @@ def blocked_attention(rot_q: torch.Tensor, rot_k: torch.Tensor, v: torch.Tensor 
         width = a0 + Q_BLOCK
         q = rot_q.new_zeros(batch, Q_BLOCK, n_heads, d_head)
         q[:, lo - a0:hi - a0] = rot_q[:, lo - q_offset:hi - q_offset]
-        scores = causal_scores(q, pad_to(rot_k, width), q_offset=a0)  # [batch, head, Q_BLOCK, width]
+        scores = _masked_scores(q.transpose(1, 2), k_all[:, :, :width], a0)  # [batch, head, Q_BLOCK, width]
         pattern = attention_pattern(scores)
         rows, cols = slice(lo - a0, hi - a0), min(width, n_k)
         if weights:
             scores_all[:, :, lo - q_offset:hi - q_offset, :cols] = scores[:, :, rows, :cols]
             pattern_all[:, :, lo - q_offset:hi - q_offset, :cols] = pattern[:, :, rows, :cols]
         if v is not None:
-            v_rep = pad_to(v, width).repeat_interleave(n_heads // v.shape[2], dim=2).transpose(1, 2)
-            z[:, lo - q_offset:hi - q_offset] = torch.matmul(pattern.to(v.dtype), v_rep)[:, :, rows].transpose(1, 2)
+            z_block = torch.matmul(pattern.to(v.dtype), v_all[:, :, :width])  # [batch, head, Q_BLOCK, d_head]
+            z[:, lo - q_offset:hi - q_offset] = z_block[:, :, rows].transpose(1, 2)
     return z, scores_all, pattern_all
 
 
