@@ -107,3 +107,18 @@ def test_extend_equals_recording_from_scratch_smollm2():
     for n in (4, 30, Q_BLOCK):
         grown = extend(model, record(model, ids[:n]), ids[n])
         assert_same_recording(grown, record(model, ids[:n + 1]))
+
+
+@pytest.mark.slow
+def test_fast_decode_keeps_the_greedy_tokens_of_full_recompute_smollm2():
+    """The decode path (one-row kernel, KV cache written in place) against re-running the whole sequence."""
+    from explorer_model.loaders import load
+    from explorer_model.sampling import generate
+
+    loaded = load("smollm2")
+    model, seq = loaded.model, loaded.tokenizer.encode("The capital of France is")
+    new = generate(model, seq, 12)
+    with torch.no_grad():
+        for _ in range(12):
+            seq = seq + [int(model(torch.tensor([seq]))[0, -1].argmax())]
+    assert new == seq[-12:]
