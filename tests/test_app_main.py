@@ -237,6 +237,7 @@ def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
 
 def test_long_prompt_heatmap_is_square_capped_and_labels_thinned():
     at = run_app(view="attention", prompt="word " * 300)
+    at.select_slider(key="attn_window").set_value(128).run()  # the widest window: 2·128 + 1 > 256 cells
     fig = figures(at)[0]
     lay, x = fig["layout"], fig["data"][0]["x"]
     assert len(x) == 256 and len(set(x)) == 256  # every cell keeps its own label for the hover
