@@ -100,10 +100,7 @@ def head_sweep(model: LlamaModel, rec, layers: Iterable[int] | None = None, mean
             done += 1
             if progress is not None:
                 progress(done, total)
-        x = x[:, -1]
-        if model.ln_final is not None:
-            x = model.ln_final(x)
-        probs.append(torch.softmax(model.unembed(x).float(), -1)[:, target])
+        probs.append(lens_logprobs(model, x[:, -1])[:, target].exp())
     delta = torch.cat(probs).view(len(layers), n_heads) - p_clean
     return {"target": target, "p_clean": p_clean, "delta": delta, "layers": layers}
 

@@ -8,6 +8,7 @@ experiments run in a separate process started with `spawn`, whose initializer se
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import asdict
 
 import torch
@@ -15,13 +16,14 @@ import torch
 from . import normlab as lab
 
 _QUEUE = None
+_PROCESS = ExitStack()  # contexts held for the worker process's whole life
 
 
 def init_worker(queue) -> None:
     """ProcessPoolExecutor initializer: runs once in the worker process, never in the server."""
     global _QUEUE
     _QUEUE = queue
-    torch.set_num_threads(1)
+    _PROCESS.enter_context(lab.threads(1))  # this process only: entered once, never left
 
 
 def _report(job: int, fraction: float, message: str, partial=None) -> None:
