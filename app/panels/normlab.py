@@ -153,7 +153,7 @@ def draw_train_logs(ctx: ViewContext) -> None:
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("normlab.title"))
-    with st.expander(ctx.t("normlab.intro_expander"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("normlab.intro_expander")):
         draw_intro(ctx)
     draw_twins(ctx)
     st.divider()
