@@ -14,13 +14,6 @@ LONG = " ".join(["Once upon a time a small fox ran through the forest, looked at
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    from explorer_model.loaders import load
-
-    return load("smollm2")
-
-
-@pytest.fixture(scope="module")
 def reference(loaded):
     from explorer_model.recording import record
 

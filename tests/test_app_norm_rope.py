@@ -5,21 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, forwards, run_app, trace
+from apptest_util import all_text, by_id, decode, forwards, record_prompt, run_app, trace
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LAYER, HEAD, TOKEN = 7, 5, 9
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from explorer_model.loaders import load
-    from explorer_model.recording import record
-
-    loaded = load("smollm2")
-    tok = loaded.tokenizer
-    ids = tok.encode(PROMPT, add_bos=getattr(tok, "add_bos", False))
-    return loaded, ids, record(loaded.model, ids)
+def reference(loaded):
+    return (loaded, *record_prompt(loaded, PROMPT))
 
 
 # --------------------------------------------------------------------------- RMSNorm

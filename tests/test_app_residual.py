@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from streamlit.testing.v1 import AppTest
 
-from apptest_util import all_text, by_id, decode, figures, run_app
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app
 
 import app.explorer as app_explorer
 from explorer_model.sampling import filter_steps
@@ -17,29 +17,8 @@ pytestmark = pytest.mark.slow
 PROMPT = "The animal didn't cross the street because it was too tired."
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    from explorer_model.loaders import load
-    return load("smollm2")
-
-
-def recording(loaded, text):
-    from explorer_model.recording import record
-    tok = loaded.tokenizer
-    ids = tok.encode(text, add_bos=tok.add_bos)
-    return ids, record(loaded.model, ids)
-
-
-def fig_with(at, title_part):
-    for f in figures(at):
-        title = f["layout"].get("title", {})
-        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
-            return f
-    raise AssertionError(f"no figure titled …{title_part}…")
-
-
 def test_loss_strip_is_the_cross_entropy(loaded):
-    ids, rec = recording(loaded, PROMPT)
+    ids, rec = record_prompt(loaded, PROMPT)
     at = run_app(view="residual", prompt=PROMPT)
     assert not at.exception
     strip = by_id(at, "residual_loss_strip")
@@ -54,7 +33,7 @@ def test_loss_strip_is_the_cross_entropy(loaded):
 
 
 def test_residual_matches_recording(loaded):
-    ids, rec = recording(loaded, PROMPT)
+    ids, rec = record_prompt(loaded, PROMPT)
     at = run_app(view="residual", prompt=PROMPT, layer=3, token=2)
     assert not at.exception
     n = rec.cfg.n_layers

@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from apptest_util import all_text, decode, figures, run_app
+from apptest_util import all_text, decode, figures, record_prompt, run_app
 
 PROMPT = "I love 深度学习 🦙!"
 LAYER, TOKEN = 4, 2
@@ -24,13 +24,8 @@ def published_total(d, n, h, kv, dff, v):
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from explorer_model.loaders import load
-    from explorer_model.recording import record
-
-    loaded = load("smollm2")
-    ids = loaded.tokenizer.encode(PROMPT)
-    return loaded, ids, record(loaded.model, ids)
+def reference(loaded):
+    return (loaded, *record_prompt(loaded, PROMPT))
 
 
 @pytest.fixture(scope="module")
