@@ -79,3 +79,10 @@ def record_prompt(loaded, text: str | None = None, ids=None) -> tuple[list[int],
     tok = loaded.tokenizer
     ids = tok.encode(text, add_bos=tok.add_bos) if ids is None else ids
     return ids, record(loaded.model, ids)
+
+
+def select(at: AppTest, **selection) -> AppTest:
+    """Move the sidebar's shared selection (layer=, token=, head=), one slider and one rerun at a time, in order."""
+    for key, value in selection.items():
+        at.sidebar.slider(key=key).set_value(value).run()
+    return at

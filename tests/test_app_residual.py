@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from streamlit.testing.v1 import AppTest
 
-from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select
 
 import app.explorer as app_explorer
 from explorer_model.sampling import filter_steps
@@ -72,9 +72,7 @@ def test_residual_matches_recording(loaded):
     check_steps(0.7, 5, 0.5)
 
     before = app_explorer.FORWARDS["count"]
-    at.sidebar.slider(key="layer").set_value(9).run()
-    at.sidebar.slider(key="token").set_value(5).run()
-    at.sidebar.slider(key="head").set_value(1).run()
+    select(at, layer=9, token=5, head=1)
     assert not at.exception
     assert app_explorer.FORWARDS["count"] == before
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, trace
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select, trace
 
 import app.explorer as app_explorer
 from app.presets import BANK_PAIR
@@ -90,9 +90,7 @@ def test_swiglu_matches_recording(loaded):
 
     # switching the shared selection reruns only the drawing
     before = app_explorer.FORWARDS["count"]
-    at.sidebar.slider(key="layer").set_value(2).run()
-    at.sidebar.slider(key="token").set_value(1).run()
-    at.sidebar.slider(key="head").set_value(4).run()
+    select(at, layer=2, token=1, head=4)
     assert not at.exception
     assert app_explorer.FORWARDS["count"] == before
 
