@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .measures import kl_divergence
+
 LOG2 = math.log(2.0)
 # Config fields that fix every hook tensor's shape (ffn_type decides whether hook_pre_linear exists).
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size", "ffn_type")
@@ -264,11 +266,6 @@ def resid_change_map(a, b, pairs=None) -> dict:
     return {"depth": np.arange(L + 1) / L, "pos_a": ia, "pos_b": ib, "ratio": ratio}
 
 
-def _kl_terms(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Σ x·log(x / y) over the last axis, float64; x = 0 contributes 0 (xlogy), so no masks are needed."""
-    return (torch.special.xlogy(x, x) - torch.special.xlogy(x, y)).sum(-1)
-
-
 def _js(p: torch.Tensor, q: torch.Tensor, rest_p=0.0, rest_q=0.0) -> torch.Tensor:
     """Jensen–Shannon divergence (nats, ≤ ln 2) over the last axis. rest_p / rest_q: mass on outcomes the other
     side cannot have (there the mixture is half of it, so each contributes ½·mass·ln 2)."""
@@ -303,17 +300,22 @@ def attention_js(a, b, pairs=None, layers=None) -> dict:
 
 
 # --------------------------------------------------------------------------- next-token distributions
+def _logprobs(rec, pos: int) -> torch.Tensor:
+    return torch.log_softmax(rec.logits[0, pos].to(torch.float64), -1)
+
+
 def _probs(rec, pos: int) -> torch.Tensor:
-    return torch.softmax(rec.logits[0, pos].to(torch.float64), -1)
+    return _logprobs(rec, pos).exp()
 
 
 def next_token_distances(a, b, pos_a: int = -1, pos_b: int = -1) -> dict:
     """KL both ways, Jensen–Shannon (nats) and total variation of the next-token distributions, for two
     models with one tokenizer (same id = same piece)."""
-    p, q = _probs(a, pos_a), _probs(b, pos_b)
-    if p.shape != q.shape:
-        raise CompareError(f"vocabularies differ ({p.shape[0]} vs {q.shape[0]} ids): compare top-k lists instead")
-    return {"kl_ab": float(_kl_terms(p, q)), "kl_ba": float(_kl_terms(q, p)), "js": float(_js(p, q)),
+    lp, lq = _logprobs(a, pos_a), _logprobs(b, pos_b)
+    if lp.shape != lq.shape:
+        raise CompareError(f"vocabularies differ ({lp.shape[0]} vs {lq.shape[0]} ids): compare top-k lists instead")
+    p, q = lp.exp(), lq.exp()
+    return {"kl_ab": float(kl_divergence(lp, lq)), "kl_ba": float(kl_divergence(lq, lp)), "js": float(_js(p, q)),
             "tv": float(0.5 * (p - q).abs().sum())}
 
 

@@ -60,8 +60,13 @@ def lens_kl(model: LlamaModel, clean, changed, start: int = 0, chunk: int = 1024
 
 
 def _kl_rows(model, a, b):
-    lp, lq = lens_logprobs(model, a), lens_logprobs(model, b)
-    return (lp.exp() * (lp - lq)).sum(-1)
+    return kl_divergence(lens_logprobs(model, a), lens_logprobs(model, b))
+
+
+def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) in nats over the last axis, from log-probabilities: the one KL of the project (the lens KL,
+    the patch lesson, the comparison of two models' next-token distributions)."""
+    return (logp.exp() * (logp - logq)).sum(-1)
 
 
 @torch.no_grad()
