@@ -1,4 +1,6 @@
 """What-if experiments: change one part of the model for one run and compare with the unchanged run.
+(Longer than ~400 lines on purpose: the whole catalogue of forms in one file, each class holding its string form,
+its check and its hooks next to the parser that reads every form back.)
 
 Every intervention is a small frozen value with a canonical string form, used in URLs and on the command line:
 
