@@ -13,10 +13,11 @@ import streamlit as st
 from .context import ViewContext
 
 
-def masked_to_nan(a) -> np.ndarray:
-    """-inf (masked attention) becomes NaN, which Plotly draws as an empty cell rather than a colour."""
-    a = np.asarray(a, dtype=np.float64)
-    return np.where(np.isneginf(a), np.nan, a)
+def blank_future(m: np.ndarray) -> np.ndarray:
+    """The causal mask's cells (key after query: above the diagonal of the last two axes) become NaN, which Plotly
+    draws as an empty cell rather than a colour: a masked probability is not a small number. The app's one masking
+    rule for drawing, whether the matrix holds scores or probabilities."""
+    return np.where(np.triu(np.ones(m.shape[-2:], dtype=bool), 1), np.nan, m)
 
 
 def explainer(ctx: ViewContext, label: str, expanded: bool = True):
