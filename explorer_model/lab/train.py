@@ -117,14 +117,6 @@ def heldout_loss(model: LlamaModel, data: TokenData, chunk: int = 8) -> dict[str
     return out
 
 
-def shipped_heldout_loss(model: LlamaModel, tokenizer, train_log: dict) -> dict[str, float]:
-    """Recompute a shipped model's final held-out losses from its train_log.json settings."""
-    tc = train_log["train_config"]
-    data = TokenData(tokenizer, tc["context"], {"en": tc["eval_windows_en"], "zh": tc["eval_windows_zh"]},
-                     splits=("heldout",))
-    return heldout_loss(model, data)
-
-
 @torch.no_grad()
 def line_loss(model: LlamaModel, tokenizer, text: str) -> float:
     """Mean loss of the tokens of one line after BOS: what the app's held-out-line comparison shows."""

@@ -9,7 +9,6 @@ experiments run in a separate process started with `spawn`, whose initializer se
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import asdict
 
 import torch
 
@@ -50,5 +49,3 @@ def run_race(job: int, config: dict, time_limit: float | None) -> dict:
     return lab.race(rc, time_limit=time_limit, on_log=live)
 
 
-def options_dict(opts) -> dict:
-    return asdict(opts)
