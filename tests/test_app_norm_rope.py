@@ -5,21 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, forwards, run_app, trace
+from apptest_util import all_text, by_id, decode, forwards, record_prompt, run_app, select, trace
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LAYER, HEAD, TOKEN = 7, 5, 9
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from explorer_model.loaders import load
-    from explorer_model.recording import record
-
-    loaded = load("smollm2")
-    tok = loaded.tokenizer
-    ids = tok.encode(PROMPT, add_bos=getattr(tok, "add_bos", False))
-    return loaded, ids, record(loaded.model, ids)
+def reference(loaded):
+    return (loaded, *record_prompt(loaded, PROMPT))
 
 
 # --------------------------------------------------------------------------- RMSNorm
@@ -70,9 +64,7 @@ def test_ln2_switch_reads_resid_mid(norm_page, reference):
 
 def test_norm_switching_selection_runs_no_forward(norm_page):
     before = forwards()
-    norm_page.sidebar.slider(key="layer").set_value(2).run()
-    norm_page.sidebar.slider(key="token").set_value(1).run()
-    norm_page.sidebar.slider(key="head").set_value(0).run()
+    select(norm_page, layer=2, token=1, head=0)
     assert not norm_page.exception
     assert forwards() == before
 
@@ -162,9 +154,7 @@ def test_decay_curve_hits_recorded_pair(rope_page, reference):
 
 def test_rope_switching_selection_runs_no_forward(rope_page):
     before = forwards()
-    rope_page.sidebar.slider(key="head").set_value(1).run()
-    rope_page.sidebar.slider(key="layer").set_value(0).run()
-    rope_page.sidebar.slider(key="token").set_value(3).run()
+    select(rope_page, head=1, layer=0, token=3)
     rope_page.slider(key="rope_clock_pos").set_value(5000).run()
     assert not rope_page.exception
     assert forwards() == before

@@ -276,12 +276,7 @@ def header_edit(cache_file, key, new_value):
                                       ('tokenizer.ggml.tokens\\": [\\"', "X"), ('"note":"', "Q")])
 def test_tampered_cache_header_is_rebuilt(ckpt, gqa, tmp_path, capsys, key, new):
     model, tokens, ref = gqa
-    path = ckpt.write_gguf(model, tmp_path / "m.gguf")
-    cache_dir = tmp_path / "cache"
-    first = L.load(path, cache_dir=cache_dir)
-    expected = first.model(tokens)
-    del first
-    [cache] = cache_dir.glob("*.safetensors")
+    path, cache_dir, cache, expected = ckpt.gguf_with_cache(model, tokens, tmp_path)
     header_edit(cache, key, new)
     assert G.read_cache(cache) is None, "an edited header must not pass the checksum"
     again = L.load(path, cache_dir=cache_dir)
