@@ -6,6 +6,7 @@ loaders are checked against an outside reference rather than against themselves.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import io
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import re
+import signal
 import types
 from pathlib import Path
 
@@ -365,6 +367,22 @@ def one_thread():
     from explorer_model.lab.variants import threads
     with threads(1):
         yield
+
+
+# --------------------------------------------------------------------------- hangs
+@contextlib.contextmanager
+def no_hang(seconds: int):
+    """Fail (instead of hanging the suite) when the block takes longer than `seconds`: a guard against work
+    that never ends, e.g. building 10^9 layers. Speed itself is measured in bench/, never asserted in tests."""
+    def alarm(*_):
+        raise TimeoutError(f"still running after {seconds} s: it hangs")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # --------------------------------------------------------------------------- test tiers

@@ -190,7 +190,7 @@ def test_recording_download_works_outside_a_script_run(monkeypatch):
     from streamlit.runtime.media_file_manager import MediaFileManager
     from streamlit.runtime.state import session_state_proxy
 
-    at = run_app(view="tokens", prompt="I love machine learning.")
+    run_app(view="tokens", prompt="I love machine learning.")
     entries = [e for m in gc.get_objects() if isinstance(m, MediaFileManager)
                for e in m._deferred_callables.values() if e["filename"] == "recording.npz"]
     assert entries

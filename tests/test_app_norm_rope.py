@@ -230,7 +230,7 @@ def test_sinusoidal_encoding_beside_rope(rope_page, reference):
         before, after = rec[f"{a}.hook_{name}"][0].double(), rec[f"{a}.hook_rot_{name}"][0].double()
         expected = ((after - before).norm(dim=-1) / before.norm(dim=-1)).mean(-1).numpy()
         np.testing.assert_allclose(decode(trace(fig, f"{name}_change")["y"]), expected, rtol=1e-6, atol=1e-12)
-    assert decode(trace(fig, f"q_change")["y"])[0] == 0  # position 0 turns by zero
+    assert decode(trace(fig, "q_change")["y"])[0] == 0  # position 0 turns by zero
     # V is not rotated: z = pattern · V with the recorded V, head by head
     z = torch.einsum("hqk,khd->qhd", rec.pattern(layer)[0].double(),
                      rec[f"{a}.hook_v"][0].double().repeat_interleave(rec.cfg.n_rep, dim=1))

@@ -43,8 +43,8 @@ def test_swiglu_matches_recording(loaded):
     tok_fig = fig_with(at, "Top neurons of token")
     top = np.argsort(-np.abs(post[token]), kind="stable")[:12]
     assert [int(x[1:]) for x in tok_fig["data"][0]["x"]] == top.tolist()
-    for trace, hook in zip(tok_fig["data"], ("hook_pre", "hook_act", "hook_pre_linear", "hook_post")):
-        np.testing.assert_allclose(decode(trace["y"]), rec[f"blocks.{layer}.mlp.{hook}"][0, token, top].numpy(),
+    for line, hook in zip(tok_fig["data"], ("hook_pre", "hook_act", "hook_pre_linear", "hook_post")):
+        np.testing.assert_allclose(decode(line["y"]), rec[f"blocks.{layer}.mlp.{hook}"][0, token, top].numpy(),
                                    rtol=1e-5, atol=1e-6)
 
     # sparsity per layer, at the default threshold and a changed one

@@ -8,9 +8,9 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import no_hang
 import torch
 
 import explorer_model.loaders as L
@@ -33,10 +33,8 @@ def refused(source, tmp_path, capsys, *needles):
     writes neither a recording nor a weight cache."""
     cache = tmp_path / "cache-refused"
     capsys.readouterr()  # what writing the fixture printed
-    t0 = time.perf_counter()
-    with pytest.raises(LoadError) as e:
+    with no_hang(60), pytest.raises(LoadError) as e:  # e.g. 10^9 layers must be refused, not built
         L.load(source, cache_dir=cache)
-    assert time.perf_counter() - t0 < 10, "a bad source must be refused quickly"
     msg = str(e.value)
     assert "\n" not in msg
     for n in needles:

@@ -2,7 +2,6 @@
 conversion (the texts are test_tokenizer.py's)."""
 
 import importlib.metadata
-import time
 import warnings
 
 import pytest
@@ -57,9 +56,7 @@ def test_smollm2_fields(smollm2_fields):
 
 
 def test_smollm2_gguf_known_facts(smollm2_fields):
-    t0 = time.perf_counter()
-    tok = Tokenizer.from_gguf_fields(smollm2_fields)
-    assert time.perf_counter() - t0 < 1.0
+    tok = Tokenizer.from_gguf_fields(smollm2_fields)  # its speed: bench/bench_tokenizer.py
     assert (tok.kind, tok.vocab_size, tok.bos_id, tok.eos_id, tok.add_bos) == ("gguf-gpt2", 49152, 1, 2, False)
     assert tok.encode("<|endoftext|><|im_start|><|im_end|>") == [0, 1, 2]
     assert tok.encode(CHAT)[:1] == [1] and tok.encode("Hi", add_bos=True)[0] == 1
@@ -84,13 +81,3 @@ def test_smollm2_gguf_matches_reference(smollm2_fields, smollm2_oracle):
     assert real.encode("a  1").tokens == ["a", "ĠĠ", "1"]
     assert converted.encode("a  1").tokens == ["a", "Ġ", "Ġ", "1"]
     assert tok.encode("a  1") == real.encode("a  1").ids
-
-
-def test_smollm2_encode_speed(smollm2_fields):
-    tok = Tokenizer.from_gguf_fields(smollm2_fields)
-    text = "The llama (Lama glama) is a domesticated South American camelid, 深度学习 🦙 2024.\n" * 40
-    ids = tok.encode(text)
-    assert len(ids) >= 1000
-    t0 = time.perf_counter()
-    tok.encode(text)
-    assert time.perf_counter() - t0 < 0.05
