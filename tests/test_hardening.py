@@ -119,17 +119,20 @@ def table_edit(kind, path):
     raise KeyError(kind)
 
 
-TABLE = {"misaligned": ["alignment"], "past_end": [], "wraps_to_the_header": ["past the end"],
-         "overlap": ["overlaps"], "smaller_type": ["unused bytes"], "larger_type": [], "wrong_shape": [],
-         "zero_dim": ["impossible shape"], "huge_dims": [], "five_dims": []}
+# What each tampering is refused with: gguf's own reader already fails on some (a tensor past the end of a
+# short file, absurd dimensions), check_tensor_table names the rest.
+TABLE = {"misaligned": ["not a multiple of the alignment"], "past_end": ["truncated or corrupt GGUF file"],
+         "wraps_to_the_header": ["run past the end"], "overlap": ["overlaps the tensor before it"],
+         "smaller_type": ["unused bytes before tensor"], "larger_type": ["overlaps the tensor before it"],
+         "wrong_shape": ["overlaps the tensor before it"], "zero_dim": ["impossible shape"],
+         "huge_dims": ["truncated or corrupt GGUF file"], "five_dims": ["truncated or corrupt GGUF file"]}
 
 
 @pytest.mark.parametrize("kind", list(TABLE))
 def test_bad_tensor_table_is_refused(good_gguf, tmp_path, capsys, kind):
     src = good_gguf[0]
     bad = poke(src, tmp_path / f"{kind}.gguf", table_edit(kind, src))
-    msg = refused(bad, tmp_path, capsys, f"{kind}.gguf", *TABLE[kind])
-    assert any(w in msg for w in ("tensor", "truncated or corrupt", "offset")), msg
+    refused(bad, tmp_path, capsys, f"{kind}.gguf", *TABLE[kind])
 
 
 def test_quantized_rows_that_are_not_whole_blocks(good_gguf, tmp_path, capsys):
@@ -252,8 +255,7 @@ def test_tokenizer_larger_than_embedding(ckpt, tmp_path, capsys):
     small = ckpt.hf_model("gqa", seed=3, vocab_size=200)
     for vocab in ("gpt2", "llama"):
         path = ckpt.write_gguf(small, tmp_path / f"{vocab}.gguf", vocab=vocab)
-        msg = refused(path, tmp_path, capsys, "tokenizer has", "only 200")
-        assert "300" in msg or "316" in msg
+        refused(path, tmp_path, capsys, f"tokenizer has {316 if vocab == 'llama' else 300} tokens", "only 200")
     refused(ckpt.save_hf(small, tmp_path / "hf"), tmp_path, capsys, "tokenizer has 300 tokens", "only 200")
     refused(ckpt.write_meta(small, tmp_path / "meta"), tmp_path, capsys, "tokenizer has 316 tokens", "only 200")
 
