@@ -146,12 +146,13 @@ _DERIVED = re.compile(r"blocks\.\d+\.attn\.hook_(attn_scores|pattern)$")
 
 
 def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.float32,
-                    names=None, attention: str = "derived") -> int:
+                    names=None, attention: str = "derived", model_dtype: torch.dtype = torch.float32) -> int:
     """Bytes a recording of the selected hooks (all by default) keeps for one prompt of n_tokens.
 
     Mirrors recording.py: tensors are stored in `dtype`, logits always; with derived attention the scores and
     pattern are not stored but rebuilt from float32 rotated Q and K, which share the stored copy when `dtype`
-    is float32 and are extra float32 copies otherwise.
+    is float32 and are extra float32 copies otherwise. When `dtype` is the model's own, a block's input is the
+    very tensor the previous hook (embedding or previous block's output) already stored.
     """
     shapes = hook_shapes(cfg, n_tokens)
     selected = meta_model(cfg).select_hooks(names)
@@ -159,10 +160,13 @@ def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.
         selected.append("logits")
     size, total = itemsize(dtype), 0
     derived_layers = set()
+    chosen = set(selected)
     for name in selected:
+        m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_pre", name)
+        previous = m and ("hook_embed" if m.group(1) == "0" else f"blocks.{int(m.group(1)) - 1}.hook_resid_post")
         if attention == "derived" and _DERIVED.match(name):
             derived_layers.add(name.split(".")[1])
-        else:
+        elif not (previous in chosen and dtype == model_dtype):  # else the same tensor, stored once
             total += _numel(shapes[name]) * size
     for layer in derived_layers:
         for which in ("rot_q", "rot_k"):
