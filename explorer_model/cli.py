@@ -64,11 +64,14 @@ def memory_lines(cfg) -> list[str]:
 
 
 def cmd_info(args) -> None:
-    from .loaders import read_config
+    from .loaders import LoadError, read_config
     from .memory import estimates
 
-    cfg = read_config(args.source)
-    if not args.json:  # before loading: a model too big for this machine is refused by the load below
+    try:
+        cfg = read_config(args.source)
+    except LoadError:
+        cfg = None  # the load below says what is wrong with the source, in the loaders' own words
+    if cfg is not None and not args.json:  # before loading: a model too big for this machine is refused below
         print("\n".join(memory_lines(cfg)), flush=True)
     t0 = time.perf_counter()
     loaded = _load(args.source, args.dtype)
@@ -81,7 +84,7 @@ def cmd_info(args) -> None:
         "dtype": loaded.dtype_name,
         "load_seconds": round(seconds, 2),
         "memory_bytes": {k: {"weights": e.weights, "runtime": e.runtime, "total": e.total, "n_tokens": e.n_tokens}
-                         for k, e in estimates(cfg).items()},
+                         for k, e in estimates(loaded.cfg).items()},
         "config": cfg.to_dict(),
         "parameters": model.param_counts(),
         "kv_cache_bytes_per_token_fp32": model.kv_cache_bytes_per_token(4),

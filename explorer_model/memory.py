@@ -29,7 +29,7 @@ DTYPE_ENV = "LLAMA_EXPLORER_DTYPE"  # the app's dtype (llama-explorer serve --dt
 AVAILABLE_ENV = "LLAMA_EXPLORER_MEMORY_AVAILABLE"  # override of the memory available, e.g. "8GB" (tests, demos)
 DEFAULT_TOKENS = 512  # the prompt length a load must leave room for
 OVERHEAD = 400 << 20  # Python, torch and the tokenizer, measured at ~350 MB RSS before any weights
-COMFORT = 0.5  # auto keeps float32 if weights + runtime take at most this share of the available memory
+COMFORT = 0.5  # auto keeps float32 if weights + runtime take at most this share of the machine's memory
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -229,14 +229,34 @@ def available_bytes() -> int | None:
     return found
 
 
+def total_bytes() -> int | None:
+    """The machine's memory (MemTotal), or the cgroup limit if lower; the override above stands for both."""
+    if os.environ.get(AVAILABLE_ENV):
+        return _parse_bytes(os.environ[AVAILABLE_ENV])
+    found = None
+    try:
+        with open("/proc/meminfo") as f:
+            found = next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemTotal:"))
+    except (OSError, ValueError, StopIteration):
+        pass
+    for limit in (_read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        if limit is not None and limit < 1 << 60:
+            found = limit if found is None else min(found, limit)
+    return found
+
+
 def choose_dtype(requested, cfg: ModelConfig, stored: torch.dtype | None) -> torch.dtype:
     """The dtype to run in. "auto": float32 when it fits comfortably (small models stay bit-exact as always),
-    else the checkpoint's own 16-bit type (bfloat16 for float32 or quantized checkpoints)."""
+    else the checkpoint's own 16-bit type (bfloat16 for float32 or quantized checkpoints).
+
+    "Comfortably" is judged against the machine's total memory, so the choice does not change with whatever
+    else happens to be running; only a model whose float32 form does not fit in the memory available right
+    now also falls back to 16 bits (rather than being refused)."""
     chosen = parse_dtype(requested if requested is not None else os.environ.get(DTYPE_ENV, "auto"))
     if chosen is not None:
         return chosen
-    room = available_bytes()
-    if room is None or estimate(cfg, torch.float32).total <= COMFORT * room:
+    need, total, room = estimate(cfg, torch.float32).total, total_bytes(), available_bytes()
+    if (total is None or need <= COMFORT * total) and (room is None or need <= room):
         return torch.float32
     return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
 

@@ -117,9 +117,10 @@ def test_auto_falls_back_to_the_checkpoint_dtype_when_float32_is_not_comfortable
 def test_available_bytes_parsing(monkeypatch):
     monkeypatch.setenv(memory.AVAILABLE_ENV, "1.5GB")
     assert memory.available_bytes() == int(1.5 * 2**30)
+    assert memory.total_bytes() == int(1.5 * 2**30)
     monkeypatch.delenv(memory.AVAILABLE_ENV)
-    meminfo = int(next(l for l in open("/proc/meminfo") if l.startswith("MemAvailable")).split()[1]) * 1024
-    assert 0 < memory.available_bytes() <= meminfo
+    total = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1]) * 1024
+    assert 0 < memory.available_bytes() <= memory.total_bytes() <= total
 
 
 def _unique_bytes(rec) -> int:
@@ -168,3 +169,16 @@ def test_cli_dtype(hf_folder, tmp_path, capsys, monkeypatch):
     assert main(["generate", str(hf_folder), "--prompt", "The", "--dtype", "float32"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs about" in err and "only 10 MB is available" in err
+
+
+def test_cache_writer_is_safetensors(tmp_path):
+    from safetensors import safe_open
+
+    from explorer_model.loaders.gguf import save_streaming
+
+    state = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16), "c": torch.randn(2, 2, 3).half()}
+    save_streaming(state, tmp_path / "x.safetensors", {"note": "hi"})
+    with safe_open(tmp_path / "x.safetensors", "pt") as f:
+        assert f.metadata() == {"note": "hi"} and set(f.keys()) == set(state)
+        for k, v in state.items():
+            assert f.get_tensor(k).dtype == v.dtype and torch.equal(f.get_tensor(k), v)
