@@ -172,7 +172,7 @@ def run_child(*args) -> dict:
 
 
 def build(workdir: Path) -> dict:
-    from synth_big import SEVEN_B, THIRTEEN_B, file_bytes, write_hf, write_meta
+    from synth_big import SEVEN_B, file_bytes, write_hf, write_meta
 
     made = {}
     for name, fn in (("hf7b_bf16", lambda d: write_hf(d, SEVEN_B, dtype=__import__("torch").bfloat16)),

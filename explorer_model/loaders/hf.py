@@ -14,7 +14,7 @@ import torch
 from ..config import ConfigError, ModelConfig
 from ..rope import hf_to_adjacent
 from .common import (LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, plan_dtype,
-                     rename_blocks, stored_dtype)
+                     rename_blocks)
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight",
         "lm_head.weight": "unembed.weight"}
