@@ -184,14 +184,15 @@ class MLP(nn.Module):
 class Unembed(nn.Linear):
     """The output matrix; logits come out in float32 whatever the weights' dtype.
 
-    16-bit weights are widened a slice of the vocabulary at a time (~64 MB), never the whole matrix at once.
+    16-bit weights are widened a slice of the vocabulary at a time (4 MB: small enough for the allocator to
+    reuse, so no fresh pages are faulted in per slice), never the whole matrix at once.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w.dtype == torch.float32 and x.dtype == torch.float32:
             return F.linear(x, w)
-        x, step = x.float(), max(1, (64 << 20) // (4 * w.shape[1]))
+        x, step = x.float(), max(1, (4 << 20) // (4 * w.shape[1]))
         return torch.cat([F.linear(x, w[i:i + step].float()) for i in range(0, w.shape[0], step)], dim=-1)
 
 
