@@ -9,14 +9,21 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
 
-from apptest_util import run_app  # noqa: E402
+
+def run_app(timeout: float = 300, **query):
+    """Open the app as a link with these query parameters would (AppTest; bench/ never imports tests/)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    for k, v in query.items():
+        at.query_params[k] = str(v)
+    return at.run()
 
 PROMPTS = [
     "The animal didn't cross the street because it was too tired, so it lay down under a tree and slept there.",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import hashlib
 import json
 import math
@@ -67,8 +68,9 @@ ZH = ["今天老师在黑板上写了三个方程，", "小机器人在雨中修
       "我们在公园里数了七篮苹果，", "医生在会议之后打开了花园的门，"]
 
 
-def make_prompts(visitor: int, count: int, seed: int) -> list[str]:
-    """`count` different prompts for one visitor, unique across visitors (so every one is a forward pass)."""
+def make_prompts(visitor: int, count: int, seed: int, chars: int = 0) -> list[str]:
+    """`count` different prompts for one visitor, unique across visitors (so every one is a forward pass);
+    with `chars`, each is repeated up to that many characters."""
     rng = random.Random(seed * 1000 + visitor)
     out = []
     for i in range(count):
@@ -78,7 +80,7 @@ def make_prompts(visitor: int, count: int, seed: int) -> list[str]:
             parts = [f"{rng.choice(EN[0])} {rng.choice(EN[1])} {rng.choice(EN[2])} {rng.choice(EN[3])}"
                      for _ in range(rng.randint(1, 3))]
             text = f"Visitor {visitor}, question {i}: " + ", and then ".join(parts) + "."
-        out.append(text)
+        out.append((text + " ") * (chars // (len(text) + 1)) + text[:chars % (len(text) + 1)] if chars else text)
     return out
 
 
@@ -158,6 +160,10 @@ class Visitor:
                 if self.query.get(k) != str(v)]
 
 
+# what became of each oversized prompt (--prompt-chars): refused, cut by the text box, or closed by the server
+outcomes: collections.Counter = collections.Counter()
+
+
 async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], args, deadline: float,
                       times: dict[str, list[float]], errors: list[dict]) -> int:
     """All actions of one visitor; returns how many it completed."""
@@ -170,10 +176,14 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
     done, action = 0, "open"
     state = {"view": rng.choice(views), "layer": 0, "head": 0}
 
-    async def act(name: str, query: str = "", widget=None, **wanted) -> None:
+    async def act(name: str, query: str = "", widget=None, refused: bool = False, **wanted) -> None:
         nonlocal done, action
         action = name
         dt, problems = await v.rerun(query, widget)
+        if refused:  # an oversized prompt: refused with one message, or cut by the text box (max_chars)
+            said = [p for p in problems if p.startswith("error: ") and "characters" in p]
+            outcomes["refused" if said else "cut by the text box"] += 1
+            problems = [p for p in problems if p not in said]
         problems += v.mismatch(**wanted)
         times[name].append(dt)
         if name == "switch_view":
@@ -190,6 +200,9 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
         for text in prompts:
             if time.monotonic() > deadline:
                 break
+            if args.prompt_chars:  # refused before tokenizing: one message on the page, nothing to switch
+                await act("new_prompt", widget=("prompt", "string", text), refused=True)
+                continue
             await act("new_prompt", widget=("prompt", "string", text), prompt=text)
             for kind in ("view", "layer", "head", "view", "layer"):
                 if kind == "view":
@@ -204,7 +217,10 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
     except asyncio.TimeoutError:
         errors.append({"visitor": n, "action": action, "problem": f"timeout: no script_finished within {args.timeout} s"})
     except Exception as e:  # a dropped connection, or anything else that ends this visitor early
-        errors.append({"visitor": n, "action": action, "problem": f"{type(e).__name__}: {e}"})
+        if args.prompt_chars and "1009" in str(e):  # the server's websocket limit closed it: no work was done
+            outcomes["closed by the server (message too big)"] += 1
+        else:
+            errors.append({"visitor": n, "action": action, "problem": f"{type(e).__name__}: {e}"})
     finally:
         try:
             await v.close()
@@ -220,7 +236,7 @@ async def run_visitors(port: int, args, deadline: float) -> tuple[dict, list, li
     times = {a: [] for a in ACTIONS}
     errors: list[dict] = []
     done = await asyncio.gather(*[
-        visitor_run(n, port, make_prompts(n, args.prompts, args.seed), views, args, deadline, times, errors)
+        visitor_run(n, port, make_prompts(n, args.prompts, args.seed, args.prompt_chars), views, args, deadline, times, errors)
         for n in range(args.visitors)])
     return times, errors, list(done)
 
@@ -345,8 +361,10 @@ def run(args) -> dict:
         stop_server(proc)
     log = (tmp / "server.log").read_text(errors="replace")
     report["server_log"] = str(tmp / "server.log")
-    planned = args.visitors * (1 + 6 * args.prompts)
-    if sum(done) < planned:
+    planned = args.visitors * (1 + (1 if args.prompt_chars else 6) * args.prompts)
+    if args.prompt_chars:  # a visitor whose connection the server closed sends nothing more
+        report["oversized_prompts"] = {"chars": args.prompt_chars, **outcomes}
+    elif sum(done) < planned:
         errors.append({"problem": f"only {sum(done)} of {planned} actions ran (time bound reached)"})
     if not server_alive:
         errors.append({"problem": f"the server exited during the run: {log[-500:]}"})
@@ -387,6 +405,9 @@ def parse_args(argv=None):
     p.add_argument("--overhead-mb", type=int, default=OVERHEAD_MB, help="memory allowed beyond weights + cache")
     p.add_argument("--views", default="", help="comma-separated view keys to visit (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-chars", type=int, default=0,
+                   help="pad every prompt to this many characters (a burst of oversized prompts: the server "
+                        "must refuse them before tokenizing and stay under its memory bound)")
     p.add_argument("--no-determinism", action="store_true")
     p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
     return p.parse_args(argv)
