@@ -196,14 +196,14 @@ def cmd_generate(args) -> None:
     loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
-    import torch
+    from .runtime import threads
 
-    # Set once, in this process only: a decode step streams the weights through one-row products, which a second
+    # In this process only: a decode step streams the weights through one-row products, which a second
     # thread does not speed up, and with another busy process on the machine its waits halve the speed
     # (bench/bench_decode.py --threads 1 vs 2).
-    torch.set_num_threads(1)
-    new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                   args.seed, stop_ids={eos} if eos is not None else None)
+    with threads(1):
+        new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                       args.seed, stop_ids={eos} if eos is not None else None)
     if args.json:
         print(json.dumps({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}, ensure_ascii=False))
     else:

@@ -179,7 +179,6 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos] scaled and masked (-inf)
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos] softmax, zeros above the diagonal
         self.hook_z = HookPoint()  # [batch, pos, head, d_head] pattern @ V
-        self.force_explicit = False
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, stable: bool = False) -> torch.Tensor:
         batch, n_pos, _ = x.shape
@@ -193,7 +192,7 @@ class Attention(nn.Module):
             q_offset = cache.layer_length(self.layer)
             rot_k, v = cache.extend(self.layer, rot_k, v)
 
-        wants_weights = self.force_explicit or self.hook_attn_scores.active or self.hook_pattern.active
+        wants_weights = self.hook_attn_scores.active or self.hook_pattern.active
         if wants_weights or (q_offset and n_pos > 1 and not stable):
             z = pattern = None
             if stable:  # the weights and z the unhooked pass computes, kept unless a hook replaces them

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -45,3 +47,22 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+@contextmanager
+def threads(n: int = 1) -> Iterator[None]:
+    """The project's one setter of torch's thread count. One thread is fastest for models this small, and
+    keeps sums in a fixed order (determinism). Process-wide: for offline scripts, the lab's worker process,
+    the CLI and tests only, never in a server thread (it would slow every other visitor's forward pass)."""
+    before = _torch().get_num_threads()
+    _torch().set_num_threads(n)
+    try:
+        yield
+    finally:
+        _torch().set_num_threads(before)
+
+
+def _torch():
+    import torch  # runtime.py is imported before torch on purpose (see keep_freed_memory)
+
+    return torch

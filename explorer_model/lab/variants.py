@@ -17,22 +17,12 @@ import torch
 
 from ..config import ModelConfig
 from ..model import LlamaModel
+from ..runtime import threads  # noqa: F401  (re-exported: the lab modules import it from here)
 
 VARIANTS = ("pre", "post", "deepnorm")
 DEPTHS = (2, 4, 6, 8, 12, 16, 24, 32, 48)  # depths one can pick for the per-layer profile
 
 
-@contextmanager
-def threads(n: int = 1) -> Iterator[None]:
-    """The project's one setter of torch's thread count. One thread is fastest for models this small, and
-    keeps sums in a fixed order (determinism). Process-wide: for offline scripts, the lab's worker process,
-    the CLI and tests only, never in a server thread (it would slow every other visitor's forward pass)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- building the variants
