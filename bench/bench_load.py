@@ -1,4 +1,6 @@
 """Classroom load: N simulated visitors on one shared server, spoken to over Streamlit's own websocket.
+(One file of ~420 lines on purpose: the visitor protocol, the run and its report belong together; starting and
+watching the server is in load_server.py.)
 
 Each visitor is a websocket client doing what the browser does: it opens /_stcore/stream with the
 "streamlit" subprotocol, sends BackMsg.rerun_script (query string on the first run, then only the widget
