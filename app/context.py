@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from app import i18n
 from app.facts import ModelFacts
 from explorer_model.recording import Recording
+from explorer_model.tokenizer.labels import fragment_labels
 
 
 @dataclass
@@ -26,7 +27,12 @@ class ViewContext:
     token: int  # position index into ids
     lang: str = "en"  # "en" | "zh"
     presenter: bool = False
-    extras: dict = field(default_factory=dict)  # "source": the model's name in the gateway
+    # "source": the model's name in the gateway. Step generation (the prompt is kept as token ids, so half a
+    # character never becomes U+FFFD): "append_token"(id) adds one token to the prompt, "undo"() returns to the
+    # ids before the last append, "can_undo" says whether there is one. Both are meant for a button's on_click;
+    # called in the script body, follow them with st.rerun(). "replace_prompt"(text) sets a new prompt and keeps
+    # the visitor's for the sidebar's "back to my prompt".
+    extras: dict = field(default_factory=dict)
 
     @property
     def cfg(self):
@@ -49,6 +55,14 @@ class ViewContext:
         if zh is not None:
             return zh if self.lang == "zh" else key
         return i18n.t(key, self.lang, **values)
+
+
+def token_labels(facts: ModelFacts, ids) -> list[str]:
+    """Display text of each token of a sequence: a piece of a UTF-8 character split over several tokens is named by
+    its character and part (char·1/3, explorer_model.tokenizer.labels), special tokens keep their text, whitespace is shown."""
+    ids = [int(i) for i in ids]
+    frags = fragment_labels([facts.token_bytes(i) for i in ids])
+    return [display_piece(facts.piece(i) if facts.is_special(i) else f) for i, f in zip(ids, frags)]
 
 
 def display_piece(text: str) -> str:

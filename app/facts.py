@@ -25,6 +25,7 @@ class ModelFacts:
     token_bytes: Callable[[int], bytes]  # the bytes a token id stands for
     is_special: Callable[[int], bool]
     decode: Callable[[list[int]], str]
+    dtype: str = "float32"  # the weights' dtype as loaded (float32, bfloat16, …)
 
     def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         """K and V of every layer and KV head for one token."""
@@ -46,4 +47,5 @@ def facts_of(source: str, loaded) -> ModelFacts:
                       gammas=gammas, param_counts=dict(model.param_counts()),
                       tied=model.unembed.weight is model.embed.weight,
                       bos_id=tok.bos_id, eos_id=tok.eos_id, add_bos=bool(getattr(tok, "add_bos", False)),
-                      piece=tok.piece, token_bytes=tok.token_bytes, is_special=tok.is_special, decode=tok.decode)
+                      piece=tok.piece, token_bytes=tok.token_bytes, is_special=tok.is_special, decode=tok.decode,
+                      dtype=str(getattr(loaded, "dtype", "float32")).removeprefix("torch."))

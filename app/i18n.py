@@ -19,6 +19,8 @@ from pathlib import Path
 from babel.messages.pofile import read_po
 
 LANGS = ("en", "zh")
+# Key prefixes whose keys the app builds at run time (f"view.{key}"), so no literal t("...") names them.
+DYNAMIC_PREFIXES = ("view.", "preset.")
 LOCALES = Path(__file__).resolve().parent / "locales"
 log = logging.getLogger("llama_explorer.i18n")
 

@@ -18,30 +18,78 @@ def masked_to_nan(a) -> np.ndarray:
     return np.where(np.isneginf(a), np.nan, a)
 
 
+# Heatmap sizing: square cells, the plot area between these bounds (px); a tick label needs about this much room.
+HEAT_MAX, HEAT_MIN, CELL_MAX = 520, 300, 48
+LABEL_ROOM = 1.25  # × the tick font size: the spacing one horizontal label line needs
+FONT, PRESENTER_FONT = 12, 16
+PRESENTER_MAX_H = 680  # tick label px; presenter mode must stay ≥ 14 px on the projector
+
+
 def heatmap(z, x: Sequence[str], y: Sequence[str], *, title: str = "", colorscale: str = "Viridis",
             zmid: float | None = None, zmin: float | None = None, zmax: float | None = None,
-            x_title: str = "", y_title: str = "", value_name: str = "value", fmt: str = ".4f") -> go.Figure:
+            x_title: str = "", y_title: str = "", value_name: str = "", fmt: str = ".4f") -> go.Figure:
+    """A heatmap with square cells, a plot area of HEAT_MIN…HEAT_MAX px whatever the number of rows, and as many
+    tick labels as fit (every k-th); the hover names every cell. x/y are unique category labels."""
+    x, y = list(x), list(y)
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(x), y=list(y), colorscale=colorscale, zmid=zmid, zmin=zmin, zmax=zmax,
+        z=z, x=x, y=y, colorscale=colorscale, zmid=zmid, zmin=zmin, zmax=zmax,
         hoverongaps=False,
-        hovertemplate=f"{y_title or 'row'}: %{{y}}<br>{x_title or 'column'}: %{{x}}<br>{value_name}: %{{z:{fmt}}}<extra></extra>",
+        hovertemplate=f"{y_title or '↓'}: %{{y}}<br>{x_title or '→'}: %{{x}}<br>{value_name + ': ' if value_name else ''}"
+                      f"%{{z:{fmt}}}<extra></extra>",  # arrows, not words: the same in every language
     ))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, margin=dict(l=10, r=10, t=40, b=10))
-    fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(type="category")
+    cell = min(CELL_MAX, HEAT_MAX / max(len(x), len(y), 1))
+    w, h = max(HEAT_MIN, cell * len(x)), max(HEAT_MIN, cell * len(y))
+    longest = max((len(str(v)) for v in x + y), default=1)
+    margin = dict(l=20 + min(longest, 14) * 7, r=10, t=50 if title else 20, b=20 + min(longest, 14) * 7)
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, margin=margin,
+                      width=int(w + margin["l"] + margin["r"] + 90), height=int(h + margin["t"] + margin["b"]))
+    fig.update_yaxes(autorange="reversed", type="category", categoryarray=y, scaleanchor="x", constrain="domain")
+    fig.update_xaxes(type="category", categoryarray=x, constrain="domain", tickangle=-90)
+    thin_ticks(fig, FONT)
     return fig
 
 
-def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None) -> None:
-    """Render with Plotly's own PNG download button; larger fonts in presenter mode."""
-    if ctx.presenter:
-        fig.update_layout(font=dict(size=18), title_font=dict(size=22))
-    if height:
+def thin_ticks(fig: go.Figure, font_px: int) -> None:
+    """Label every k-th category of each categorical axis, so labels never overlap: k follows from the axis's
+    length in px (the figure's size) and the font. The hover still shows every category."""
+    lay = fig.layout
+    for axis, length in ((a, (lay.width or 700) - 160) for a in fig.select_xaxes()) if lay.width else ():
+        _thin_axis(axis, length, font_px)
+    for axis, length in ((a, (lay.height or 450) - 100) for a in fig.select_yaxes()) if lay.height else ():
+        _thin_axis(axis, length, font_px)
+
+
+def _thin_axis(axis, length: float, font_px: int) -> None:
+    cats = list(axis.categoryarray) if axis.categoryarray is not None else []
+    if not cats:
+        return
+    k = max(1, int(np.ceil(font_px * LABEL_ROOM * len(cats) / max(length, 1))))
+    shown = cats[::k]
+    axis.update(tickmode="array", tickvals=shown, ticktext=[str(c) for c in shown], tickfont=dict(size=font_px))
+
+
+def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None,
+         **chart_args):
+    """Render with Plotly's own PNG download button. Presenter mode scales the figure and every font (tick labels
+    PRESENTER_FONT px on every axis, titles, legend, hover, annotations) and thins labels again for the larger font.
+    chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
+    if height and not (fig.layout.yaxis.scaleanchor and fig.layout.height):  # heatmaps size themselves
         fig.update_layout(height=height)
-    st.plotly_chart(fig, key=key, config={
-        "displaylogo": False,
-        "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2},
-    })
+    if ctx.presenter:
+        big = PRESENTER_FONT
+        fig.update_layout(font=dict(size=big + 2), title_font=dict(size=big + 6), legend_font=dict(size=big),
+                          hoverlabel_font=dict(size=big))
+        fig.update_xaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
+        fig.update_yaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
+        fig.for_each_annotation(lambda a: a.update(font=dict(size=big + 2)))
+        if fig.layout.width:
+            fig.update_layout(width=min(int(fig.layout.width * 1.2), 1000))
+        if fig.layout.height:  # the main figure must still fit the first 1280×720 screen
+            fig.update_layout(height=min(int(fig.layout.height * 1.2), PRESENTER_MAX_H))
+        thin_ticks(fig, big)
+    config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2}}
+    return st.plotly_chart(fig, key=key, config=config, width="content" if fig.layout.width else "stretch",
+                           **chart_args)
 
 
 def to_csv(header: Sequence[str], rows) -> str:
@@ -58,9 +106,15 @@ def matrix_csv(m, row_labels: Sequence[str], col_labels: Sequence[str], corner: 
     return to_csv([corner, *col_labels], ([row_labels[i], *m[i].tolist()] for i in range(m.shape[0])))
 
 
-def csv_button(ctx: ViewContext, label_en: str, label_zh: str, data, filename: str, key: str) -> None:
-    """data: a CSV string or a zero-argument callable producing one (computed only on click)."""
-    st.download_button(ctx.t(label_en, label_zh), data=data, file_name=filename, mime="text/csv", key=key,
+def csv_button(ctx: ViewContext, label: str, *args, key: str | None = None) -> None:
+    """csv_button(ctx, label, data, filename, key=…) with the label already translated (ctx.t("view.csv_x")).
+    data: a CSV string or a zero-argument callable producing one (computed only on click; it must not read
+    st.session_state, which does not exist outside a script run). The older form csv_button(ctx, label_en,
+    label_zh, data, filename, key) is still accepted while panels move to the catalogs."""
+    if len(args) >= 3:  # older form: the Chinese label comes second
+        label, args = (args[0] if ctx.lang == "zh" else label), args[1:]
+    data, filename, *rest = args
+    st.download_button(label, data=data, file_name=filename, mime="text/csv", key=key if key else rest[0],
                        on_click="ignore")
 
 

@@ -1,17 +1,39 @@
-"""Classroom prompts: each shows one idea from the tutorials on a real model."""
+"""Classroom prompts, each a guided lesson: choosing one sets the view, layer, head and token to where its point is
+visible and shows one sentence saying what to look for.
 
-PRESETS: list[tuple[str, str, str]] = [  # (English label, 中文标签, prompt)
-    ("Coreference: what is 'it'?", "指代：it 指谁？", "The animal didn't cross the street because it was too tired."),
-    ("A short sentence", "一个短句", "I love machine learning."),
-    ("Chinese: predict the next word", "中文：预测下一个词", "深度学习很"),
-    ("Bank (money)", "bank（银行）", "The bank approved the loan."),
-    ("Bank (river)", "bank（河岸）", "The bank near the river collapsed."),
-    ("Induction: a repeated sequence", "归纳头：重复的序列",
-     "red lamp cat seven tree blue moon door red lamp cat seven tree blue moon door"),
-    ("A fact", "一个事实", "The capital of France is"),
-    ("Chinese sentence", "中文句子", "今天天气很好，我们去公园散步。"),
-    ("Chat template (special tokens)", "对话模板（特殊 token）",
-     "<|im_start|>user\nWhat is RoPE?<|im_end|>\n<|im_start|>assistant\n"),
+Where to look is FOUND on the model in use (app.explorer.lesson_target, once per server per model and preset), never
+typed in: the head where "it" attends most to "animal", the strongest induction head, the strongest sink head, the
+layer where the logit lens first shows the final prediction. The label of preset `key` is the catalog message
+`preset.{key}`, its sentence `preset.lesson.{kind}` with the measured values as placeholders.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Preset:
+    key: str
+    prompt: str
+    view: str  # the view that shows the point
+    kind: str  # how the target is found: link | induction | sink | split | lens | special
+    args: tuple = field(default=())  # link: (query word, key word)
+
+
+PRESETS: list[Preset] = [
+    Preset("coref", "The animal didn't cross the street because it was too tired.", "attention", "link",
+           ("it", "animal")),
+    Preset("sink", "I love machine learning.", "attention", "sink"),
+    Preset("zh_split", "\u6df1\u5ea6\u5b66\u4e60\u5f88", "tokens", "split"),
+    Preset("bank_money", "The bank approved the loan.", "attention", "link", ("loan", "bank")),
+    Preset("bank_river", "The bank near the river collapsed.", "attention", "link", ("river", "bank")),
+    # every word starts with a space, so both copies are the same tokens (the first word would differ otherwise)
+    Preset("induction", "Words: red lamp cat seven tree blue moon door red lamp cat seven tree blue moon door",
+           "attention", "induction"),
+    Preset("fact", "The capital of France is", "residual", "lens"),
+    Preset("zh_sentence", "\u4eca\u5929\u5929\u6c14\u5f88\u597d\uff0c\u6211\u4eec\u53bb\u516c\u56ed\u6563\u6b65\u3002", "tokens", "split"),
+    Preset("chat", "<|im_start|>user\nWhat is RoPE?<|im_end|>\n<|im_start|>assistant\n", "tokens", "special"),
 ]
 
-BANK_PAIR = ("The bank approved the loan.", "The bank near the river collapsed.")
+BY_KEY = {p.key: p for p in PRESETS}
+BANK_PAIR = (BY_KEY["bank_money"].prompt, BY_KEY["bank_river"].prompt)

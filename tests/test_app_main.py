@@ -1,4 +1,7 @@
 """The page around the views: URL state, language, prompt limits, presets, failed model loads."""
+import json
+import re
+
 import numpy as np
 
 from apptest_util import all_text, decode, figures, run_app
@@ -74,20 +77,137 @@ def test_bad_url_values_are_clamped_not_fatal():
 
 def test_preset_fills_the_prompt_and_presenter_mode_enlarges_fonts():
     at = run_app(view="attention")
-    from app.presets import PRESETS
-
-    idx = next(i for i, p in enumerate(PRESETS) if p[2] == "深度学习很")
-    at.sidebar.selectbox(key="preset").set_value(idx).run()
-    assert at.session_state["prompt"] == "深度学习很"
-    assert at.query_params["prompt"] == "深度学习很"
+    at.sidebar.selectbox(key="preset").set_value("zh_split").run()
+    assert at.session_state["prompt"] == "\u6df1\u5ea6\u5b66\u4e60\u5f88"
+    assert at.query_params["prompt"] == "\u6df1\u5ea6\u5b66\u4e60\u5f88"
+    at.segmented_control(key="view").set_value("attention").run()
     at.sidebar.toggle(key="presenter").set_value(True).run()
-    assert figures(at)[0]["layout"]["font"]["size"] == 18
+    assert at.query_params["presenter"] == "1"
+    fig = figures(at)[0]
+    assert fig["layout"]["xaxis"]["tickfont"]["size"] >= 14 and fig["layout"]["yaxis"]["tickfont"]["size"] >= 14
+    assert fig["layout"]["font"]["size"] >= 16
+    copy = run_app(**dict(at.query_params))
+    assert copy.session_state["presenter"] is True
+    assert figures(copy)[0]["layout"]["xaxis"]["tickfont"]["size"] >= 14
 
 
-def test_recording_download_offered():
+def test_default_token_is_the_last_unless_the_link_says():
+    at = run_app(view="attention", prompt="I love machine learning.")
+    ids = tuple(int(i) for i in __import__("app.explorer", fromlist=["x"]).encode_prompt(
+        "smollm2", "I love machine learning.", 256)[0])
+    assert at.session_state["token"] == len(ids) - 1
+    at.sidebar.text_area(key="prompt").set_value("One two three four five six seven eight nine").run()
+    assert at.session_state["token"] == 8  # follows the new prompt's last token until moved by hand
+    assert run_app(view="attention", prompt="I love machine learning.", token=1).session_state["token"] == 1
+
+
+def test_chinese_labels_name_the_character_not_bytes():
+    at = run_app(view="attention", prompt="\u6df1\u5ea6\u5b66\u4e60\u5f88")
+    fig = figures(at)[0]
+    assert "0:\u6df1\u00b71/3" in fig["data"][0]["x"] and "9:\u5f88\u00b72/2" in fig["data"][0]["y"]
+    page = all_text(at) + json.dumps([f["data"] for f in figures(at)], ensure_ascii=False)
+    assert not re.search(r"\\x[0-9a-f]{2}", page) and "\ufffd" not in page
+
+
+def test_bos_toggle_prepends_the_models_bos_and_is_kept_in_the_url():
+    from app import explorer
+
+    facts = explorer.facts("smollm2")
+    assert facts.bos_id is not None and not facts.add_bos  # SmolLM2 does not add one by itself
+    at = run_app(view="attention", prompt="I love machine learning.")
+    assert "does not put a BOS token" in " ".join(c.value for c in at.sidebar.caption)
+    n = len(decode(figures(at)[0]["data"][0]["z"]))
+    at.sidebar.toggle(key="bos").set_value(True).run()
+    assert at.query_params["bos"] == "1"
+    z = decode(figures(at)[0]["data"][0]["z"])
+    assert len(z) == n + 1
+    rec = explorer.recording("smollm2", (facts.bos_id, *explorer.encode_prompt("smollm2", "I love machine learning.",
+                                                                               256)[0]))
+    np.testing.assert_allclose(np.nan_to_num(z), rec.pattern(0)[0, 0].numpy(), atol=1e-5)  # masked: empty cells
+    assert run_app(**dict(at.query_params)).session_state["bos"] is True
+
+
+def test_appended_fragment_is_kept_as_ids_in_state_and_url_and_undo_returns(monkeypatch):
+    import types
+
+    from app import explorer
+    from app import sidebar as side
+
+    start = "\u6df1\u5ea6\u5b66\u4e60"
+    at = run_app(view="attention", prompt=start)
+    facts = explorer.facts("smollm2")
+    body, _ = explorer.encode_prompt("smollm2", start, 256)
+    full, _ = explorer.encode_prompt("smollm2", start + "\u5f88", 256)  # the last character is two fragments
+    assert full[:-2] == body and len(full) == len(body) + 2
+
+    def click(body_ids, name, *args):  # as a button's on_click would: in the session, then the page reruns
+        with monkeypatch.context() as m:
+            m.setattr(side, "st", types.SimpleNamespace(session_state=_State(at)))
+            api = side.step_api(facts, body_ids)
+            api[name](*args)
+        at.run()
+        return api
+    click(body, "append_token", full[-2])
+    assert at.session_state["ids"] == full[:-1]
+    assert at.session_state["prompt"] == start and "\ufffd" not in at.query_params["prompt"]
+    assert at.query_params["ids"] == ",".join(map(str, full[:-1]))  # the text cannot give the ids back
+    assert len(decode(figures(at)[0]["data"][0]["z"])) == len(full) - 1
+    assert "\ufffd" not in all_text(at)
+    copy = run_app(**dict(at.query_params))  # the link reopens the same token ids
+    assert copy.session_state["ids"] == full[:-1] and len(decode(figures(copy)[0]["data"][0]["z"])) == len(full) - 1
+    assert click(full[:-1], "append_token", full[-1])["can_undo"]
+    assert at.session_state["prompt"] == start + "\u5f88" and "ids" not in at.query_params  # whole again: text is enough
+    click(full, "undo")
+    assert at.session_state["ids"] == full[:-1]
+    click(full[:-1], "undo")
+    assert at.session_state["ids"] is None and at.session_state["prompt"] == start and "ids" not in at.query_params
+    assert len(decode(figures(at)[0]["data"][0]["z"])) == len(body)
+
+
+class _State:
+    """An AppTest session's state seen the way st.session_state is seen inside a run."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def get(self, key, default=None):
+        return self.at.session_state[key] if key in self.at.session_state else default
+
+    def __getitem__(self, key):
+        return self.at.session_state[key]
+
+    def __setitem__(self, key, value):
+        self.at.session_state[key] = value
+
+
+def test_recording_download_works_outside_a_script_run(monkeypatch):
+    """The browser fetches a download after the run: its data callable must not need st.session_state."""
+    import gc
+    import io
+    import threading
+
+    from streamlit.runtime.media_file_manager import MediaFileManager
+    from streamlit.runtime.state import session_state_proxy
+
     at = run_app(view="tokens", prompt="I love machine learning.")
-    labels = [b.label for b in at.sidebar.get("download_button")] if hasattr(at.sidebar, "get") else []
-    assert any(".npz" in l for l in labels) or any(".npz" in str(e.proto) for e in at.get("download_button"))
+    entries = [e for m in gc.get_objects() if isinstance(m, MediaFileManager)
+               for e in m._deferred_callables.values() if e["filename"] == "recording.npz"]
+    assert entries
+    data = entries[-1]["callable"]
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the download read st.session_state")
+    for name in ("__getitem__", "__getattr__", "get", "__contains__"):
+        monkeypatch.setattr(session_state_proxy.SessionStateProxy, name, refuse)
+    out = {}
+    t = threading.Thread(target=lambda: out.update(blob=data()))  # a thread with no script-run context
+    t.start()
+    t.join()
+    npz = np.load(io.BytesIO(out["blob"]))
+    from app import explorer
+
+    ids, _ = explorer.encode_prompt("smollm2", "I love machine learning.", 256)
+    assert npz["token_ids"].ravel().tolist() == list(ids)
 
 
 def test_recording_npz_holds_every_hook():
@@ -99,3 +219,29 @@ def test_recording_npz_holds_every_hook():
     data = np.load(io.BytesIO(state.recording_npz("smollm2", ids)))
     assert "blocks.29.attn.hook_pattern" in data.files and "token_ids" in data.files
     assert data["blocks.0.mlp.hook_post"].shape == (1, len(ids), 1536)
+
+
+def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
+    from app import launch
+
+    monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+    monkeypatch.setattr(launch, "lan_addresses", lambda: ["192.168.1.20", "10.0.0.7"], raising=False)
+    at = run_app(view="tokens", prompt="Hi", presenter=1)
+    assert not at.exception
+    code = " ".join(c.value for c in at.code)
+    assert "http://192.168.1.20:" in code and "http://10.0.0.7:" in code
+    images = at.get("image")
+    assert len(images) == 1 and "192.168.1.20" in images[0].proto.imgs[0].caption  # the QR code of the first
+
+
+def test_long_prompt_heatmap_is_square_capped_and_labels_thinned():
+    at = run_app(view="attention", prompt="word " * 300)
+    fig = figures(at)[0]
+    lay, x = fig["layout"], fig["data"][0]["x"]
+    assert len(x) == 256 and len(set(x)) == 256  # every cell keeps its own label for the hover
+    assert lay["yaxis"]["scaleanchor"] == "x" and 300 <= lay["height"] <= 700 and lay["width"] <= 900
+    shown = lay["xaxis"]["tickvals"]
+    k = x.index(shown[1])
+    assert 1 < k and shown == x[::k]  # every k-th label, evenly
+    room = (lay["width"] - 160) / len(shown)  # px per shown label along the axis
+    assert room >= lay["xaxis"]["tickfont"]["size"]
