@@ -6,6 +6,7 @@ module-scoped, so each module starts one server and one Chromium. Never `playwri
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -154,9 +155,11 @@ def each_view(pg):
 
 
 def settle_figures(pg) -> None:
-    """Let Plotly finish drawing every figure of the page."""
-    pg.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                         ".every(el => el._fullLayout && el.querySelector('.main-svg'))", timeout=RUN_TIMEOUT)
+    """Let Plotly finish drawing every figure of the page (its component loads lazily: a skeleton stands in)."""
+    pg.wait_for_function("""() => !document.querySelector('[data-testid="stSkeleton"]') &&
+        [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => {
+            const el = c.querySelector('.js-plotly-plot');
+            return el && el._fullLayout && el.querySelector('.main-svg'); })""", timeout=RUN_TIMEOUT)
     pg.wait_for_timeout(500)
 
 
@@ -179,7 +182,25 @@ def figures(pg, scope: str = '[data-testid="stMain"]') -> list[dict]:
             layout: plain(Object.fromEntries(Object.entries(el.layout).filter(([k]) => !k.startsWith('_')))),
         })));
     }""", scope)
-    return json.loads(raw)
+    return decode_arrays(json.loads(raw))
+
+
+def decode_arrays(obj):
+    """Plotly's typed-array form {"dtype", "bdata", "shape"} (base64) as nested lists, the rest unchanged."""
+    if isinstance(obj, dict) and "bdata" in obj and "dtype" in obj:
+        import numpy as np
+
+        a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=np.dtype(obj["dtype"]))
+        shape = obj.get("shape")
+        if shape:
+            a = a.reshape([int(v) for v in str(shape).split(",")] if isinstance(shape, str) else shape)
+        return [None if v != v else v for v in a.tolist()] if a.ndim == 1 else \
+            [[None if v != v else v for v in row] for row in a.tolist()]
+    if isinstance(obj, dict):
+        return {k: decode_arrays(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_arrays(v) for v in obj]
+    return obj
 
 
 def strings(obj):

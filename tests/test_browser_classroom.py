@@ -61,6 +61,18 @@ def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
     np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-4)  # softmax rows, independent of the app
 
 
+# layers/queries × the prompt's tokens: one column per token, named like the figures' axes ("8:␣it")
+TOKEN_MATRIX = re.compile(r"attention_L\d+_H\d+_pattern\.csv|rms_divisor_\w+\.csv|residual_norms\.csv")
+FIRST_COLUMNS = {  # file name → the columns its header starts with
+    r"tokens\.csv": ("position", "piece", "id"),
+    r"attention_overview\.csv": ("layer", "head", "kv_head", "entropy_nats"),
+    r"logit_lens\.csv": ("layer", "position", "token", "top_id", "top_token", "probability"),
+    r"rope_theta\.csv": ("pair",),
+    r"rope_angles\.csv": ("position", "0", "1"),
+    r"residual_norms\.csv|rms_divisor_\w+\.csv": ("layer",),
+}
+
+
 def check_csv(name: str, data: bytes, labels: list[str]) -> None:
     text = data.decode("utf-8-sig")  # a CSV must be UTF-8 (Excel's BOM allowed)
     rows = list(csv.reader(io.StringIO(text)))
@@ -73,9 +85,17 @@ def check_csv(name: str, data: bytes, labels: list[str]) -> None:
     assert not garbled(text), f"{name}: byte escapes or U+FFFD: {garbled(text)[:3]}"
     assert "nan" not in {c.strip().lower() for r in rows[1:] for c in r}, f"{name}: masked cells written as nan"
     # a matrix over the prompt's tokens names its columns by the tokens, in order (issue 11 items 2 and 15)
-    if header[1:] and set(header[1:]) <= set(labels) and len(header) > 2:
-        assert header[1:] == labels[:len(header) - 1] or header[1:] == labels[-(len(header) - 1):], \
-            f"{name}: token columns {header[1:]} are not the prompt's tokens in order"
+    file = name.rsplit(" ", 1)[-1]
+    if TOKEN_MATRIX.fullmatch(file):
+        assert header[1:] == labels, f"{name}: columns {header[1:]} are not the prompt's tokens {labels}"
+    for pattern, first in FIRST_COLUMNS.items():
+        if re.fullmatch(pattern, file):
+            assert header[:len(first)] == list(first), f"{name}: header {header} does not start {list(first)}"
+    bare = [re.sub(r"^\d+:", "", v) for v in labels]  # labels without the figure's "position:" prefix
+    cols = [re.sub(r"^\d+:", "", v) for v in header[1:]]
+    if len(cols) >= 2 and set(cols) <= set(bare):
+        assert any(cols == bare[i:i + len(cols)] for i in range(len(bare) - len(cols) + 1)), \
+            f"{name}: token columns {cols} are not the prompt's tokens in order"
 
 
 def check_png(name: str, data: bytes) -> None:
@@ -92,12 +112,26 @@ def download(pg, click, what: str, server) -> tuple[str, bytes]:
         with pg.expect_download(timeout=120_000) as info:
             click()
     except Exception as e:  # noqa: BLE001  (Playwright's TimeoutError; the message says what was clicked)
-        pytest.fail(f"clicking {what} delivered no file within 120 s ({type(e).__name__}); server log:\n"
-                    + server.log.tail())
+        raise AssertionError(f"clicking {what} delivered no file within 120 s ({type(e).__name__}); server log "
+                             f"ends: {server.log.tail(600)}") from None
     d = info.value
     assert d.failure() is None, f"{what}: the download failed: {d.failure()}"
     with open(d.path(), "rb") as f:
         return d.suggested_filename, f.read()
+
+
+def open_file(pg, click, what: str, server, labels, n_layers) -> str:
+    """Click, receive the file, open it by its kind; returns its name."""
+    name, data = download(pg, click, what, server)
+    if name.endswith(".csv"):
+        check_csv(f"{what}: {name}", data, labels)
+    elif name.endswith(".npz"):
+        check_npz(data, len(labels), n_layers)
+    elif name.endswith(".png"):
+        check_png(f"{what}: {name}", data)
+    else:
+        raise AssertionError(f"{what} delivered {name}: neither CSV, .npz nor PNG")
+    return name
 
 
 def token_axis(pg) -> list[str]:
@@ -110,7 +144,8 @@ def token_axis(pg) -> list[str]:
 
 
 def slider_max(pg, index: int) -> int:
-    return int(pg.locator('[data-testid="stSidebar"] [role="slider"]').nth(index).get_attribute("aria-valuemax"))
+    return int(pg.locator('[data-testid="stSidebar"] [data-testid="stSlider"] input[type="range"]').nth(index)
+               .get_attribute("max"))
 
 
 def test_every_download_button_delivers_a_file_that_opens(server, page):
@@ -120,46 +155,46 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
     assert labels, "the attention view shows no square token × token heatmap"
     n_layers = slider_max(page, 0) + 1
     opened: dict[str, list[str]] = {}
+    problems: list[str] = []
+
+    def attempt(view: str, click, what: str, kind: str) -> None:
+        try:
+            name = open_file(page, click, what, server, labels, n_layers)
+        except AssertionError as e:
+            problems.append(str(e).split("\nassert")[0])
+            return
+        if not name.endswith(kind):
+            problems.append(f"{what} delivered {name}, expected a {kind} file")
+        opened.setdefault(view, []).append(name)
 
     side = page.locator('[data-testid="stSidebar"] [data-testid="stDownloadButton"] button')
     assert side.count() >= 1, "the sidebar has no download button for the recording"
-    name, data = download(page, side.first.click, "the sidebar's recording download", server)
-    assert name.endswith(".npz"), f"the recording arrived as {name}"
-    check_npz(data, len(labels), n_layers)
-    opened["sidebar"] = [name]
+    attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
 
     for label, view in each_view(page):
         open_expanders(page)
-        got = opened.setdefault(view, [])
         buttons = page.locator('[data-testid="stMain"] [data-testid="stDownloadButton"] button')
         for i in range(buttons.count()):
             b = buttons.nth(i)
             b.scroll_into_view_if_needed()
-            what = f"“{b.inner_text().strip()}” in the {label} view"
-            name, data = download(page, b.click, what, server)
-            if name.endswith(".csv"):
-                check_csv(f"{view}/{name}", data, labels)
-            elif name.endswith(".npz"):
-                check_npz(data, len(labels), n_layers)
-            else:
-                pytest.fail(f"{what} delivered {name}, neither CSV nor .npz")
-            got.append(name)
+            attempt(view, b.click, f"“{b.inner_text().strip()}” in the {label} view", "")
         plots = page.locator('[data-testid="stMain"] .js-plotly-plot')
         for i in range(plots.count()):
             fig = plots.nth(i)
             fig.scroll_into_view_if_needed()
             fig.hover()
-            camera = fig.locator('.modebar-btn[data-title="Download plot as a png"]')
+            camera = fig.locator('.modebar-btn[data-title="Download plot as a png" i]')
             camera.wait_for(state="visible", timeout=30_000)
-            name, data = download(page, camera.click, f"the PNG camera of figure {i} in the {label} view", server)
-            assert name.endswith(".png"), f"figure {i} in the {label} view downloaded {name}"
-            check_png(f"{view}/{name}", data)
-            got.append(name)
-        assert not view_errors(page), f"the {label} view shows an error: {view_errors(page)[:1]}"
+            attempt(view, camera.click, f"the PNG camera of figure {i} in the {label} view", ".png")
+        if view_errors(page):
+            problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
     print("downloads opened:", opened)
     for view in CORE_VIEWS:
-        assert any(n.endswith(".png") for n in opened.get(view, [])), f"the {view} view offers no figure PNG"
-    assert any(n.endswith(".csv") for names in opened.values() for n in names), "no view offers a CSV"
+        if not any(n.endswith(".png") for n in opened.get(view, [])):
+            problems.append(f"the {view} view delivered no figure PNG")
+    if not any(n.endswith(".csv") for names in opened.values() for n in names):
+        problems.append("no view delivered a CSV")
+    assert not problems, "\n".join(problems)
 
 
 # --------------------------------------------------------------------------- 2. Chinese everywhere
@@ -294,7 +329,8 @@ def preset_id(p) -> str:
 
 
 def clean(label: str) -> str:
-    return label.replace("\u2423", " ").strip().lower()
+    """A token label's word: without its position prefix ("8:␣it") and the visible-space mark."""
+    return re.sub(r"^\d+:", "", label).replace("\u2423", " ").strip().lower()
 
 
 def square_heatmap(pg) -> tuple[list[str], list[list[float]]]:
