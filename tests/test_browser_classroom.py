@@ -256,8 +256,9 @@ def test_presenter_mode_shows_the_main_figure_on_the_first_projector_screen(serv
         settle_figures(pg)
         assert query(pg).get("presenter") == "1", f"presenter mode is not kept in the URL: {pg.url}"
         assert not view_errors(pg), f"the {view} view shows an error: {view_errors(pg)[:1]}"
-        expanded = pg.locator('[data-testid="stSidebar"]').get_attribute("aria-expanded")
-        assert expanded == "false", "presenter mode leaves the sidebar open"
+        sidebar = pg.locator('[data-testid="stSidebar"]')
+        assert sidebar.get_attribute("data-collapsed") == "true" and sidebar.bounding_box()["width"] < 1, \
+            "presenter mode leaves the sidebar open"
         top = main_figure_top(pg)
         assert top is not None, f"the {view} view has no figure"
         assert top + VISIBLE_PX < FIRST_SCREEN, \
