@@ -27,12 +27,14 @@ import torch
 
 from app.facts import ModelFacts, facts_of
 from app.result_cache import ResultCache
-from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, offered_models,  # noqa: F401
-                          resolve_source, shared, shipped_models, source_version, token_cap)
+from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
+                          offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
+                          token_cap)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 from explorer_model.lab import worker
+from explorer_model.tokenizer import PromptError, check_prompt
 from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
 from explorer_model.recording import Recording, record
@@ -91,7 +93,9 @@ def encode_prompt(source: str, text: str, max_tokens: int) -> tuple[list[int], i
 
 
 def _encode(loaded, text: str, max_tokens: int) -> tuple[list[int], int]:
-    ids = loaded.tokenizer.encode(text, add_bos=getattr(loaded.tokenizer, "add_bos", False))
+    """Raises PromptError (one line) for a prompt over settings.prompt_char_limit() or not valid text."""
+    ids = loaded.tokenizer.encode(check_prompt(text, prompt_char_limit()),
+                                  add_bos=getattr(loaded.tokenizer, "add_bos", False))
     limit = max(1, min(max_tokens, token_cap(), loaded.model.cfg.max_seq_len))
     return ids[:limit], len(ids)
 
@@ -329,10 +333,16 @@ def _read_progress(queue) -> None:
             job.fraction, job.message, job.partial = fraction, message, partial
 
 
+class LabDisabled(RuntimeError):
+    """The server was started with --no-lab: experiments not computed yet are not run."""
+
+
 def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
     hit = result_cache().peek(key) if cache else None
     if hit is not None:
         return LabJob(key, result=hit)
+    if not lab_enabled():
+        raise LabDisabled("the lab's experiments are switched off on this server")
     pool, _ = _lab_pool()
     with _LAB_LOCK:
         _LAB_JOBS[:] = [j for j in _LAB_JOBS if not j.done()]
@@ -381,21 +391,28 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "embedding_rows", "check_interventions", "recording", "extend", "recording_npz", "derived",
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
-           "result_cache", "offered_models", "shared", "token_cap", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES"]
+           "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
+           "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
+           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson"]
 
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices
 def layer_weights(source: str, layer: int) -> dict[str, np.ndarray]:
-    """Copies of one block's FFN matrices and its W_v, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
-    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d]), cached: the SwiGLU view
-    recomputes the FFN from a recorded input, the RoPE view shows what an added position vector does to V."""
+    """Copies of one block's FFN matrices, its W_v and W_O, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
+    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d], "W_O" [d, n_heads·d_k],
+    "b_O" [d] only when the output projection has a bias), cached: the SwiGLU view recomputes the FFN from a
+    recorded input, the RoPE view shows what an added position vector does to V, the attention view projects
+    the recorded concatenation of heads with W_O."""
     def take() -> dict[str, np.ndarray]:
         block = _model(source).model.blocks[int(layer)]
-        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj}
+        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj,
+                "W_O": block.attn.o_proj}
         if hasattr(block.mlp, "gate_proj"):
             mats["W_gate"] = block.mlp.gate_proj
-        return {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
+        out = {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
+        if block.attn.o_proj.bias is not None:
+            out["b_O"] = block.attn.o_proj.bias.detach().float().numpy().copy()
+        return out
     return result_cache().get(("layer_weights", _ident(source), int(layer)), take)
 
 
@@ -465,3 +482,17 @@ def _is_fragment(data: bytes) -> bool:
 
 
 __all__ += ["lesson_target"]
+
+
+# ----------------------------------------------------------------------------- what-if patch lesson (branch rwl)
+def patch_lesson(source: str, ids, source_ids) -> dict:
+    """Per layer, how far patching the last position's resid_post from `source_ids` moves the last prediction
+    (explorer_model.analysis.patch_lesson), cached: the what-if preset's lesson target, found on the model."""
+    from explorer_model.analysis.patch_lesson import patch_layer_sweep
+    ids, source_ids = tuple(int(i) for i in ids), tuple(int(i) for i in source_ids)
+
+    def run() -> dict:
+        r = patch_layer_sweep(_model(source).model, ids, source_ids)
+        _forward(len(r["kl"]) + 2)
+        return r
+    return result_cache().get(("patch_lesson", _ident(source), ids, source_ids), run, _FORWARD)

@@ -129,7 +129,11 @@ def main() -> None:
         st.info(tr("app.empty_prompt"))
         return
     source = st.session_state.active_model
-    ids, body, n_total = side.prompt_ids(facts, source, prompt, int(st.session_state.max_tokens))
+    try:
+        ids, body, n_total = side.prompt_ids(facts, source, prompt, int(st.session_state.max_tokens))
+    except explorer.PromptError:  # too long for this server, or not text: one line, nothing run
+        st.error(tr("app.prompt_refused", chars=len(prompt), limit=explorer.prompt_char_limit()))
+        return
     if n_total > len(ids):
         st.warning(tr("app.truncated", total=n_total, used=len(ids)))
     if not ids:

@@ -25,6 +25,20 @@ def token_cap() -> int:
     return int(os.environ.get("LLAMA_EXPLORER_MAX_TOKENS", 512 if shared() else 2048))
 
 
+def prompt_char_limit() -> int:
+    """Characters a visitor's prompt may have, checked before tokenizing: tokenizing costs memory per character,
+    and more than ~32 characters per token of the cap could never be used anyway."""
+    from explorer_model.tokenizer import MAX_PROMPT_CHARS
+
+    return min(MAX_PROMPT_CHARS, 32 * token_cap())
+
+
+def lab_enabled() -> bool:
+    """`serve --no-lab` turns the norm lab's heavy experiments (training races, gradient probes) off; results
+    already computed (and the shipped curves) are still shown."""
+    return os.environ.get("LLAMA_EXPLORER_LAB", "1") != "0"
+
+
 def cache_budget_bytes() -> int:
     return int(float(os.environ.get("LLAMA_EXPLORER_CACHE_MB", 2048)) * 2**20)
 

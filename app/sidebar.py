@@ -150,7 +150,7 @@ def sidebar_prompt(facts: ModelFacts | None) -> str:
         st.session_state.pop("my_prompt")  # the visitor made the new prompt theirs: nothing to go back to
     if st.session_state.get("my_prompt"):
         sb.button(tr("sidebar.back"), on_click=_back, key="back_to_mine")
-    sb.text_area(tr("sidebar.prompt"), key="prompt", height=110)
+    sb.text_area(tr("sidebar.prompt"), key="prompt", height=110, max_chars=explorer.prompt_char_limit())
     if st.session_state.get("ids") and st.session_state.get("prompt") != st.session_state.get("ids_text"):
         st.session_state.update(ids=None, ids_text=None, ids_history=[])  # edited by hand
     sb.number_input(tr("sidebar.token_limit"), min_value=1, max_value=explorer.token_cap(),
@@ -239,12 +239,9 @@ def download(source: str, ids) -> None:
 
 # --------------------------------------------------------------------------- the room's address (share mode)
 def room_addresses() -> list[str]:
-    from app import launch
+    from explorer_model import serve
 
-    if hasattr(launch, "lan_addresses"):  # every non-loopback interface (app/launch.py)
-        return launch.lan_addresses()
-    addr = launch.lan_address()
-    return [] if addr.startswith("127.") else [addr]
+    return serve.lan_addresses()  # every non-loopback interface, read from the kernel
 
 
 def qr_png(url: str) -> bytes:

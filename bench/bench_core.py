@@ -1,7 +1,7 @@
 """Core benchmark: recording cost vs our plain forward vs HF transformers, recording memory, load time.
 
 All timings are medians of interleaved repeats in one process, reported as ratios, because this machine
-is shared and noisy. Usage: .venv/bin/python bench/bench_core.py [--lengths 256 1024] [--repeats 5]
+is shared and noisy. Usage: .venv/bin/python bench/bench_core.py [--lengths 256 1024] [--repeats 5] [--skip-hf]
 """
 from __future__ import annotations
 
@@ -71,8 +71,9 @@ def bench_length(model, hf, T: int, repeats: int) -> dict:
         "plain": lambda: model(ids),
         "record_all_fp32": lambda: record(model, ids),
         "record_all_fp16": lambda: record(model, ids, dtype=torch.float16),
-        "hf_eager_attn_hidden": lambda: hf(ids, output_attentions=True, output_hidden_states=True),
     }
+    if hf is not None:
+        runs["hf_eager_attn_hidden"] = lambda: hf(ids, output_attentions=True, output_hidden_states=True)
     times = {k: [] for k in runs}
     with torch.no_grad():
         for fn in runs.values():  # warm-up
@@ -85,10 +86,7 @@ def bench_length(model, hf, T: int, repeats: int) -> dict:
     faults = {k: int(statistics.median(f for _, _, f in v)) for k, v in times.items()}
     with torch.no_grad():
         rec16, rec32 = record(model, ids, dtype=torch.float16), record(model, ids)
-        hf_out = hf(ids, output_attentions=True, output_hidden_states=True)
-        err = (rec32.logits - hf_out.logits).abs().max().item()
-    hf_bytes = sum(t.numel() * t.element_size() for t in (*hf_out.attentions, *hf_out.hidden_states, hf_out.logits))
-    return {
+    out = {
         "tokens": T,
         "median_seconds": {k: round(v, 4) for k, v in med.items()},
         "median_cpu_seconds": {k: round(v, 4) for k, v in cpu.items()},
@@ -96,13 +94,18 @@ def bench_length(model, hf, T: int, repeats: int) -> dict:
         "cpu_ratio_record_fp32_vs_plain": round(cpu["record_all_fp32"] / cpu["plain"], 3),
         "ratio_record_fp32_vs_plain": round(med["record_all_fp32"] / med["plain"], 3),
         "ratio_record_fp16_vs_plain": round(med["record_all_fp16"] / med["plain"], 3),
-        "ratio_record_fp32_vs_hf": round(med["record_all_fp32"] / med["hf_eager_attn_hidden"], 3),
         "recorded_tensors": len(rec32),
         "recording_MB_fp32": round(rec32.stored_bytes() / 2**20, 1),
         "recording_MB_fp16": round(rec16.stored_bytes() / 2**20, 1),
-        "hf_outputs_MB": round(hf_bytes / 2**20, 1),
-        "max_abs_logit_diff_vs_hf": err,
     }
+    if hf is not None:
+        with torch.no_grad():
+            hf_out = hf(ids, output_attentions=True, output_hidden_states=True)
+        hf_tensors = (*hf_out.attentions, *hf_out.hidden_states, hf_out.logits)
+        out["ratio_record_fp32_vs_hf"] = round(med["record_all_fp32"] / med["hf_eager_attn_hidden"], 3)
+        out["hf_outputs_MB"] = round(sum(t.numel() * t.element_size() for t in hf_tensors) / 2**20, 1)
+        out["max_abs_logit_diff_vs_hf"] = (rec32.logits - hf_out.logits).abs().max().item()
+    return out
 
 
 def load_times(repeats: int = 3) -> dict:
@@ -128,10 +131,11 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="*", default=[256, 1024])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-load", action="store_true")
+    ap.add_argument("--skip-hf", action="store_true", help="time only our plain forward and recordings")
     args = ap.parse_args()
     loaded = load("smollm2")
     model = loaded.model
-    hf = hf_twin(model)
+    hf = None if args.skip_hf else hf_twin(model)
     report = {"threads": torch.get_num_threads(), "model": loaded.description, "lengths": []}
     for T in args.lengths:
         report["lengths"].append(bench_length(model, hf, T, args.repeats))

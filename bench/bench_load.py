@@ -152,7 +152,7 @@ class MemorySampler(threading.Thread):
 
 
 def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path) -> subprocess.Popen:
-    from app.launch import server_env, streamlit_command
+    from explorer_model.serve import server_env, streamlit_command
 
     log = open(log_path, "wb")
     return subprocess.Popen(streamlit_command(port, "127.0.0.1"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -14,8 +15,23 @@ import warnings
 SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
 
 
+MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and tiny values overflow the logits
+
+
 class CliError(Exception):
     pass
+
+
+def one_line(e: BaseException) -> str:
+    from .loaders.common import one_line as first_line
+
+    return first_line(e, limit=500)  # room for a long path and what is wrong with it
+
+
+def _is_oom(e: BaseException) -> bool:
+    """torch reports an allocation failure as a RuntimeError ("DefaultCPUAllocator: can't allocate memory")."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or ("memory" in text and ("alloc" in text or "out of" in text))
 
 
 def _load(source: str):
@@ -38,7 +54,7 @@ def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
     else:
         if text is None or not text.strip():
             raise CliError("the prompt is empty: give some text with --prompt")
-        ids = loaded.tokenizer.encode(text, add_bos=getattr(loaded.tokenizer, "add_bos", False))
+        ids = loaded.tokenizer.encode_prompt(text)  # refuses over MAX_PROMPT_CHARS before tokenizing
     if not ids:
         raise CliError("the prompt has no tokens")
     if len(ids) > cfg.max_seq_len:
@@ -88,12 +104,13 @@ def cmd_tokenize(args) -> None:
 
 
 def cmd_record(args) -> None:
-    import numpy as np
     import torch
 
     from .analysis.interventions import format_list
+    from .export import check_fits, check_target, gb, plan, save_npz
     from .recording import record
 
+    target = check_target(args.out)  # before loading anything: a folder or a device is refused at once
     loaded = _load(args.source)
     ids = prompt_ids(loaded, args.prompt, args.token_ids)
     names = args.names or None
@@ -101,16 +118,19 @@ def cmd_record(args) -> None:
         raise CliError(f"no hook point matches {names}; see the README for the names")
     dtype = torch.float16 if args.float16 else torch.float32
     ivs, source_ids = what_if(loaded, args)
+    size = plan(loaded.model, ids, names, dtype)
+    check_fits(size, target)
+    print(f"recording {len(ids)} tokens: {target} will take {gb(size.file_bytes)}", flush=True)
     try:
         rec = record(loaded.model, ids, names=names, dtype=dtype, interventions=ivs, source_tokens=source_ids)
     except ValueError as e:  # e.g. a patch position beyond one of the prompts
         raise CliError(str(e)) from None
     try:
-        np.savez(args.out, **rec.to_numpy())
-    except OSError as e:
-        raise CliError(f"cannot write {args.out}: {e.strerror}") from None
+        written = save_npz(rec, target)
+    except OSError as e:  # disk full, file-size limit, permissions: the previous file is left as it was
+        raise CliError(f"cannot write {target}: {e.strerror or one_line(e)}") from None
     changed = f" with {format_list(ivs)}" if ivs else ""
-    print(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {args.out}")
+    print(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {written}")
 
 
 def what_if(loaded, args):
@@ -136,11 +156,22 @@ def what_if(loaded, args):
 def cmd_generate(args) -> None:
     from .sampling import generate
 
+    if args.max_new_tokens < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
+        raise CliError("need --max-new-tokens >= 0, 0 < --top-p <= 1, --top-k >= 0")
+    t = args.temperature
+    if not (t == 0 or (math.isfinite(t) and t >= MIN_TEMPERATURE)):  # logits / 1e-320 overflow to inf, then NaN
+        raise CliError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t}")
+    if args.seed is not None and not 0 <= args.seed < 2**64:
+        raise CliError(f"--seed must be between 0 and 2**64 - 1, got {args.seed}")
     loaded = _load(args.source)
     ids = prompt_ids(loaded, args.prompt, None)
-    if args.max_new_tokens < 0 or args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise CliError("need --max-new-tokens >= 0, --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
     eos = loaded.tokenizer.eos_id
+    import torch
+
+    # Set once, in this process only: a decode step streams the weights through one-row products, which a second
+    # thread does not speed up, and with another busy process on the machine its waits halve the speed
+    # (bench/bench_decode.py --threads 1 vs 2).
+    torch.set_num_threads(1)
     new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                    args.seed, stop_ids={eos} if eos is not None else None)
     if args.json:
@@ -169,12 +200,12 @@ def cmd_train_tiny(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from app.launch import serve
+    from .serve import serve
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
     serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
-          max_tokens=args.max_tokens, cache_mb=args.cache_mb)
+          max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--models-dir", help="with --share: a folder whose models (.gguf files, model folders) are offered")
     s.add_argument("--max-tokens", type=int, help="longest prompt a visitor may run (default 512 shared, 2048 local)")
     s.add_argument("--cache-mb", type=int, help="memory for cached recordings (default 2048)")
+    s.add_argument("--no-lab", action="store_true",
+                   help="switch off the norm lab's training races and gradient probes (computed results still show)")
     s.set_defaults(fn=cmd_serve)
     return p
 
@@ -250,21 +283,52 @@ def main(argv: list[str] | None = None) -> int:
     from .runtime import keep_freed_memory
 
     keep_freed_memory()
+    # Our own warnings (e.g. an unwritable weight cache) are one line each, like the errors.
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_a, **_k: f"llama-explorer: warning: {one_line(Warning(message))}\n"
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = formatwarning
+
+
+def _run(args) -> int:
     from .config import ConfigError
+    from .export import ExportError
     from .loaders import LoadError
-    from .tokenizer import TokenizerError
+    from .tokenizer import PromptError, TokenizerError
 
     try:
         args.fn(args)
-    except (CliError, LoadError, ConfigError, TokenizerError) as e:
-        print(f"llama-explorer: error: {e}", file=sys.stderr)
-        return 2
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError) as e:
+        return _fail(one_line(e))
     except KeyboardInterrupt:
         return 130
-    except MemoryError:
-        print("llama-explorer: error: out of memory; try a shorter prompt or a smaller model", file=sys.stderr)
-        return 2
+    except BrokenPipeError:  # `llama-explorer tokenize ... | head -1`
+        # stdout is gone: point it at /dev/null so the interpreter's final flush does not complain again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _fail("the output was closed before everything was written (broken pipe)")
+    except (MemoryError, RuntimeError) as e:
+        if not _is_oom(e):
+            return _unexpected(e)
+        return _fail("out of memory; try a shorter prompt, fewer hooks (--names) or a smaller model")
+    except Exception as e:  # a case nobody foresaw: still one line (LLAMA_EXPLORER_DEBUG=1 shows the traceback)
+        return _unexpected(e)
     return 0
+
+
+def _fail(message: str) -> int:
+    # backslashreplace: a path or prompt with bytes that are not UTF-8 is shown escaped, never a second error
+    line = f"llama-explorer: error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    print(line, file=sys.stderr)
+    return 2
+
+
+def _unexpected(e: Exception) -> int:
+    if os.environ.get("LLAMA_EXPLORER_DEBUG"):
+        raise e
+    return _fail(f"{type(e).__name__}: {one_line(e)} (set LLAMA_EXPLORER_DEBUG=1 for the traceback)")
 
 
 if __name__ == "__main__":

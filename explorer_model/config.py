@@ -5,12 +5,24 @@ the checkpoint, and a missing required field is an error rather than a silent de
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 
 class ConfigError(ValueError):
     """A checkpoint's configuration is missing a field or is inconsistent."""
+
+
+def _positive(name: str, value) -> None:
+    """A finite number > 0. Written as `not (x > 0)` so NaN fails too: NaN <= 0 is False, and a NaN
+    rope_theta or scaling factor would load and fill every recorded pattern with NaN."""
+    try:
+        ok = math.isfinite(value) and value > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{name}={value!r} must be a finite number > 0")
 
 
 @dataclass(frozen=True)
@@ -21,6 +33,20 @@ class RopeScaling:
     high_freq_factor: float = 4.0  # llama3 only
     original_max_position: int = 8192  # llama3 only
     factors: tuple[float, ...] = ()  # "factors" only
+
+    def __post_init__(self):
+        if self.kind not in ("linear", "llama3", "factors"):
+            raise ConfigError(f"rope scaling kind {self.kind!r} is not one of linear, llama3, factors")
+        _positive("rope_scaling.factor", self.factor)
+        if self.kind == "llama3":
+            _positive("rope_scaling.low_freq_factor", self.low_freq_factor)
+            _positive("rope_scaling.high_freq_factor", self.high_freq_factor)
+            _positive("rope_scaling.original_max_position_embeddings", self.original_max_position)
+            if not self.high_freq_factor > self.low_freq_factor:  # the blend divides by their difference
+                raise ConfigError(f"rope_scaling.high_freq_factor={self.high_freq_factor} must be greater than "
+                                  f"low_freq_factor={self.low_freq_factor}")
+        for i, f in enumerate(self.factors):
+            _positive(f"rope_freqs[{i}]", f)
 
     @classmethod
     def from_hf(cls, d: dict[str, Any] | None) -> "RopeScaling | None":
@@ -77,10 +103,10 @@ class ModelConfig:
             raise ConfigError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for RoPE")
-        if not (0 < self.norm_eps < 1):
-            raise ConfigError(f"norm_eps={self.norm_eps} is out of range")
-        if self.rope_theta <= 0:
-            raise ConfigError(f"rope_theta={self.rope_theta} must be positive")
+        _positive("norm_eps", self.norm_eps)
+        if not self.norm_eps < 1:
+            raise ConfigError(f"norm_eps={self.norm_eps} is out of range (0, 1)")
+        _positive("rope_theta", self.rope_theta)
         if self.norm_placement not in ("pre", "post"):
             raise ConfigError(f"norm_placement must be 'pre' or 'post', got {self.norm_placement!r}")
         if self.norm_type not in ("rms", "layer"):

@@ -25,6 +25,11 @@ class HookPoint(nn.Module):
         self.name = ""  # filled by HookedModule.setup_hooks from the module tree
         self.fns: list[HookFn] = []
 
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # Skips nn.Module's call machinery (torch's own module hooks are never used on hook points): a decode
+        # step passes ~700 hook points, and an unhooked one must cost an attribute test, not a dispatch.
+        return self.forward(x) if self.fns else x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.fns:
             return x
@@ -77,10 +82,12 @@ class HookedModule(nn.Module):
     def select_hooks(self, names: Iterable[str] | None = None, layers: Iterable[int] | None = None) -> list[str]:
         """Hook names matching any glob in `names` (all if None), restricted to `layers` for per-block hooks."""
         patterns = list(names) if names is not None else ["*"]
+        exact = {p for p in patterns if not any(c in p for c in "*?[")}  # a set: a full name list stays fast
+        globs = [p for p in patterns if p not in exact]
         layer_set = None if layers is None else {int(l) for l in layers}
         chosen = []
         for name in self.hook_dict:
-            if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            if name not in exact and not any(fnmatch.fnmatchcase(name, p) for p in globs):
                 continue
             if layer_set is not None and name.startswith("blocks.") and int(name.split(".")[1]) not in layer_set:
                 continue

@@ -21,6 +21,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookedModule, HookPoint
 from .rope import apply_rope, cos_sin, model_inverse_frequencies
+from .stable import Q_BLOCK, pad_to, query_blocks, stable_linear, stable_silu
 
 
 # --------------------------------------------------------------------------- norms
@@ -65,8 +66,12 @@ def causal_scores(rot_q: torch.Tensor, rot_k: torch.Tensor, q_offset: int = 0) -
     with this same function, so recorded and computed values are identical.
     """
     n_rep = rot_q.shape[2] // rot_k.shape[2]
-    q = rot_q.transpose(1, 2)  # [batch, head, q_pos, d_head]
     k = rot_k.repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    return _masked_scores(rot_q.transpose(1, 2), k, q_offset)
+
+
+def _masked_scores(q: torch.Tensor, k: torch.Tensor, q_offset: int) -> torch.Tensor:
+    """q [batch, head, q_pos, d_head], k [batch, head, k_pos, d_head] -> scaled scores, -inf in the future."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     n_q, n_k = scores.shape[-2:]
     future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1 + q_offset)
@@ -78,22 +83,72 @@ def attention_pattern(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.float(), dim=-1)
 
 
-class KVCache:
-    """Rotated keys and values of the positions seen so far, per layer: [batch, pos, kv_head, d_head]."""
+# --------------------------------------------------------------------------- prefix-stable attention
+def blocked_attention(rot_q: torch.Tensor, rot_k: torch.Tensor, v: torch.Tensor | None, q_offset: int = 0,
+                      weights: bool = False):
+    """Causal attention computed per query block of Q_BLOCK rows (prefix-stable: see stable.py).
 
-    def __init__(self, n_layers: int):
+    rot_q [batch, q_pos, head, d_head] holds positions q_offset.. ; rot_k/v [batch, k_pos, kv_head, d_head] from 0.
+    Returns (z [batch, q_pos, head, d_head] or None without v, scores, pattern) where scores/pattern are the
+    full [batch, head, q_pos, k_pos] tensors if `weights`, else None. The recorder rebuilds derived scores and
+    patterns with this function, so they carry the very bits the model used.
+    """
+    batch, n_q, n_heads, d_head = rot_q.shape
+    n_k = rot_k.shape[1]
+    n_rep = n_heads // rot_k.shape[2]
+    # Keys and values padded to the last block's end and repeated per query head once; each block reads a prefix.
+    end = -(-(q_offset + n_q) // Q_BLOCK) * Q_BLOCK
+    k_all = pad_to(rot_k, end).repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, end, d_head]
+    v_all = None if v is None else pad_to(v, end).repeat_interleave(n_rep, dim=2).transpose(1, 2)
+    z = rot_q.new_empty(batch, n_q, n_heads, d_head) if v is not None else None
+    scores_all = pattern_all = None
+    if weights:
+        scores_all = rot_q.new_full((batch, n_heads, n_q, n_k), float("-inf"))
+        pattern_all = torch.zeros(batch, n_heads, n_q, n_k)
+    for a0, lo, hi in query_blocks(n_q, q_offset):
+        width = a0 + Q_BLOCK
+        q = rot_q.new_zeros(batch, Q_BLOCK, n_heads, d_head)
+        q[:, lo - a0:hi - a0] = rot_q[:, lo - q_offset:hi - q_offset]
+        scores = _masked_scores(q.transpose(1, 2), k_all[:, :, :width], a0)  # [batch, head, Q_BLOCK, width]
+        pattern = attention_pattern(scores)
+        rows, cols = slice(lo - a0, hi - a0), min(width, n_k)
+        if weights:
+            scores_all[:, :, lo - q_offset:hi - q_offset, :cols] = scores[:, :, rows, :cols]
+            pattern_all[:, :, lo - q_offset:hi - q_offset, :cols] = pattern[:, :, rows, :cols]
+        if v is not None:
+            z_block = torch.matmul(pattern.to(v.dtype), v_all[:, :, :width])  # [batch, head, Q_BLOCK, d_head]
+            z[:, lo - q_offset:hi - q_offset] = z_block[:, :, rows].transpose(1, 2)
+    return z, scores_all, pattern_all
+
+
+class KVCache:
+    """Rotated keys and values of the positions seen so far, per layer: [batch, pos, kv_head, d_head].
+
+    Buffers grow by doubling and a step writes into them, instead of copying the whole cache every step.
+    `stable=True` makes a forward with this cache use the prefix-stable formulation (see stable.py).
+    """
+
+    def __init__(self, n_layers: int, stable: bool = False):
         self.k: list[torch.Tensor | None] = [None] * n_layers
         self.v: list[torch.Tensor | None] = [None] * n_layers
+        self.lengths = [0] * n_layers
+        self.stable = stable
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k[layer] is not None:
-            k = torch.cat([self.k[layer], k], dim=1)
-            v = torch.cat([self.v[layer], v], dim=1)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
+        n0 = self.lengths[layer]
+        n1 = n0 + k.shape[1]
+        if self.k[layer] is None or self.k[layer].shape[1] < n1:
+            cap = max(n1, 2 * n0, 64)
+            grown = [t.new_empty(t.shape[0], cap, *t.shape[2:]) for t in (k, v)]
+            if n0:
+                grown[0][:, :n0], grown[1][:, :n0] = self.k[layer][:, :n0], self.v[layer][:, :n0]
+            self.k[layer], self.v[layer] = grown
+        self.k[layer][:, n0:n1], self.v[layer][:, n0:n1] = k, v
+        self.lengths[layer] = n1
+        return self.k[layer][:, :n1], self.v[layer][:, :n1]
 
     def layer_length(self, layer: int) -> int:
-        return 0 if self.k[layer] is None else self.k[layer].shape[1]
+        return self.lengths[layer]
 
     @property
     def length(self) -> int:
@@ -121,11 +176,11 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head] pattern @ V
         self.force_explicit = False
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: KVCache | None = None, stable: bool = False) -> torch.Tensor:
         batch, n_pos, _ = x.shape
-        q = self.hook_q(self.q_proj(x).view(batch, n_pos, self.n_heads, self.d_head))
-        k = self.hook_k(self.k_proj(x).view(batch, n_pos, self.n_kv_heads, self.d_head))
-        v = self.hook_v(self.v_proj(x).view(batch, n_pos, self.n_kv_heads, self.d_head))
+        q = self.hook_q(stable_linear(self.q_proj, x, stable).view(batch, n_pos, self.n_heads, self.d_head))
+        k = self.hook_k(stable_linear(self.k_proj, x, stable).view(batch, n_pos, self.n_kv_heads, self.d_head))
+        v = self.hook_v(stable_linear(self.v_proj, x, stable).view(batch, n_pos, self.n_kv_heads, self.d_head))
         rot_q = self.hook_rot_q(apply_rope(q, cos, sin))
         rot_k = self.hook_rot_k(apply_rope(k, cos, sin))
         q_offset = 0
@@ -134,11 +189,22 @@ class Attention(nn.Module):
             rot_k, v = cache.extend(self.layer, rot_k, v)
 
         wants_weights = self.force_explicit or self.hook_attn_scores.active or self.hook_pattern.active
-        if wants_weights or (q_offset and n_pos > 1):
-            scores = self.hook_attn_scores(causal_scores(rot_q, rot_k, q_offset))
-            pattern = self.hook_pattern(attention_pattern(scores)).to(v.dtype)
-            v_rep = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2).transpose(1, 2)
-            z = torch.matmul(pattern, v_rep).transpose(1, 2)  # [batch, pos, head, d_head]
+        if wants_weights or (q_offset and n_pos > 1 and not stable):
+            z = pattern = None
+            if stable:  # the weights and z the unhooked pass computes, kept unless a hook replaces them
+                z, scores, pattern = blocked_attention(rot_q, rot_k, v, q_offset, weights=True)
+            else:
+                scores = causal_scores(rot_q, rot_k, q_offset)
+            hooked = self.hook_attn_scores(scores)
+            if hooked is not scores or pattern is None:
+                pattern = attention_pattern(hooked)
+                z = None
+            hooked = self.hook_pattern(pattern)
+            if hooked is not pattern or z is None:
+                v_rep = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2).transpose(1, 2)
+                z = torch.matmul(hooked.to(v.dtype), v_rep).transpose(1, 2)  # [batch, pos, head, d_head]
+        elif stable:
+            z = blocked_attention(rot_q, rot_k, v, q_offset)[0]
         else:
             # Fused path: nothing asked for the weights, so they need not exist in memory.
             z = F.scaled_dot_product_attention(
@@ -146,7 +212,7 @@ class Attention(nn.Module):
                 is_causal=q_offset == 0 and n_pos > 1, enable_gqa=True,
             ).transpose(1, 2)
         z = self.hook_z(z)
-        return self.o_proj(z.reshape(batch, n_pos, self.n_heads * self.d_head))
+        return stable_linear(self.o_proj, z.reshape(batch, n_pos, self.n_heads * self.d_head), stable)
 
 
 # --------------------------------------------------------------------------- feed-forward
@@ -167,13 +233,13 @@ class MLP(nn.Module):
             self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff] W_up x
         self.hook_post = HookPoint()  # [batch, pos, d_ff] SiLU(gate) * up, the input of W_down
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, stable: bool = False) -> torch.Tensor:
         if self.gated:
-            act = self.hook_act(F.silu(self.hook_pre(self.gate_proj(x))))
-            post = self.hook_post(act * self.hook_pre_linear(self.up_proj(x)))
+            act = self.hook_act(stable_silu(self.hook_pre(stable_linear(self.gate_proj, x, stable)), stable))
+            post = self.hook_post(act * self.hook_pre_linear(stable_linear(self.up_proj, x, stable)))
         else:
-            post = self.hook_post(self.hook_act(F.relu(self.hook_pre(self.up_proj(x)))))
-        return self.down_proj(post)
+            post = self.hook_post(self.hook_act(F.relu(self.hook_pre(stable_linear(self.up_proj, x, stable)))))
+        return stable_linear(self.down_proj, post, stable)
 
 
 # --------------------------------------------------------------------------- block and model
@@ -190,16 +256,16 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: KVCache | None = None, stable: bool = False) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         if self.pre_norm:
-            attn_out = self.hook_attn_out(self.attn(self.ln1(x), cos, sin, cache))
+            attn_out = self.hook_attn_out(self.attn(self.ln1(x), cos, sin, cache, stable))
             h = self.hook_resid_mid(x + attn_out)
-            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(h)))
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(h), stable))
             return self.hook_resid_post(h + mlp_out)
-        attn_out = self.hook_attn_out(self.attn(x, cos, sin, cache))
+        attn_out = self.hook_attn_out(self.attn(x, cos, sin, cache, stable))
         h = self.hook_resid_mid(self.ln1(x + attn_out))
-        mlp_out = self.hook_mlp_out(self.mlp(h))
+        mlp_out = self.hook_mlp_out(self.mlp(h, stable))
         return self.hook_resid_post(self.ln2(h + mlp_out))
 
 
@@ -217,6 +283,7 @@ class LlamaModel(HookedModule):
         self.logits = HookPoint()  # [batch, pos, vocab]
         self.tie_weights()
         self._inv_freq: torch.Tensor | None = None
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.setup_hooks()
 
     def tie_weights(self) -> None:
@@ -230,16 +297,36 @@ class LlamaModel(HookedModule):
         return self._inv_freq
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """tokens [batch, pos] -> logits [batch, pos, vocab]. With a cache, positions continue after it."""
+        """tokens [batch, pos] -> logits [batch, pos, vocab]. With a cache, positions continue after it.
+
+        Without a cache (and not training) the pass is prefix-stable (see stable.py); a cache is fast unless
+        made with stable=True. Training keeps the fused kernels: its gradients need no bit-stable prefix.
+        """
         start = 0 if cache is None else cache.length
-        positions = torch.arange(start, start + tokens.shape[1])
-        cos, sin = cos_sin(self.inv_freq, positions)  # [pos, d_head/2]
+        if cache is not None:
+            stable = cache.stable
+        else:
+            stable = not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
+        cos, sin = self.rope_table(start, start + tokens.shape[1])  # [pos, d_head/2]
         x = self.hook_embed(self.embed(tokens))
         for block in self.blocks:
-            x = block(x, cos, sin, cache)
+            x = block(x, cos, sin, cache, stable)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.logits(self.unembed(x))
+        return self.logits(stable_linear(self.unembed, x, stable))
+
+    def rope_table(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of positions start..end, each [end - start, d_head / 2].
+
+        Kept per model and computed in whole blocks of 1024 positions, so a position's values never depend on how
+        many positions one pass asked for (and a decode step does not recompute them).
+        """
+        table = self._rope
+        if table is None or table[0].shape[0] < end:
+            n = -(-end // 1024) * 1024
+            blocks = [cos_sin(self.inv_freq, torch.arange(b, b + 1024)) for b in range(0, n, 1024)]
+            table = self._rope = (torch.cat([c for c, _ in blocks]), torch.cat([s for _, s in blocks]))
+        return table[0][start:end], table[1][start:end]
 
     # ------------------------------------------------------------------ weights
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:

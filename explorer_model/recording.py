@@ -8,9 +8,13 @@ or simply `rec = record(model, tokens)`.
 
 Attention scores and patterns are [head, pos, pos] per layer: at 1024 tokens they would be two thirds of
 a full recording. By default ("derived") the recorder keeps the rotated Q and K they are made of
-(float32, a few MB per layer) and rebuilds scores and pattern on access with the very functions the
-model uses (`causal_scores`, `attention_pattern`), so the values are the ones the model computes.
+(float32, a few MB per layer) and rebuilds scores and pattern on access with the very function the
+model uses (`blocked_attention`), so the values are the ones the model computes. The rotated Q and K of such
+a layer are served from that float32 pair (converted on access in a float16 recording, never kept twice).
 `attention="stored"` hooks them directly instead, which forces the explicit attention path.
+
+`extend(model, rec, token_id)` adds one position with the KV cache, bit-identical to recording the longer
+prompt (see stable.py for why the bits agree).
 """
 from __future__ import annotations
 
@@ -23,9 +27,10 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
-from .model import LlamaModel, attention_pattern, causal_scores
+from .model import KVCache, LlamaModel, blocked_attention
 
 _DERIVED = re.compile(r"blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
+_ROTATED = re.compile(r"blocks\.(\d+)\.attn\.hook_rot_(q|k)$")
 
 
 class Recording(Mapping):
@@ -46,10 +51,11 @@ class Recording(Mapping):
             return self._store[name]
         m = _DERIVED.match(name)
         if m and name in self.names:
-            rot_q, rot_k = self._rotated[int(m.group(1))]
-            scores = causal_scores(rot_q, rot_k)
-            out = scores if m.group(2) == "attn_scores" else attention_pattern(scores)
-            return out.to(self.dtype)
+            _, scores, pattern = blocked_attention(*self._rotated[int(m.group(1))], None, weights=True)
+            return (scores if m.group(2) == "attn_scores" else pattern).to(self.dtype)
+        m = _ROTATED.match(name)
+        if m and name in self.names and int(m.group(1)) in self._rotated:
+            return self._rotated[int(m.group(1))][m.group(2) == "k"].to(self.dtype)
         raise KeyError(f"{name!r} was not recorded")
 
     def __iter__(self) -> Iterator[str]:
@@ -85,8 +91,14 @@ class Recording(Mapping):
         return head // self.cfg.n_rep
 
     def stored_bytes(self) -> int:
+        """Bytes of the distinct storages held: a tensor kept under two names (resid_post of layer L is
+        resid_pre of L + 1) counts once."""
         tensors = list(self._store.values()) + [t for qk in self._rotated.values() for t in qk]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        storages = {}
+        for t in tensors:
+            s = t.untyped_storage()
+            storages[s.data_ptr()] = max(storages.get(s.data_ptr(), 0), s.nbytes())
+        return sum(storages.values())
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         """Every recorded name (derived ones materialized), plus token_ids and logits."""
@@ -108,10 +120,15 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
         selected.append("logits")  # always kept: every view ends in a prediction
     store: dict[str, torch.Tensor] = {}
     rotated: dict[int, list] = {}
+    last = [None, None]  # the previous hooked tensor and its kept copy
 
     def keep(x: torch.Tensor, hp) -> None:
-        x = x.detach()
-        store[hp.name] = x.to("cpu", dtype) if x.dtype != dtype or x.device.type != "cpu" else x
+        # Consecutive hooks see the same tensor (hook_embed and blocks.0.hook_resid_pre; resid_post of L and
+        # resid_pre of L + 1): keep one copy for both, also when converting to float16.
+        if x is not last[0]:
+            kept = x.detach()
+            last[:] = x, kept.to("cpu", dtype) if kept.dtype != dtype or kept.device.type != "cpu" else kept
+        store[hp.name] = last[1]
 
     def keep_rotated(slot: int):
         def fn(x: torch.Tensor, hp) -> None:
@@ -124,8 +141,11 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
         m = _DERIVED.match(name)
         if m and attention == "derived":
             derived_layers.add(int(m.group(1)))
-        else:
-            fwd_hooks.append((name, keep))
+    for name in selected:
+        m = _ROTATED.match(name)
+        if not _DERIVED.match(name) or attention != "derived":
+            if not (m and int(m.group(1)) in derived_layers):  # served from the float32 pair kept below
+                fwd_hooks.append((name, keep))
     for layer in sorted(derived_layers):
         fwd_hooks.append((f"blocks.{layer}.attn.hook_rot_q", keep_rotated(0)))
         fwd_hooks.append((f"blocks.{layer}.attn.hook_rot_k", keep_rotated(1)))
@@ -133,13 +153,7 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
     rec = Recording(model.cfg, selected, store, rotated, dtype)
     with model.hooks(fwd_hooks):
         yield rec
-    # A derived layer whose rot_q was also selected shares one tensor; drop the stored duplicate dtype copy
-    # only if dtypes match, so memory is not counted twice.
-    for layer, (rq, rk) in rotated.items():
-        for slot, key in ((0, "rot_q"), (1, "rot_k")):
-            stored = store.get(f"blocks.{layer}.attn.hook_{key}")
-            if stored is not None and stored.dtype == torch.float32:
-                rotated[layer][slot] = stored
+    last.clear()
     rec._rotated = {k: (v[0], v[1]) for k, v in rotated.items()}
 
 
@@ -166,3 +180,45 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
                 model(tokens)
     rec.token_ids = tokens.cpu()
     return rec
+
+
+def extend(model: LlamaModel, rec: Recording, token_id: int) -> Recording:
+    """`rec` plus one position: token_id runs alone against the prefix's K/V taken from the recording.
+
+    Equal, hook by hook and bit for bit, to `record(model, rec.token_ids + [token_id], rec.names)`: the
+    prefix's activations do not change in a causal model, and the forward passes of both are prefix-stable
+    (stable.py). Needs a float32 recording of one prompt with derived attention that holds
+    every layer's V and rotated K (a full recording does).
+    """
+    cfg = model.cfg
+    if rec.dtype != torch.float32 or rec.token_ids is None or rec.token_ids.shape[0] != 1:
+        raise ValueError("extend needs a float32 recording of one prompt")
+    if any(_DERIVED.match(name) for name in rec._store):
+        raise ValueError("extend needs derived attention (a recording made with attention='stored' cannot grow)")
+    if rec.n_pos >= cfg.max_seq_len:
+        raise ValueError(f"the recording already has the model's maximum of {cfg.max_seq_len} positions")
+    if not 0 <= int(token_id) < cfg.vocab_size:
+        raise ValueError(f"token id {token_id} is outside the vocabulary (0..{cfg.vocab_size - 1})")
+    cache = KVCache(cfg.n_layers, stable=True)
+    for layer in range(cfg.n_layers):
+        rot_k = rec._rotated[layer][1] if layer in rec._rotated else rec._store.get(f"blocks.{layer}.attn.hook_rot_k")
+        v = rec._store.get(f"blocks.{layer}.attn.hook_v")
+        if rot_k is None or v is None:
+            raise ValueError(f"extend needs V and rotated K of every layer; layer {layer} has not both recorded")
+        cache.extend(layer, rot_k, v)
+    with torch.no_grad(), recorder(model, rec.names, dtype=rec.dtype) as step:
+        model(torch.tensor([[int(token_id)]]), cache)
+
+    joined: dict[int, torch.Tensor] = {}  # by the old tensor, so shared tensors stay shared
+
+    def join(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        if id(old) not in joined:
+            joined[id(old)] = torch.cat([old, new], 1)  # every recorded tensor is [batch, pos, ...]
+        return joined[id(old)]
+
+    store = {name: join(t, step._store[name]) for name, t in rec._store.items()}
+    rotated = {layer: (join(rq, step._rotated[layer][0]), join(rk, step._rotated[layer][1]))
+               for layer, (rq, rk) in rec._rotated.items()}
+    out = Recording(cfg, list(rec.names), store, rotated, rec.dtype)
+    out.token_ids = torch.cat([rec.token_ids, torch.tensor([[int(token_id)]])], 1)
+    return out

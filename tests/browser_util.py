@@ -40,7 +40,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     """The app's URL, served the way `llama-explorer serve` serves it (app.launch.streamlit_command)."""
-    from app.launch import streamlit_command
+    from explorer_model.serve import streamlit_command
 
     port = free_port()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")

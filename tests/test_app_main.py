@@ -47,7 +47,8 @@ def test_overlong_prompt_is_cut_with_a_notice():
     assert not at.exception
     assert f"only the first {state.DEFAULT_MAX_TOKENS} are used" in all_text(at)
     z = decode(figures(at)[0]["data"][0]["z"])
-    assert z.shape == (state.DEFAULT_MAX_TOKENS, state.DEFAULT_MAX_TOKENS)
+    assert z.shape == (49, 49)  # the attention view shows ±24 tokens around the selected one of a long prompt
+    assert f"of {state.DEFAULT_MAX_TOKENS} (a window" in all_text(at)
     at.sidebar.number_input(key="max_tokens").set_value(16).run()
     assert "only the first 16 are used" in all_text(at)
     assert decode(figures(at)[0]["data"][0]["z"]).shape == (16, 16)
@@ -222,7 +223,7 @@ def test_recording_npz_holds_every_hook():
 
 
 def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
-    from app import launch
+    from explorer_model import serve as launch
 
     monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
     monkeypatch.setattr(launch, "lan_addresses", lambda: ["192.168.1.20", "10.0.0.7"], raising=False)

@@ -88,17 +88,65 @@ def _check_init_figures(page):
 
 
 def test_race_from_button(page):
-    fig = by_id(page, "normlab_race_live")
-    expected = lab.race(lab.RaceConfig(depth=6, lr=1e-3, steps=RACE_STEPS, log_every=1))  # race() uses one thread
+    """The live race is drawn OVER the shipped curves: one figure holds the shipped seeds and the live run."""
+    from app.panels.normlab_race import DEFAULT_DEPTH, DEFAULT_LR
+    assert (DEFAULT_DEPTH, DEFAULT_LR) == (6, 3e-3)
+    fig = by_id(page, "normlab_race")
+    expected = lab.race(lab.RaceConfig(depth=DEFAULT_DEPTH, lr=DEFAULT_LR, steps=RACE_STEPS, log_every=1))
     for key in lab.RUN_KEYS:
         t = trace(fig, key)
         np.testing.assert_allclose(decode(t["x"]), expected["steps"])
         np.testing.assert_allclose(decode(t["y"]), expected["curves"][key], rtol=1e-6)
     line = [s for s in fig["layout"]["shapes"] if s.get("type") == "line"]
     assert line and line[0]["y0"] == pytest.approx(expected["unigram_entropy"])
-    if lab.load_race_curves():
-        shipped = by_id(page, "normlab_race_shipped")
-        assert len(shipped["data"]) == 3 * len(lab.RUN_KEYS)
+    shipped = lab.load_race_curves()["runs"][lab.race_grid_key(DEFAULT_DEPTH, DEFAULT_LR)]
+    for seed, runs in shipped["seeds"].items():
+        for key in lab.RUN_KEYS:
+            np.testing.assert_allclose(decode(trace(fig, f"shipped_{key}_{seed}")["y"]), runs[key])
+    assert len(fig["data"]) == len(shipped["seeds"]) * len(lab.RUN_KEYS) + len(lab.RUN_KEYS)
+    assert sum(1 for f in figures(page) if "Training loss" in str(f["layout"].get("title"))) == 1
+
+
+def test_defaults_show_the_difference():
+    """At the race's defaults every shipped Pre run leaves the unigram line within the default steps, no Post run does."""
+    from app.panels.normlab_race import DEFAULT_DEPTH, DEFAULT_LR, DEFAULT_STEPS
+    curves = lab.load_race_curves()
+    entry = curves["runs"][lab.race_grid_key(DEFAULT_DEPTH, DEFAULT_LR)]
+    steps = [s for s in entry["steps"] if s <= DEFAULT_STEPS]
+    for runs in entry["seeds"].values():
+        for key in lab.RUN_KEYS:
+            esc = lab.escape_step(steps, runs[key][:len(steps)], curves["unigram_entropy"])
+            assert (esc is not None) == key.startswith("pre_"), key
+
+
+def test_lab_prose_numbers_come_from_the_data(page):
+    """Every number the lessons quote equals the data file's (or the shipped curves') value."""
+    from explorer_model.lab import lesson_numbers
+    from explorer_model.lab.race import race_lesson_numbers
+    nums = lesson_numbers.load()
+    text = all_text(page)
+    u = nums["unigram"]
+    assert f"{u['entropy']:.2f} nats per token" in text and f"{u['tokens']} tokens" in text
+    assert u["entropy"] == pytest.approx(lab.load_race_curves()["unigram_entropy"])
+    # one unigram number only: the twins' training-mix entropy and held-out cross-entropy are not shown
+    logs = lab.train_log(lab.TWINS[0])
+    for other in (logs["unigram_entropy_train"], logs["unigram_cross_entropy_heldout"]):
+        assert f"{other:.2f}" not in text and f"{other:.3f}" not in text
+    # the init lesson for the page's options (ReLU, Xavier)
+    r = nums["init_ratio"]["relu_xavier"]
+    assert f"ratio {r['pre']['lo']:.2f}–{r['pre']['hi']:.2f}" in text
+    assert f"ratio {r['post']['lo']:.2f}–{r['post']['hi']:.2f}" in text
+    # the race lesson, measured from the shipped curves, checked here by counting them independently
+    curves = lab.load_race_curves()
+    h = curves["unigram_entropy"]
+    pre = [lab.escape_step(e["steps"], runs[k], h) for e in curves["runs"].values() for runs in e["seeds"].values()
+           for k in lab.RUN_KEYS if k.startswith("pre_")]
+    n = race_lesson_numbers(curves)
+    assert (n["pre_off"], n["pre_all"], n["pre_lo"], n["pre_hi"]) == (
+        sum(x is not None for x in pre), len(pre), min(x for x in pre if x), max(x for x in pre if x))
+    assert f"Pre-Norm leaves the unigram plateau in {n['pre_off']} of {n['pre_all']} runs" in text
+    assert f"between steps {n['pre_lo']} and {n['pre_hi']}" in text
+    assert f"stays on the unigram line in {n['post_hard_stuck']} of {n['post_hard_all']} runs" in text
 
 
 def test_selection_change_runs_no_model(page):
@@ -119,5 +167,5 @@ def test_chinese_page():
     text = all_text(at)
     assert "初始化时的梯度" in text and "训练赛跑" in text
     assert not any("{" in c.value for c in at.get("caption"))
-    assert any("一元熵" in f["layout"]["title"]["text"] or "训练损失" in f["layout"]["title"]["text"]
-               for f in figures(at)) or not lab.load_race_curves()
+    assert any("训练损失" in f["layout"]["title"]["text"] for f in figures(at))
+    assert "一元熵" in text and "nats" in text

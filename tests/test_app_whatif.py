@@ -7,7 +7,7 @@ from apptest_util import all_text, decode, figures, run_app
 
 import app.explorer as app_explorer
 from app.context import display_piece
-from app.presets import BANK_PAIR
+from app.panels.whatif_bank import BANK_SOURCE, BANK_TARGET, MIN_KL
 from explorer_model.analysis import measures as M
 
 pytestmark = pytest.mark.slow
@@ -137,16 +137,55 @@ def test_no_rope_shuffle(loaded):
 
 def test_bank_patch_and_chinese(loaded):
     spec = "patch:blocks.20.hook_resid_post@-1"
-    at = run_app(view="whatif", whatif=spec, prompt=BANK_PAIR[0], lang="zh")
+    at = run_app(view="whatif", whatif=spec, prompt=BANK_TARGET, lang="zh")
     assert not at.exception
     assert "哪些头重要" in all_text(at) and "施加" in all_text(at)
-    assert at.text_input(key="whatif_source_text").value == BANK_PAIR[1]  # the other bank sentence by default
-    _, clean, changed = runs(loaded, BANK_PAIR[0], [spec], BANK_PAIR[1])
+    assert at.text_input(key="whatif_source_text").value == BANK_SOURCE  # the other bank sentence by default
+    _, clean, changed = runs(loaded, BANK_TARGET, [spec], BANK_SOURCE)
     dist = figures(at)[0]
     assert "修改前后" in dist["layout"]["title"]["text"]
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)
+
+
+def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
+    mine = "My own prompt, typed by hand."
+    at = run_app(view="whatif", prompt=mine)
+    assert not at.exception
+    at.button(key="whatif_q_bank").click().run()
+    assert not at.exception
+    assert at.session_state["prompt"] == BANK_TARGET and at.session_state["prompt_before_preset"] == mine
+    spec = at.session_state["whatif"]
+    layer = int(spec.split(".")[1])
+    assert spec == f"patch:blocks.{layer}.hook_resid_post@-1" and at.session_state["layer"] == layer
+    # measured here from two independent runs: the unchanged model and the patched one
+    _, clean, changed = runs(loaded, BANK_TARGET, [spec], BANK_SOURCE)
+    p, q = (torch.log_softmax(r.logits[0, -1].double(), -1) for r in (clean, changed))
+    kl = float((p.exp() * (p - q)).sum())
+    assert int(p.argmax()) != int(q.argmax()) and kl >= MIN_KL
+    # one layer earlier the same patch does not flip it (the layer is the earliest that does)
+    if layer:
+        _, _, before = runs(loaded, BANK_TARGET, [f"patch:blocks.{layer - 1}.hook_resid_post@-1"], BANK_SOURCE)
+        q0 = torch.log_softmax(before.logits[0, -1].double(), -1)
+        flipped, kl0 = int(q0.argmax()) != int(p.argmax()), float((p.exp() * (p - q0)).sum())
+        assert not (flipped and kl0 >= MIN_KL)
+    text = all_text(at)
+    assert f"KL {kl:.2f}" in text and display_piece(loaded.tokenizer.piece(int(q.argmax()))) in text
+    # the way back
+    at.button(key="whatif_back").click().run()
+    assert at.session_state["prompt"] == mine and "prompt_before_preset" not in at.session_state
+
+
+def test_attention_heatmaps_label_tokens(loaded):
+    at = run_app(view="whatif", whatif="no-mask", prompt="I love machine learning.", layer=1, head=0)
+    assert not at.exception
+    ids = loaded.tokenizer.encode("I love machine learning.")
+    heat = [f for f in figures(at) if f["data"] and f["data"][0]["type"] == "heatmap" and len(f["data"]) == 2][0]
+    labels = [f"{i}:{display_piece(loaded.tokenizer.piece(t))}" for i, t in enumerate(ids)]
+    for tr in heat["data"]:
+        assert list(tr["x"]) == labels and list(tr["y"]) == labels
+    assert all(heat["layout"][k].get("showticklabels", True) for k in heat["layout"] if k.startswith("xaxis"))
 
 
 def test_builder_and_bad_input():
@@ -168,3 +207,13 @@ def test_builder_and_bad_input():
     assert not at.exception and "layer 99 does not exist" in " ".join(e.value for e in at.error)
     at.text_input(key="whatif_specs").set_value("nonsense").run()
     assert "unknown intervention" in " ".join(e.value for e in at.error)
+
+
+def test_chinese_candidates_are_readable():
+    """A candidate that is part of a character is named by what it completes: no byte escapes, no U+FFFD."""
+    at = run_app(view="whatif", whatif="no-mask", prompt="深度学习很", lang="zh")
+    assert not at.exception
+    dist = figures(at)[0]
+    labels = list(dist["data"][0]["x"]) + list(figures(at)[1]["data"][0]["y"])
+    assert labels and not any("\\x" in x or "\ufffd" in x for x in labels), labels
+    assert any("‹" in x and "…›" in x for x in labels)  # candidates that start a character: its first bytes

@@ -160,7 +160,8 @@ def test_the_lab_view_shows_the_place_in_the_queue():
             self.shown.append(("empty",))
 
     box = Box()
-    assert wait_for(Job(), lambda en, zh: en, box) == {"ok": True}
+    from app.i18n import translator
+    assert wait_for(Job(), translator("en"), box) == {"ok": True}
     assert box.shown[0][0] == "info" and "2 experiment(s) ahead" in box.shown[0][1]
     assert box.shown[1][0] == "info" and "1 experiment(s) ahead" in box.shown[1][1]
     assert box.shown[2] == ("progress", 0.5, "half way") and box.shown[-1] == ("empty",)

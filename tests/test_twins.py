@@ -159,7 +159,7 @@ def test_native_loader_errors(tmp_path):
 
     cfg = read_json(good / "explorer_config.json")
     (folder / "explorer_config.json").write_text(json.dumps({**cfg, "n_layers": cfg["n_layers"] + 1}))
-    with pytest.raises(LoadError, match="missing"):
+    with pytest.raises(LoadError, match=f"says {cfg['n_layers'] + 1} layers but the weights hold {cfg['n_layers']}"):
         load(str(folder))
     (folder / "explorer_config.json").write_text(json.dumps({**cfg, "norm_placement": "middle"}))
     with pytest.raises(LoadError, match="norm_placement"):

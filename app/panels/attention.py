@@ -1,7 +1,10 @@
 """Attention: who each token reads from, per layer and head.
 
 scores = Q K^T / sqrt(d_head) with the future masked to -inf, pattern = softmax(scores). Masked cells are
-drawn blank: they are not small numbers, they do not exist for that query.
+drawn blank: they are not small numbers, they do not exist for that query. Long prompts are shown through a
+window of tokens around the selected one. The sections below the main figure live in their own modules:
+attention_links (which heads link two tokens), attention_heads (V, z, concatenation, W_O) and attention_scale
+(why divide by √d_k).
 """
 from __future__ import annotations
 
@@ -13,75 +16,75 @@ import streamlit as st
 
 from app import explorer, plots
 from app.context import ViewContext, plain
-from explorer_model.analysis import views_data as V
+from app.panels import attention_heads, attention_links, attention_scale
+from app.panels.attention_cells import (WINDOW_DEFAULT, click_overlay, clickable, csv_cells, head_label,
+                                        layer_matrices, thinned, window)
+from explorer_model.analysis.attention_math import attention_entropy
+from explorer_model.analysis.lesson import sink_share
 
-
-def head_matrix(ctx: ViewContext, layer: int, head: int, kind: str) -> np.ndarray:
-    """[q_pos, k_pos] probabilities or scaled scores; the masked future is NaN in both (drawn blank)."""
-    m = (ctx.rec.pattern(layer) if kind == "pattern" else ctx.rec.scores(layer))[0, head].double().numpy()
-    future = np.triu(np.ones(m.shape, dtype=bool), 1)
-    return np.where(future, np.nan, m)
+WINDOW_CHOICES = (4, 8, 16, WINDOW_DEFAULT, 32, 48, 64, 128)
 
 
 def overview(rec) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer and head: mean entropy of the query rows (nats) and mean attention to position 0.
-
-    Query 0 can only read itself, so it is left out of both means when there is more than one token.
-    """
-    return V.attention_overview(rec)
-
-
-def head_label(ctx: ViewContext, h: int) -> str:
-    return ctx.t(f"head {h} (KV {h // ctx.cfg.n_rep})", f"头 {h}（KV {h // ctx.cfg.n_rep}）")
+    """Per layer and head: mean entropy of the query rows (nats) and mean attention to position 0, both without
+    query 0 (it can only read itself)."""
+    entropy = np.stack([attention_entropy(rec.pattern(layer)[0].double().numpy())
+                        for layer in range(rec.cfg.n_layers)])
+    return entropy, sink_share(rec)
 
 
 # --------------------------------------------------------------------------- sections
 def draw_explanation(ctx: ViewContext) -> None:
     cfg = ctx.cfg
-    st.markdown(ctx.t(
-        "Each token asks a question (its query **q**), every earlier token offers a label (its key **k**) and "
-        "a message (its value **v**). The match q·k, scaled by √d_head, becomes a share of attention after "
-        "softmax; the token's output is the shares' mix of values. A token may only read itself and the past: "
-        "future cells are masked before softmax, which is why the upper triangle is empty.",
-        "每个 token 提出一个问题（查询 **q**），前面的每个 token 给出一个标签（键 **k**）和一条信息（值 **v**）。"
-        "q·k 除以 √d_head 后经 softmax 变成注意力份额；该 token 的输出就是按份额混合的值向量。"
-        "token 只能读取自己和过去：未来位置在 softmax 之前被屏蔽，所以右上三角是空的。"))
-    st.latex(r"\mathrm{scores}=\frac{QK^\top}{\sqrt{d_{head}}}+M,\quad M_{ij}=\begin{cases}0 & j\le i\\ -\infty & j>i"
-             r"\end{cases},\qquad \mathrm{pattern}=\mathrm{softmax}(\mathrm{scores}),\quad z=\mathrm{pattern}\,V")
-    st.caption(ctx.t(
-        f"This model: {cfg.n_heads} query heads share {cfg.n_kv_heads} key/value heads (grouped-query attention): "
-        f"heads {cfg.n_rep} at a time read the same K and V. d_head = {cfg.head_dim}.",
-        f"本模型：{cfg.n_heads} 个查询头共享 {cfg.n_kv_heads} 个键/值头（分组查询注意力 GQA）："
-        f"每 {cfg.n_rep} 个头读取同一组 K 和 V。d_head = {cfg.head_dim}。"))
+    with st.expander(ctx.t("attention.explain.title"), expanded=not ctx.presenter):
+        st.markdown(ctx.t("attention.explain.body"))
+        st.latex(r"\mathrm{scores}=\frac{QK^\top}{\sqrt{d_{head}}}+M,\quad "
+                 r"M_{ij}=\begin{cases}0 & j\le i\\ -\infty & j>i\end{cases}")
+        st.latex(r"\mathrm{pattern}=\mathrm{softmax}(\mathrm{scores}),\qquad z=\mathrm{pattern}\,V")
+        st.caption(ctx.t("attention.explain.gqa", n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads, n_rep=cfg.n_rep,
+                         d_head=cfg.head_dim))
 
 
-def draw_head(ctx: ViewContext, kind: str) -> None:
-    m = head_matrix(ctx, ctx.layer, ctx.head, kind)
-    name = ctx.t("probability", "概率") if kind == "pattern" else ctx.t("scaled score", "缩放分数")
+def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
+    m = mats[ctx.head]
+    sub, labels = m[lo:hi, lo:hi], ctx.labels[lo:hi]
+    name = ctx.t("attention.value.pattern" if kind == "pattern" else "attention.value.scores")
+    q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
     fig = plots.heatmap(
-        m, ctx.labels, ctx.labels, colorscale="Blues" if kind == "pattern" else "RdBu_r",
+        sub, labels, labels, colorscale="Blues" if kind == "pattern" else "RdBu_r",
         zmin=0 if kind == "pattern" else None, zmax=1 if kind == "pattern" else None,
         zmid=None if kind == "pattern" else 0.0,
-        title=ctx.t(f"Layer {ctx.layer}, {head_label(ctx, ctx.head)}: {name}",
-                    f"第 {ctx.layer} 层，{head_label(ctx, ctx.head)}：{name}"),
-        x_title=ctx.t("key (read from)", "键（被读取）"), y_title=ctx.t("query (reader)", "查询（读取者）"),
-        value_name=name)
-    plots.show(fig, ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
-               height=max(420, 22 * len(ctx.ids) + 160))
-    plots.csv_button(ctx, "Download this matrix (CSV)", "下载该矩阵（CSV）",
-                     lambda: plots.matrix_csv(m, ctx.labels, ctx.labels, "query\\key"),
+        title=ctx.t("attention.head.title", layer=ctx.layer, head=head_label(ctx, ctx.head), value=name),
+        x_title=k_title, y_title=q_title, value_name=name)
+    # Clicking a visible (not masked) cell picks the query/key pair of "Which heads link these two tokens?".
+    qs, ks = np.tril_indices(hi - lo)
+    text = [f"{q_title}: {labels[q]}<br>{k_title}: {labels[k]}<br>{name}: {sub[q, k]:.4f}" for q, k in zip(qs, ks)]
+    pair = attention_links.pair()
+    fig.add_trace(click_overlay(qs, ks, labels, labels, text,
+                                selected=None if pair is None else (pair[0] - lo, pair[1] - lo)))
+    fig.data[0].hoverinfo = "skip"  # the overlay's markers carry the hover text
+    fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
+    plots.show(clickable(fig), ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
+               height=500, on_select=attention_links.pick_pair_callback("attn_head", lo),
+               selection_mode="points")
+    if hi - lo < len(ctx.ids):
+        st.caption(ctx.t("attention.window.shown", first=lo, last=hi - 1, n=len(ctx.ids)))
+    label = ctx.t("attention.csv.head")
+    plots.csv_button(ctx, label, label,
+                     lambda: plots.matrix_csv(csv_cells(m), ctx.labels, ctx.labels, "query\\key"),
                      f"attention_L{ctx.layer}_H{ctx.head}_{kind}.csv", key="attn_csv_head")
 
 
-def draw_query_text(ctx: ViewContext) -> None:
-    """The selected query token's attention row as highlighted text."""
-    row = ctx.rec.pattern(ctx.layer)[0, ctx.head, ctx.token].double().numpy()
+def draw_query_text(ctx: ViewContext, pattern: np.ndarray) -> None:
+    """The selected query token's attention row as highlighted text (pattern: [head, q, k], future NaN)."""
+    row = np.nan_to_num(pattern[ctx.head, ctx.token])
     top = row.max() if row.size else 1.0
+    masked = ctx.t("attention.query.masked")
     spans = []
     for i, piece in enumerate(ctx.pieces):
         if i > ctx.token:
             style = "color:#999;border:1px dashed #ccc"  # the future: masked, not read at all
-            tip = ctx.t("future: masked", "未来：被屏蔽")
+            tip = masked
         else:
             alpha = 0.08 + 0.92 * row[i] / top if top > 0 else 0
             style = f"background:rgba(220,80,30,{alpha:.3f})"
@@ -90,86 +93,97 @@ def draw_query_text(ctx: ViewContext) -> None:
             style += ";outline:2px solid #1f4e9c"
         spans.append(f'<span title="{html.escape(tip)}" style="{style};padding:2px 3px;margin:1px;'
                      f'border-radius:4px;display:inline-block;font-family:monospace">{html.escape(piece)}</span>')
-    piece = plain(ctx.pieces[ctx.token])  # prompt text: escaped, never markdown
-    st.markdown(ctx.t(f"**What token {ctx.token} “{piece}” reads** (darker = more attention; hover for the value):",
-                      f"**第 {ctx.token} 个 token “{piece}” 读取了什么**（颜色越深注意力越多；悬停查看数值）："))
+    st.markdown(ctx.t("attention.query.reads", token=ctx.token, piece=plain(ctx.pieces[ctx.token])))
     st.markdown("".join(spans), unsafe_allow_html=True)
     order = np.argsort(-row[: ctx.token + 1])[:3]
-    st.caption(ctx.t("Top keys: ", "注意力最多的键：") +
-                ", ".join(f"{ctx.labels[i]} ({row[i]:.3f})" for i in order))
+    st.caption(ctx.t("attention.query.top", keys=", ".join(f"{plain(ctx.labels[i])} ({row[i]:.3f})" for i in order)))
 
 
-def draw_head_grid(ctx: ViewContext, kind: str) -> None:
+def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
     cfg = ctx.cfg
     # Columns are KV groups, so heads that share K and V stand in one column.
     n_cols, n_rows = cfg.n_kv_heads, cfg.n_rep
     if n_cols > 8:  # many KV heads (no GQA): fall back to a compact square grid
         n_cols = int(np.ceil(np.sqrt(cfg.n_heads)))
         n_rows = int(np.ceil(cfg.n_heads / n_cols))
-    order = [h for g in range(cfg.n_kv_heads) for h in range(g * cfg.n_rep, (g + 1) * cfg.n_rep)]
-    slots = {}
-    for h in order:
-        g, r = divmod(h, cfg.n_rep)
-        slots[h] = (r, g) if n_cols == cfg.n_kv_heads else divmod(h, n_cols)
+    slots = {h: divmod(h, cfg.n_rep)[::-1] if n_cols == cfg.n_kv_heads else divmod(h, n_cols)
+             for h in range(cfg.n_heads)}
     titles = [""] * (n_rows * n_cols)
     for h, (r, c) in slots.items():
         titles[r * n_cols + c] = head_label(ctx, h)
-    layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.03, vspace=0.06)
+    layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.06, vspace=0.08)
+    labels = ctx.labels[lo:hi]
+    ticks = thinned(labels)
+    q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
     traces = []
     for h, (r, c) in slots.items():
         xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
-        traces.append(go.Heatmap(z=head_matrix(ctx, ctx.layer, h, kind), x=ctx.labels, y=ctx.labels,
-                                 coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya,
-                                 hovertemplate="q %{y}<br>k %{x}<br>%{z:.4f}<extra>" + f"head {h}</extra>"))
-        layout["yaxis" + ya[1:]].update(autorange="reversed", showticklabels=False, type="category")
-        layout["xaxis" + xa[1:]].update(showticklabels=False, type="category")
+        traces.append(go.Heatmap(z=mats[h, lo:hi, lo:hi], x=labels, y=labels,
+                                 coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya, meta=h,
+                                 hovertemplate=f"{q_title}: %{{y}}<br>{k_title}: %{{x}}<br>%{{z:.4f}}"
+                                               f"<extra>{head_label(ctx, h)}</extra>"))
+        # Token labels on the outer axes only, every k-th one: at 49 tokens a small multiple has room for ~16.
+        layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", tickmode="array", tickvals=ticks,
+                                        showticklabels=c == 0, tickfont=dict(size=9))
+        layout["xaxis" + xa[1:]].update(type="category", tickmode="array", tickvals=ticks,
+                                        showticklabels=r == n_rows - 1, tickangle=-60, tickfont=dict(size=9))
     fig = go.Figure(traces, layout)
     fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
                                      cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
-                      title=ctx.t(f"Every head of layer {ctx.layer} (columns = shared KV head)",
-                                  f"第 {ctx.layer} 层的所有头（每列共享同一个 KV 头）"),
-                      margin=dict(l=10, r=10, t=70, b=10))
-    plots.show(fig, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=260 * n_rows + 80)
+                      title=ctx.t("attention.grid.title", layer=ctx.layer), meta=dict(id="attn_grid"),
+                      margin=dict(l=90, r=10, t=70, b=90))  # room for the outer axes' token labels
+    plots.show(fig, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=300 * n_rows + 160)
 
 
 def draw_overview(ctx: ViewContext) -> None:
+    st.subheader(ctx.t("attention.overview.title"))
+    if len(ctx.ids) < 2:
+        st.caption(ctx.t("attention.overview.one_token"))
+        return
     entropy, sink = explorer.derived("attention_overview", ctx.source, ctx.ids, overview)
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
-    layers = [ctx.t(f"layer {l}", f"第 {l} 层") for l in range(ctx.cfg.n_layers)]
+    layers = [ctx.t("attention.layer_label", layer=layer) for layer in range(ctx.cfg.n_layers)]
+    head_t, layer_t = ctx.t("attention.axis.head"), ctx.t("attention.axis.layer")
     c1, c2 = st.columns(2)
     with c1:
-        fig = plots.heatmap(entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("entropy (nats)", "熵（nats）"),
-                            title=ctx.t("Attention entropy: low = focused, high = spread out",
-                                        "注意力熵：低 = 集中，高 = 分散"),
-                            x_title=ctx.t("head", "头"), y_title=ctx.t("layer", "层"))
+        fig = plots.heatmap(entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("attention.entropy_nats"),
+                            title=ctx.t("attention.overview.entropy"), x_title=head_t, y_title=layer_t)
+        fig.update_layout(meta=dict(id="attn_entropy"))
         plots.show(fig, ctx, key="attn_entropy", filename="attention_entropy", height=620)
     with c2:
         fig = plots.heatmap(sink, heads, layers, colorscale="Reds", zmin=0, zmax=1,
-                            value_name=ctx.t("share on token 0", "分给第 0 个 token 的份额"),
-                            title=ctx.t("Attention to the first token (the “sink”)", "对第一个 token 的注意力（“汇聚点”）"),
-                            x_title=ctx.t("head", "头"), y_title=ctx.t("layer", "层"))
+                            value_name=ctx.t("attention.overview.sink_value"),
+                            title=ctx.t("attention.overview.sink"), x_title=head_t, y_title=layer_t)
+        fig.update_layout(meta=dict(id="attn_sink"))
         plots.show(fig, ctx, key="attn_sink", filename="attention_sink", height=620)
-    st.caption(ctx.t(
-        "Many heads park most of their attention on the first token when they have nothing useful to read: "
-        "softmax must give its mass somewhere. Query 0 is left out of both averages (it can only read itself).",
-        "许多头在没有有用信息可读时，会把大部分注意力放在第一个 token 上：softmax 的总和必须是 1。"
-        "两个平均值都不包含第 0 个查询（它只能读取自己）。"))
-    rows = [(l, h, h // ctx.cfg.n_rep, entropy[l, h], sink[l, h])
-            for l in range(ctx.cfg.n_layers) for h in range(ctx.cfg.n_heads)]
-    plots.csv_button(ctx, "Download entropy and sink per head (CSV)", "下载每个头的熵与汇聚份额（CSV）",
+    st.caption(ctx.t("attention.overview.caption"))
+    rows = [(layer, h, h // ctx.cfg.n_rep, entropy[layer, h], sink[layer, h])
+            for layer in range(ctx.cfg.n_layers) for h in range(ctx.cfg.n_heads)]
+    label = ctx.t("attention.csv.overview")
+    plots.csv_button(ctx, label, label,
                      lambda: plots.to_csv(["layer", "head", "kv_head", "entropy_nats", "attention_to_first"], rows),
                      "attention_overview.csv", key="attn_csv_overview")
 
 
 def draw(ctx: ViewContext) -> None:
-    draw_explanation(ctx)
-    kind = st.radio(ctx.t("Show", "显示"), ["pattern", "scores"], horizontal=True, key="attn_kind",
-                    format_func=lambda k: ctx.t("probabilities (after softmax)", "概率（softmax 之后）") if k == "pattern"
-                    else ctx.t("scaled scores QKᵀ/√d (masked)", "缩放分数 QKᵀ/√d（已屏蔽）"))
+    st.subheader(ctx.t("attention.title"))
+    attention_links.init_pair(ctx)  # before the main figure, which marks the pair and sets it on a click
     left, right = st.columns([3, 2])
+    with right:  # the controls stand beside the figure, so the figure starts right under the title
+        kind = st.radio(ctx.t("attention.show"), ["pattern", "scores"], horizontal=True, key="attn_kind",
+                        format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
+                                                    else "attention.show.scores"))
+        half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
+                                value=WINDOW_DEFAULT, key="attn_window", help=ctx.t("attention.window.help"))
+        pattern = layer_matrices(ctx, ctx.layer, "pattern")
+        draw_query_text(ctx, pattern)
+    mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
+    lo, hi = window(len(ctx.ids), ctx.token, half)
     with left:
-        draw_head(ctx, kind)
-    with right:
-        draw_query_text(ctx)
-    draw_head_grid(ctx, kind)
+        draw_head(ctx, mats, kind, lo, hi)
+    draw_explanation(ctx)
+    draw_head_grid(ctx, mats, kind, lo, hi)
+    attention_links.draw(ctx)
+    attention_heads.draw(ctx, lo, hi)
+    attention_scale.draw(ctx)
     draw_overview(ctx)

@@ -1,9 +1,14 @@
-"""The block: a drawn diagram of one Transformer block and of the whole model, with this prompt's shapes,
-buttons that lead to each part's own view, and the numbers flowing through the selected layer.
+"""The block: a drawn diagram of one Transformer block beside its pseudo-code (app/panels/blockcode.py), each line
+leading to the view that shows its tensor; the whole model; the four changes LLaMA made to the original
+Transformer; and the numbers flowing through the selected layer.
 
-The diagrams are Plotly shapes and annotations (no image files), so they export as PNG like every chart.
+The diagrams are Plotly shapes and annotations (no image files), so they export as PNG like every chart. Boxes are
+sized to their text, at a font chosen so the whole chain fits a 700 px wide figure (a 768 px screen).
 """
 from __future__ import annotations
+
+import math
+import unicodedata
 
 import numpy as np
 import pandas as pd
@@ -12,138 +17,146 @@ import streamlit as st
 
 from app import plots
 from app.context import ViewContext, plain
+from app.panels import blockcode
 from explorer_model.analysis import views_data as V
 
-BOX_W, BOX_H, ADD_R, STEP = 0.62, 0.42, 0.24, 1.55
+MIN_WIDTH_PX = 700  # the narrowest figure the labels must fit (768 px screen minus the page's padding)
+PAD_PX, GAP_PX, ADD_R_PX, FONT_MAX, FONT_MIN = 6, 24, 15, 12, 8
+BOX_H = 0.42  # the model chain: box half-height in y units (of 1.5 over its 130 px plot)
+BLOCK_PLOT_PX = 320  # the narrowest plot area of the block drawing (its column at a 768 px screen is ~330 px)
+V_CX, V_HALF_W, V_SKIP_X, V_GAP_PX, LINE = 140, 128, 290, 20, 1.3  # block drawing: centre, box, skip line, gaps
+EM_LATIN, EM_WIDE = 0.62, 1.0  # rendered width of a character, in font sizes (bold sans-serif, CJK)
 COLOURS = {"io": "#e5e7eb", "norm": "#fde68a", "attention": "#bfdbfe", "rope": "#ddd6fe", "ffn": "#bbf7d0",
            "add": "#fecaca", "embed": "#fed7aa", "block": "#e0e7ff", "out": "#a5f3fc"}
-# (diagram part, view it leads to, English, 中文)
-NODE_VIEWS = [("tokens", "tokens", "Embedding", "嵌入"), ("norm", "norm", "RMSNorm", "RMSNorm"),
-              ("attention", "attention", "Attention", "注意力"), ("rope", "rope", "RoPE", "RoPE"),
-              ("ffn", "swiglu", "SwiGLU", "SwiGLU"), ("add", "residual", "Residual add", "残差相加")]
 
 
 def _shape(*dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-def _en(en: str, zh: str) -> str:
-    return en
+def text_em(text: str) -> float:
+    """Width of the widest line of an annotation text (lines split at <br>, tags dropped), in font sizes."""
+    lines = text.replace("<b>", "").replace("</b>", "").split("<br>")
+    return max(sum(EM_WIDE if unicodedata.east_asian_width(c) in "WF" else EM_LATIN for c in line) for line in lines)
 
 
 # --------------------------------------------------------------------------- diagram layout (pure)
-def block_nodes(cfg, T: int, placement: str, t=_en) -> tuple[list[dict], list[tuple[int, int]]]:
+def block_nodes(cfg, T: int, placement: str, t) -> tuple[list[dict], list[tuple[int, int]]]:
     """Main-line nodes left to right, and residual skips (split after node i, rejoin at add node j)."""
     D = cfg.d_model
     norm = "RMSNorm" if cfg.norm_type == "rms" else "LayerNorm"
-    ffn = "SwiGLU" if cfg.ffn_type == "swiglu" else t("ReLU FFN", "ReLU 前馈")
-    gqa = f"GQA {cfg.n_heads}/{cfg.n_kv_heads}" if cfg.n_rep > 1 else t(f"{cfg.n_heads} heads", f"{cfg.n_heads} 个头")
+    ffn = "SwiGLU" if cfg.ffn_type == "swiglu" else t("block.diagram.relu_ffn")
+    heads = f"GQA {cfg.n_heads}/{cfg.n_kv_heads}" if cfg.n_rep > 1 else t("block.diagram.heads", n=cfg.n_heads)
 
     def box(kind, label, shape):
         return {"kind": kind, "label": label, "shape": shape}
 
-    x_in = box("io", t("x (residual)", "x（残差流）"), _shape(1, T, D))
-    attn = box("attention", t(f"Attention<br>causal, {gqa}", f"注意力<br>因果，{gqa}"), _shape(1, T, D))
+    x_in = box("io", t("block.diagram.x"), _shape(1, T, D))
+    attn = box("attention", t("block.diagram.attention") + "<br>" + t("block.diagram.causal", heads=heads), _shape(1, T, D))
     mlp = box("ffn", ffn, _shape(1, T, D))
-    y_out = box("io", "y", _shape(1, T, D))
-    if placement == "post":
-        nodes = [x_in, attn, box("add", "+", "h′ " + _shape(1, T, D)), box("norm", f"{norm} (ln1)", _shape(1, T, D)),
-                 mlp, box("add", "+", _shape(1, T, D)), box("norm", f"{norm} (ln2)", _shape(1, T, D)), y_out]
+    if placement == "post":  # the output y is the last norm's
+        nodes = [x_in, attn, box("add", "+", "h′ " + _shape(1, T, D)), box("norm", f"{norm} (ln1)", "h " + _shape(1, T, D)),
+                 mlp, box("add", "+", _shape(1, T, D)), box("norm", f"{norm} (ln2)", "y " + _shape(1, T, D))]
         skips = [(0, 2), (3, 5)]
-    else:
+    else:  # the output y is the last add's
         nodes = [x_in, box("norm", f"{norm} (ln1)", _shape(1, T, D)), attn, box("add", "+", "h " + _shape(1, T, D)),
-                 box("norm", f"{norm} (ln2)", _shape(1, T, D)), mlp, box("add", "+", _shape(1, T, D)), y_out]
+                 box("norm", f"{norm} (ln2)", _shape(1, T, D)), mlp, box("add", "+", "y " + _shape(1, T, D))]
         skips = [(0, 3), (3, 6)]
     return nodes, skips
 
 
-def _draw_chain(shapes: list[dict], notes: list[dict], nodes: list[dict], y: float = 0.0) -> list[float]:
-    """Appends plain dicts; the figure is built once at the end (add_annotation re-validates them all)."""
-    xs = [i * STEP for i in range(len(nodes))]
-    for x, n in zip(xs, nodes):
-        if n["kind"] == "add":
-            shapes.append(dict(type="circle", x0=x - ADD_R, x1=x + ADD_R, y0=y - ADD_R, y1=y + ADD_R,
-                               fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
-            notes.append(dict(x=x, y=y, text="<b>+</b>", showarrow=False, font=dict(size=18, color="#111827")))
-            notes.append(dict(x=x, y=y - ADD_R - 0.12, text=n["shape"], showarrow=False, yanchor="top",
-                              font=dict(size=11, color="#374151")))
-        else:
-            shapes.append(dict(type="rect", x0=x - BOX_W, x1=x + BOX_W, y0=y - BOX_H, y1=y + BOX_H,
-                               fillcolor=COLOURS[n["kind"]], line=dict(color="#374151", width=1.5)))
-            notes.append(dict(x=x, y=y, text=f"<b>{n['label']}</b><br>{n['shape']}", showarrow=False,
-                              font=dict(size=12, color="#111827")))
-    for i in range(len(nodes) - 1):
-        right = xs[i] + (ADD_R if nodes[i]["kind"] == "add" else BOX_W)
-        left = xs[i + 1] - (ADD_R if nodes[i + 1]["kind"] == "add" else BOX_W)
-        notes.append(dict(x=left, y=y, ax=right, ay=y, xref="x", yref="y", axref="x", ayref="y", text="",
-                          showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151"))
-    return xs
-
-
-def _finish(shapes, notes, xs: list[float], y_range: tuple[float, float], title: str, height: int) -> go.Figure:
+def chain_figure(nodes: list[dict], title: str, height: int) -> go.Figure:
+    """Boxes left to right joined by arrows (the whole model), full width. x units are pixels of a MIN_WIDTH_PX
+    figure; each box is as wide as its text at the largest font (≤ FONT_MAX) at which the chain fits that width."""
+    ems = [max(text_em(n["label"]), text_em(n["shape"])) for n in nodes]
+    room = MIN_WIDTH_PX - 20 - 2 * PAD_PX * len(nodes) - GAP_PX * (len(nodes) - 1)
+    font = int(max(FONT_MIN, min(FONT_MAX, room / sum(ems))))
+    half = [font * e / 2 + PAD_PX for e in ems]
+    xs = [10 + sum(2 * h + GAP_PX for h in half[:i]) + half[i] for i in range(len(nodes))]
+    shapes = [dict(type="rect", x0=x - w, x1=x + w, y0=-BOX_H, y1=BOX_H, fillcolor=COLOURS[n["kind"]],
+                   line=dict(color="#374151", width=1.5)) for x, w, n in zip(xs, half, nodes)]
+    notes = [dict(x=x, y=0, text=f"<b>{n['label']}</b><br>{n['shape']}", showarrow=False,
+                  font=dict(size=font, color="#111827")) for x, n in zip(xs, nodes)]
+    notes += [dict(x=xs[i + 1] - half[i + 1], y=0, ax=xs[i] + half[i], ay=0, xref="x", yref="y", axref="x", ayref="y",
+                   text="", showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151")
+              for i in range(len(nodes) - 1)]
     return go.Figure(layout=dict(
         shapes=shapes, annotations=notes, title=title, height=height, margin=dict(l=10, r=10, t=50, b=10),
-        xaxis=dict(visible=False, range=[xs[0] - BOX_W - 0.2, xs[-1] + BOX_W + 0.2]),
-        yaxis=dict(visible=False, range=list(y_range)), showlegend=False, plot_bgcolor="white",
+        xaxis=dict(visible=False, range=[0, max(MIN_WIDTH_PX - 20, xs[-1] + half[-1] + 10)], fixedrange=True),
+        yaxis=dict(visible=False, range=[-0.75, 0.75], fixedrange=True), showlegend=False, plot_bgcolor="white",
         paper_bgcolor="white", dragmode=False))
 
 
-def block_figure(cfg, T: int, placement: str = "pre", t=_en) -> go.Figure:
-    """One block; placement "pre" (LLaMA: x + F(Norm(x))) or "post" (original Transformer: Norm(x + F(x)))."""
+def block_figure(cfg, T: int, placement: str, t) -> go.Figure:
+    """One block drawn top to bottom, to stand beside its pseudo-code in a column at least BLOCK_PLOT_PX wide;
+    placement "pre" (LLaMA: x + F(Norm(x))) or "post" (original Transformer: Norm(x + F(x))). Units are pixels in
+    both directions (the figure's height is the drawing's), so text and boxes are sized together."""
     nodes, skips = block_nodes(cfg, T, placement, t)
-    shapes, notes = [], []
-    xs = _draw_chain(shapes, notes, nodes)
-    top = BOX_H + 0.55
-    for a, b in skips:  # the residual: a bypass from the split point straight into the add
-        split = (xs[a] + BOX_W + xs[a + 1] - BOX_W) / 2
-        shapes.append(dict(type="path", path=f"M {split},0 L {split},{top} L {xs[b]},{top} L {xs[b]},{ADD_R + 0.02}",
-                           line=dict(color="#dc2626", width=2)))
-        notes.append(dict(x=xs[b], y=ADD_R, ax=xs[b], ay=ADD_R + 0.3, xref="x", yref="y", axref="x", ayref="y",
-                          text="", showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#dc2626"))
-        notes.append(dict(x=(split + xs[b]) / 2, y=top, text=t("residual (skip)", "残差（跳跃连接）"),
-                          showarrow=False, yanchor="bottom", font=dict(size=11, color="#dc2626")))
-    # RoPE and the FFN's inner shapes hang under their boxes
-    ia = next(i for i, n in enumerate(nodes) if n["kind"] == "attention")
-    iff = next(i for i, n in enumerate(nodes) if n["kind"] == "ffn")
-    low = -BOX_H - 1.0
     qk = (f"Q {_shape(1, cfg.n_heads, T, cfg.head_dim)}<br>K, V {_shape(1, cfg.n_kv_heads, T, cfg.head_dim)}"
-          f"<br>{t('scores', '分数')} {_shape(1, cfg.n_heads, T, T)}")
+          f"<br>{t('block.diagram.scores')} {_shape(1, cfg.n_heads, T, T)}")
     inner = (f"W_gate·n, W_up·n: {_shape(1, T, cfg.d_ff)}<br>SiLU(gate) ⊙ up → W_down" if cfg.ffn_type == "swiglu"
              else f"ReLU(W_up·n): {_shape(1, T, cfg.d_ff)}<br>→ W_down")
-    for i, kind, text in ((ia, "rope", f"<b>{t('RoPE on Q, K', 'RoPE 作用于 Q、K')}</b><br>{qk}"),
-                          (iff, "ffn", inner)):
-        shapes.append(dict(type="line", x0=xs[i], x1=xs[i], y0=-BOX_H, y1=low + 0.42,
-                           line=dict(color="#6b7280", dash="dot")))
-        notes.append(dict(x=xs[i], y=low, text=text, showarrow=False, bgcolor=COLOURS[kind], bordercolor="#6b7280",
-                          borderwidth=1, borderpad=4, font=dict(size=11, color="#111827")))
-    title = (t("One Pre-Norm block (LLaMA)", "一个 Pre-Norm 模块（LLaMA）") if placement != "post"
-             else t("One Post-Norm block (original Transformer)", "一个 Post-Norm 模块（原始 Transformer）"))
-    return _finish(shapes, notes, xs, (low - 0.75, top + 0.45), f"{title} — T = {T}, D = {cfg.d_model}", 400)
+    texts = []
+    for n in nodes:
+        detail = (f"<br><i>{t('block.diagram.rope')}</i><br>{qk}" if n["kind"] == "attention" else
+                  f"<br>{inner}" if n["kind"] == "ffn" else "")
+        texts.append("" if n["kind"] == "add" else f"<b>{n['label']}</b><br>{n['shape']}{detail}")
+    widest = max(text_em(x) for x in texts if x)
+    font = int(max(FONT_MIN, min(FONT_MAX, (2 * V_HALF_W - 2 * PAD_PX) / widest)))
+    shapes, notes, ys, y = [], [], [], 0.0
+    for n, text in zip(nodes, texts):
+        h = 2 * ADD_R_PX if n["kind"] == "add" else (text.count("<br>") + 1) * font * LINE + 2 * PAD_PX
+        ys.append((y - h / 2, h / 2))
+        y -= h + V_GAP_PX
+    for n, text, (cy, hh) in zip(nodes, texts, ys):
+        if n["kind"] == "add":
+            shapes.append(dict(type="circle", x0=V_CX - ADD_R_PX, x1=V_CX + ADD_R_PX, y0=cy - hh, y1=cy + hh,
+                               fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
+            notes.append(dict(x=V_CX, y=cy, text="<b>+</b>", showarrow=False, font=dict(size=font + 3, color="#111827")))
+            notes.append(dict(x=V_CX - ADD_R_PX - 6, y=cy, text=n["shape"], showarrow=False, xanchor="right",
+                              font=dict(size=font, color="#374151")))
+        else:
+            shapes.append(dict(type="rect", x0=V_CX - V_HALF_W, x1=V_CX + V_HALF_W, y0=cy - hh, y1=cy + hh,
+                               fillcolor=COLOURS[n["kind"]], line=dict(color="#374151", width=1.5)))
+            notes.append(dict(x=V_CX, y=cy, text=text, showarrow=False, font=dict(size=font, color="#111827")))
+    for (c0, h0), (c1, h1) in zip(ys, ys[1:]):
+        notes.append(dict(x=V_CX, y=c1 + h1, ax=V_CX, ay=c0 - h0, xref="x", yref="y", axref="x", ayref="y", text="",
+                          showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151"))
+    for a, b in skips:  # the residual: a bypass from the split point straight into the add
+        split = ys[a][0] - ys[a][1] - V_GAP_PX / 2
+        end = ys[b][0]
+        shapes.append(dict(type="path", path=f"M {V_CX},{split} L {V_SKIP_X},{split} L {V_SKIP_X},{end}",
+                           line=dict(color="#dc2626", width=2)))
+        notes.append(dict(x=V_CX + ADD_R_PX, y=end, ax=V_SKIP_X, ay=end, xref="x", yref="y", axref="x", ayref="y",
+                          text="", showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#dc2626"))
+        notes.append(dict(x=V_SKIP_X + 4, y=(split + end) / 2, text=t("block.diagram.residual"), textangle=-90,
+                          showarrow=False, xanchor="left", font=dict(size=font, color="#dc2626")))
+    title = t("block.diagram.title_post") if placement == "post" else t("block.diagram.title_pre")
+    bottom = ys[-1][0] - ys[-1][1] - 4
+    return go.Figure(layout=dict(
+        shapes=shapes, annotations=notes, title=dict(text=f"{title}<br><sup>T = {T}, D = {cfg.d_model}</sup>"),
+        height=math.ceil(-bottom + 8) + 70, margin=dict(l=10, r=10, t=60, b=10),
+        xaxis=dict(visible=False, range=[0, BLOCK_PLOT_PX], fixedrange=True),
+        yaxis=dict(visible=False, range=[bottom, 8], fixedrange=True), showlegend=False, plot_bgcolor="white",
+        paper_bgcolor="white", dragmode=False))
 
 
-def model_figure(cfg, T: int, t=_en) -> go.Figure:
+def model_figure(cfg, T: int, t) -> go.Figure:
     """token ids -> embedding -> block × N -> (final norm) -> output linear -> logits."""
     D, norm = cfg.d_model, "RMSNorm" if cfg.norm_type == "rms" else "LayerNorm"
-    nodes = [{"kind": "io", "label": t("token ids", "token id"), "shape": _shape(1, T)},
-             {"kind": "embed", "label": t("Embedding E[t]", "嵌入 E[t]"), "shape": _shape(1, T, D)},
-             {"kind": "block", "label": t(f"Block × {cfg.n_layers}", f"模块 × {cfg.n_layers}"), "shape": _shape(1, T, D)}]
+    nodes = [{"kind": "io", "label": t("block.model.ids"), "shape": _shape(1, T)},
+             {"kind": "embed", "label": t("block.model.embed"), "shape": _shape(1, T, D)},
+             {"kind": "block", "label": t("block.model.blocks", n=cfg.n_layers), "shape": _shape(1, T, D)}]
     if cfg.norm_placement == "pre":
-        nodes.append({"kind": "norm", "label": t(f"final {norm}", f"最终 {norm}"), "shape": _shape(1, T, D)})
-    tied = t("<br>(tied: Eᵀ)", "<br>（共享 Eᵀ）") if cfg.tie_embeddings else ""
-    nodes += [{"kind": "out", "label": t("Output linear", "输出线性层") + tied, "shape": f"{D} → {cfg.vocab_size}"},
+        nodes.append({"kind": "norm", "label": t("block.model.final_norm", norm=norm), "shape": _shape(1, T, D)})
+    tied = "<br>" + t("block.model.tied") if cfg.tie_embeddings else ""
+    nodes += [{"kind": "out", "label": t("block.model.output") + tied, "shape": f"{D} → {cfg.vocab_size}"},
               {"kind": "io", "label": "logits", "shape": _shape(1, T, cfg.vocab_size)}]
-    shapes, notes = [], []
-    xs = _draw_chain(shapes, notes, nodes)
-    return _finish(shapes, notes, xs, (-0.75, 0.75), t(f"The whole model — {cfg.n_layers} identical blocks",
-                                             f"整个模型 —— {cfg.n_layers} 个相同的模块"), 190)
-
-
-def figure_texts(fig: go.Figure) -> list[str]:
-    return [a.text for a in fig.layout.annotations if a.text]
+    return chain_figure(nodes, t("block.model.title", n=cfg.n_layers), 190)
 
 
 # --------------------------------------------------------------------------- numbers through one layer (pure)
-def flow_rows(rec, layer: int, token: int, t=_en) -> list[dict]:
+def flow_rows(rec, layer: int, token: int, t) -> list[dict]:
     """Norms and RMS divisors inside one block, for the selected token and averaged over all tokens."""
     def vec_norm(name):
         return rec[f"blocks.{layer}.{name}"][0].float().norm(dim=-1).numpy()  # [T]
@@ -153,16 +166,12 @@ def flow_rows(rec, layer: int, token: int, t=_en) -> list[dict]:
 
     x, a, h = vec_norm("hook_resid_pre"), vec_norm("hook_attn_out"), vec_norm("hook_resid_mid")
     m, y = vec_norm("hook_mlp_out"), vec_norm("hook_resid_post")
-    items = [("‖x‖ (block input)", "‖x‖（模块输入）", x),
-             ("ln1 RMS divisor", "ln1 的 RMS 除数", scale("ln1")),
-             ("‖attention output‖", "‖注意力输出‖", a),
-             ("‖attention output‖ / ‖x‖", "‖注意力输出‖ / ‖x‖", a / x),
-             ("‖h‖ (after 1st add)", "‖h‖（第一次相加后）", h),
-             ("ln2 RMS divisor", "ln2 的 RMS 除数", scale("ln2")),
-             ("‖FFN output‖", "‖前馈输出‖", m),
-             ("‖FFN output‖ / ‖h‖", "‖前馈输出‖ / ‖h‖", m / h),
-             ("‖y‖ (block output)", "‖y‖（模块输出）", y)]
-    return [{"quantity": t(en, zh), "token": float(v[token]), "mean": float(np.mean(v))} for en, zh, v in items]
+    items = [("x", t("block.flow.x"), x), ("ln1", t("block.flow.ln1"), scale("ln1")), ("attn", t("block.flow.attn"), a),
+             ("attn_ratio", t("block.flow.attn_ratio"), a / x), ("h", t("block.flow.h"), h),
+             ("ln2", t("block.flow.ln2"), scale("ln2")), ("ffn", t("block.flow.ffn"), m),
+             ("ffn_ratio", t("block.flow.ffn_ratio"), m / h), ("y", t("block.flow.y"), y)]
+    return [{"key": key, "quantity": label, "token": float(v[token]), "mean": float(np.mean(v))}
+            for key, label, v in items]
 
 
 def layer_norms_data(rec, token: int) -> dict[str, np.ndarray]:
@@ -170,73 +179,62 @@ def layer_norms_data(rec, token: int) -> dict[str, np.ndarray]:
     return {k: V.stack_norms(rec, k, token) for k in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out")}
 
 
-def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t=_en) -> go.Figure:
-    names = {"hook_resid_pre": t("‖x‖ residual in", "‖x‖ 残差输入"), "hook_attn_out": t("‖attention out‖", "‖注意力输出‖"),
-             "hook_mlp_out": t("‖FFN out‖", "‖前馈输出‖")}
+def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t) -> go.Figure:
+    names = {"hook_resid_pre": t("block.norms.resid"), "hook_attn_out": t("block.norms.attn"),
+             "hook_mlp_out": t("block.norms.ffn")}
     fig = go.Figure()
     for k, v in data.items():
         fig.add_scatter(x=list(range(len(v))), y=v, mode="lines+markers", name=names[k],
-                        hovertemplate=f"{names[k]}<br>{t('layer', '层')} %{{x}}: %{{y:.3f}}<extra></extra>")
+                        hovertemplate=f"{names[k]}<br>%{{x}}: %{{y:.3f}}<extra></extra>")
     fig.add_vline(x=layer, line=dict(color="#dc2626", dash="dash"))
-    fig.update_layout(title=t(f"What each block adds, token {label}", f"每个模块加了多少，token {label}"),
-                      xaxis_title=t("layer", "层"), yaxis_title=t("L2 norm (log)", "L2 范数（对数）"), yaxis_type="log",
+    fig.update_layout(title=t("block.norms.title", label=label), xaxis_title=t("block.norms.layer"),
+                      yaxis_title=t("block.norms.y"), yaxis_type="log",
                       height=330, margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(minor=dict(showgrid=False))
     return fig
 
 
 # --------------------------------------------------------------------------- sections
-def _go(view: str) -> None:
-    st.session_state["view"] = view
-
-
-def draw_intro(ctx: ViewContext) -> None:
-    t = ctx.t
-    st.markdown(t("Every layer of the model is the same block, repeated. It reads the residual stream x, lets the "
-                  "tokens exchange information (attention), then transforms each token on its own (the FFN). "
-                  "Each part only *adds* its result to the stream, so the input can always pass straight through.",
-                  "模型的每一层都是同一种模块的重复。它读取残差流 x，先让 token 之间交换信息（注意力），"
-                  "再对每个 token 单独做变换（前馈网络）。每个部分只是把结果*加*回残差流，所以输入总能直接通过。"))
-    if ctx.cfg.norm_placement == "post":
-        st.latex(r"h = \mathrm{Norm}\big(x + \mathrm{Attn}(x)\big),\qquad "
-                 r"y = \mathrm{Norm}\big(h + \mathrm{FFN}(h)\big)")
-    else:
-        st.latex(r"h = x + \mathrm{Attn}\big(\mathrm{RMSNorm}(x)\big)")
-        st.latex(r"y = h + W_{down}\big(\mathrm{SiLU}(W_{gate}\,n) \odot W_{up}\,n\big),\qquad n = \mathrm{RMSNorm}(h)")
-
-
 def draw_diagrams(ctx: ViewContext) -> None:
     t, cfg, T = ctx.t, ctx.cfg, len(ctx.ids)
-    plots.show(block_figure(cfg, T, cfg.norm_placement, t), ctx, key="block_diagram", filename="block")
-    st.caption(t("Click a part to open its view:", "点击一个部分，打开它的视图："))
-    cols = st.columns(len(NODE_VIEWS))
-    for col, (_, view, en, zh) in zip(cols, NODE_VIEWS):
-        col.button(t(en, zh) + " →", key=f"block_go_{view}", on_click=_go, args=(view,), width="stretch")
+    left, right = st.columns(2)
+    with left:
+        plots.show(block_figure(cfg, T, cfg.norm_placement, t), ctx, key="block_diagram", filename="block")
+    with right:
+        blockcode.draw_code(ctx)
+    blockcode.draw_node_buttons(ctx)
+    with st.expander(t("block.intro.more"), expanded=not ctx.presenter):
+        st.markdown(t("block.intro.text"))
+        if cfg.norm_placement == "post":
+            st.latex(r"h = \mathrm{Norm}\big(x + \mathrm{Attn}(x)\big),\qquad "
+                     r"y = \mathrm{Norm}\big(h + \mathrm{FFN}(h)\big)")
+        else:
+            st.latex(r"h = x + \mathrm{Attn}\big(\mathrm{RMSNorm}(x)\big)")
+            st.latex(r"y = h + W_{down}\big(\mathrm{SiLU}(W_{gate}\,n) \odot W_{up}\,n\big),\qquad n = \mathrm{RMSNorm}(h)")
     plots.show(model_figure(cfg, T, t), ctx, key="block_model_diagram", filename="model")
 
 
 def draw_flow(ctx: ViewContext) -> None:
     t, L = ctx.t, ctx.layer
-    st.subheader(t(f"The numbers through block {L}", f"第 {L} 层模块中的数值"))
-    st.markdown(t(f"For token {plain(ctx.labels[ctx.token])} and averaged over all {len(ctx.ids)} tokens. The RMS divisor "
-                  "is what RMSNorm divides by, √(mean x² + ε) = ‖x‖/√D roughly; the ratios show how much the "
-                  "attention and the FFN change the stream they are added to.",
-                  f"token {plain(ctx.labels[ctx.token])} 的值，以及全部 {len(ctx.ids)} 个 token 的平均值。RMS 除数是 RMSNorm "
-                  "所除的数 √(mean x² + ε)，约等于 ‖x‖/√D；比值说明注意力和前馈网络对所加入的残差流改变了多少。"))
+    st.subheader(t("block.flow.title", layer=L))
     rows = flow_rows(ctx.rec, L, ctx.token, t)
-    df = pd.DataFrame([{t("quantity", "量"): r["quantity"], t(f"token {ctx.token}", f"token {ctx.token}"): r["token"],
-                        t("mean over tokens", "全部 token 平均"): r["mean"]} for r in rows])
+    df = pd.DataFrame([{t("block.flow.col_quantity"): r["quantity"], t("block.flow.col_token", pos=ctx.token): r["token"],
+                        t("block.flow.col_mean"): r["mean"]} for r in rows])
     left, right = st.columns([2, 3])
     with left:
         st.dataframe(df, hide_index=True, key="block_flow")
-        plots.csv_button(ctx, "These numbers (CSV)", "这些数值（CSV）", lambda: df.to_csv(index=False),
+        plots.csv_button(ctx, t("block.flow.csv"), t("block.flow.csv"), lambda: df.to_csv(index=False),
                          f"block_{L}_numbers.csv", "block_csv_flow")
     with right:
         data = layer_norms_data(ctx.rec, ctx.token)
         plots.show(layer_norms_figure(data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
                    filename="block_norms_by_layer")
+    with st.expander(t("block.flow.more"), expanded=not ctx.presenter):
+        st.markdown(t("block.flow.explain", label=plain(ctx.labels[ctx.token]), n=len(ctx.ids)))
 
 
 def draw(ctx: ViewContext) -> None:
-    draw_intro(ctx)
+    st.subheader(ctx.t("block.title"))
     draw_diagrams(ctx)
+    blockcode.draw_changes(ctx)
     draw_flow(ctx)

@@ -1,7 +1,7 @@
-"""Residual stream and prediction view: norms, what each sub-layer adds, a logit lens, and next-token choice.
+"""Residual stream and prediction view: the per-position loss and the generation loop first (app/panels/generation.py),
+then the stream's norms, what each sub-layer adds, and a logit lens.
 
-Drawing reads only the recording; the logit lens is asked of the gateway (cached). The buttons that append a token change the prompt, and
-the app records the new prompt once (cached) on the next run.
+Drawing reads only the recording; the logit lens is asked of the gateway (cached).
 """
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import explorer, plots
-from app.context import ViewContext, display_piece, plain
+from app.context import ViewContext
+from app.panels import generation
 from explorer_model.analysis import views_data as V
 
 LENS_MAX_POS = 40  # the logit lens costs layers × positions × d_model × vocab; show the last 40 positions
-N_DIST = 15
-STEP_NAMES = [("raw", "原始"), ("temperature", "温度"), ("top-k", "top-k"), ("top-p", "top-p")]
 
 
 # ----------------------------------------------------------------------------- pure data / figures
@@ -40,107 +39,68 @@ def contributions_data(rec) -> tuple[np.ndarray, np.ndarray]:
 def contributions_figure(attn, mlp, token: int, piece: str, t) -> go.Figure:
     x = list(range(attn.shape[0]))
     fig = go.Figure([
-        go.Bar(x=x, y=attn.mean(1), name=t("attention, mean over tokens", "注意力，token 平均"), marker_color="#1f77b4"),
-        go.Bar(x=x, y=mlp.mean(1), name=t("FFN, mean over tokens", "FFN，token 平均"), marker_color="#ff7f0e"),
-        go.Scatter(x=x, y=attn[:, token], mode="lines+markers", name=t(f"attention, token “{piece}”", f"注意力，token“{piece}”"),
+        go.Bar(x=x, y=attn.mean(1), name=t("residual.attention_mean_over_tokens"), marker_color="#1f77b4"),
+        go.Bar(x=x, y=mlp.mean(1), name=t("residual.ffn_mean_over_tokens"), marker_color="#ff7f0e"),
+        go.Scatter(x=x, y=attn[:, token], mode="lines+markers", name=t("residual.attention_token", piece=piece),
                    line=dict(color="#0b3d91")),
-        go.Scatter(x=x, y=mlp[:, token], mode="lines+markers", name=t(f"FFN, token “{piece}”", f"FFN，token“{piece}”"),
+        go.Scatter(x=x, y=mlp[:, token], mode="lines+markers", name=t("residual.ffn_token", piece=piece),
                    line=dict(color="#a64500")),
     ])
-    fig.update_layout(barmode="group", title=t("How much each sub-layer adds to the stream (‖output‖₂)",
-                                               "每个子层向残差流加入了多少（‖输出‖₂）"),
-                      xaxis_title=t("layer", "层"), yaxis_title=t("‖·‖₂ (log scale)", "‖·‖₂（对数坐标）"),
+    fig.update_layout(barmode="group", title=t("residual.how_much_each_sub_layer"),
+                      xaxis_title=t("residual.layer"), yaxis_title=t("residual.log_scale"),
                       yaxis_type="log", margin=dict(l=10, r=10, t=50, b=10),
                       legend=dict(orientation="h", y=-0.2))
     return fig
 
 
-def logit_lens_figure(top_ids, top_probs, piece, labels, t) -> go.Figure:
-    text = [[display_piece(piece(int(i))) for i in row] for row in top_ids]
+def logit_lens_figure(top_probs, text, labels, t) -> go.Figure:
+    """text[layer][pos]: how the top token reads (a character fragment as the character it would complete)."""
     fig = plots.heatmap(top_probs, labels, [f"L{l}" for l in range(top_probs.shape[0])], zmin=0, zmax=1,
-                        colorscale="Blues", title=t("Logit lens: what each layer would predict next",
-                                                    "Logit lens：每一层会预测的下一个 token"),
-                        x_title=t("position (predicting the token after it)", "位置（预测其后的 token）"),
-                        y_title=t("after layer", "经过的层"), value_name=t("probability", "概率"))
+                        colorscale="Blues", title=t("residual.logit_lens_what_each_layer"),
+                        x_title=t("residual.position_predicting_the_token_after"),
+                        y_title=t("residual.after_layer"), value_name=t("residual.probability"))
     fig.update_traces(text=text, texttemplate="%{text}", textfont=dict(size=10),
                       hovertemplate="%{y} · %{x}<br>%{text}: %{z:.3f}<extra></extra>")
     return fig
 
 
-def steps_data(logits, temperature: float, top_k: int, top_p: float, n: int = N_DIST, seed: int = 0,
-               n_ctx: int = 0) -> dict:
-    """The n most likely tokens' probabilities after each filtering step, how many tokens survive each, and the
-    token one reproducible draw picks (same prompt length n_ctx and seed, same draw)."""
-    return V.sampling_steps(logits, temperature, top_k, top_p, n, seed, n_ctx)
-
-
-def steps_figure(data: dict, piece, t) -> go.Figure:
-    x = [f"{r}:{display_piece(piece(int(i)))}" for r, i in enumerate(data["ids"])]
-    colours = ["#aaaaaa", "#1f77b4", "#2ca02c", "#d62728"]
-    fig = go.Figure([go.Bar(x=x, y=data["probs"][s], customdata=data["ids"], marker_color=colours[s],
-                            name=f"{t(*STEP_NAMES[s])} ({data['survivors'][s]})",
-                            hovertemplate="%{x} (id %{customdata})<br>p = %{y:.4f}<extra></extra>")
-                     for s in range(4)])
-    fig.update_layout(barmode="group", title=t("Next-token probabilities after each step (tokens left in brackets)",
-                                               "每一步之后的下一个 token 概率（括号内为剩余 token 数）"),
-                      xaxis_title=t("token (rank: text)", "token（名次：文本）"), yaxis_title=t("probability", "概率"),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.3))
-    fig.update_xaxes(type="category")
-    return fig
-
-
-def base_ids(facts, ids: list[int]) -> list[int]:
-    """The ids the prompt text itself produced (without a BOS the app put in front)."""
-    if facts.add_bos and ids and ids[0] == facts.bos_id:
-        return ids[1:]
-    return list(ids)
-
-
 # ----------------------------------------------------------------------------- drawing
 def draw(ctx: ViewContext) -> None:
-    draw_intro(ctx)
+    st.subheader(ctx.t("residual.title"))
+    generation.draw_loss_strip(ctx)  # the main figure: the training objective on this prompt
+    generation.draw_prediction(ctx)
+    with st.expander(ctx.t("residual.stream_expander"), expanded=not ctx.presenter):
+        draw_intro(ctx)
     draw_norms(ctx)
     draw_contributions(ctx)
     draw_lens(ctx)
-    draw_prediction(ctx)
 
 
 def draw_intro(ctx: ViewContext) -> None:
     t = ctx.t
-    st.markdown(t(
-        "Think of the residual stream as a running sum: every block reads it and adds two corrections, "
-        "one from attention and one from the feed-forward network. Nothing is overwritten. After the last "
-        "block, one more RMSNorm and the output matrix turn each position's vector into a score (logit) for every "
-        "token in the vocabulary; only when we actually generate do we turn scores into probabilities with softmax.",
-        "可以把残差流看成一个不断累加的和：每个模块读取它，再加上两份修正，一份来自注意力，一份来自前馈网络，"
-        "原有内容不会被覆盖。最后一个模块之后，再经过一次 RMSNorm 和输出矩阵，每个位置的向量就变成词表中每个 token "
-        "的分数（logit）；只有真正生成时，才用 softmax 把分数变成概率。"))
+    st.markdown(t("residual.think_of_the_residual_stream"))
     st.latex(r"h_l = x_l + \mathrm{Attn}(\mathrm{RMSNorm}(x_l)),\quad x_{l+1} = h_l + \mathrm{FFN}(\mathrm{RMSNorm}(h_l))")
     st.latex(r"\text{logits} = W_\text{out}\,\mathrm{RMSNorm}(x_L),\qquad p = \mathrm{softmax}(\text{logits}/T)")
+    st.latex(r"\mathcal{L}=\frac{1}{T-1}\sum_{t=0}^{T-2}-\ln p(x_{t+1}\mid x_{\le t})")
 
 
 def draw_norms(ctx: ViewContext) -> None:
     t, n_layers = ctx.t, ctx.cfg.n_layers
-    st.subheader(t("Size of the residual stream", "残差流的大小"))
+    st.subheader(t("residual.size_of_the_residual_stream"))
     norms = norms_data(ctx.rec)
-    rows = [f"L{l} in" for l in range(n_layers)] + [f"L{n_layers - 1} out"]
-    log = st.toggle(t("Colour by log₁₀ (one huge token can hide the rest)", "按 log₁₀ 着色（一个特别大的 token 会掩盖其他）"),
-                    key="residual_log")
+    rows = [t("residual.layer_in", layer=l) for l in range(n_layers)] + [t("residual.layer_out", layer=n_layers - 1)]
+    log = st.toggle(t("residual.colour_by_log_one_huge"), key="residual_log")
     cap = norm_colour_cap(norms)
     fig = plots.heatmap(np.log10(norms) if log else norms, ctx.labels, rows, colorscale="Viridis",
                         zmin=None if log or cap is None else 0.0, zmax=None if log or cap is None else cap,
-                        title=t("‖x‖₂ per layer and token", "各层各 token 的 ‖x‖₂"), x_title=t("token", "token"),
-                        y_title=t("residual stream entering layer", "进入该层的残差流"),
+                        title=t("residual.x_per_layer_and_token"), x_title=t("residual.token"),
+                        y_title=t("residual.residual_stream_entering_layer"),
                         value_name="log10 ‖x‖₂" if log else "‖x‖₂", fmt=".3f" if log else ".2f")
     plots.show(fig, ctx, key="residual_norms", height=min(900, 200 + 18 * len(rows)))
-    capped = "" if log or cap is None else t(
-        f" Colours stop at {cap:.0f} so the other tokens stay visible; brighter cells are larger still (hover for values).",
-        f"颜色在 {cap:.0f} 处封顶，以便看清其他 token；更亮的格子数值更大（悬停可看精确值）。")
-    st.caption(t("Each block only adds to the stream, so the norm tends to grow with depth; one token (often the first) "
-                 "can grow far larger than the rest, a known trait of trained LLaMA-style models.",
-                 "每个模块只是往残差流上累加，所以范数通常随深度增长；某个 token（常常是第一个）可能远大于其他 token，"
-                 "这是训练好的 LLaMA 类模型的已知特点。") + capped)
-    plots.csv_button(ctx, "Residual norms (CSV)", "残差范数（CSV）", lambda: plots.matrix_csv(norms, rows, ctx.labels, "layer"),
+    capped = "" if log or cap is None else t("residual.colours_stop_at_so_the", cap=cap)
+    st.caption(t("residual.each_block_only_adds_to") + capped)
+    label = t("residual.csv_norms")
+    plots.csv_button(ctx, label, label, lambda: plots.matrix_csv(norms, rows, ctx.labels, "layer"),
                      "residual_norms.csv", key="residual_csv_norms")
 
 
@@ -152,99 +112,21 @@ def draw_contributions(ctx: ViewContext) -> None:
 
 def draw_lens(ctx: ViewContext) -> None:
     t, T = ctx.t, len(ctx.ids)
-    st.subheader(t("Logit lens", "Logit lens"))
+    st.subheader(t("residual.logit_lens"))
     start = max(0, T - LENS_MAX_POS)
-    with st.spinner(t("Applying the output layer to every layer …", "正在把输出层应用到每一层 …")):
+    with st.spinner(t("residual.applying_the_output_layer_to")):
         top_ids, top_probs = explorer.logit_lens(ctx.source, ctx.ids, start)
-    fig = logit_lens_figure(top_ids, top_probs, ctx.facts.piece, ctx.labels[start:], t)
+    ids = [int(i) for i in ctx.ids]
+    text = [[generation.candidate_label(ctx.facts, ids[:start + p + 1], int(i)) for p, i in enumerate(row)]
+            for row in top_ids]
+    fig = logit_lens_figure(top_probs, text, ctx.labels[start:], t)
     plots.show(fig, ctx, key="residual_lens", height=min(1000, 160 + 22 * top_ids.shape[0]))
-    st.caption(t("We pretend each layer were the last: its output goes through the final RMSNorm and the output matrix. "
-                 "Cell text = the most likely next token, colour = its probability. The bottom row is the model's real "
-                 "prediction." + (f" Only the last {LENS_MAX_POS} positions are shown." if start else ""),
-                 "假装每一层都是最后一层：把它的输出送进最终的 RMSNorm 和输出矩阵。格子里的文字是最可能的下一个 token，"
-                 "颜色是它的概率。最下面一行就是模型真正的预测。" + (f"只显示最后 {LENS_MAX_POS} 个位置。" if start else "")))
+    st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=LENS_MAX_POS) if start else ""))
 
     def csv() -> str:
         piece = ctx.facts.piece
         rows = ([l, start + p, ctx.pieces[start + p], int(top_ids[l, p]), piece(int(top_ids[l, p])), float(top_probs[l, p])]
                 for l in range(top_ids.shape[0]) for p in range(top_ids.shape[1]))
         return plots.to_csv(["layer", "position", "token", "top_id", "top_token", "probability"], rows)
-    plots.csv_button(ctx, "Logit lens (CSV)", "Logit lens（CSV）", csv, "logit_lens.csv", key="residual_csv_lens")
-
-
-def _append(after: str, entry: dict) -> None:
-    st.session_state.setdefault("pred_history", []).append(entry)
-    st.session_state["prompt"] = after
-
-
-def _undo() -> None:
-    hist = st.session_state.get("pred_history") or []
-    if hist:
-        st.session_state["prompt"] = hist.pop()["before"]
-
-
-def draw_prediction(ctx: ViewContext) -> None:
-    t, tok = ctx.t, ctx.facts
-    st.subheader(t("Choosing the next token", "选择下一个 token"))
-    st.markdown(t("Temperature divides the logits before softmax (below 1 sharpens, above 1 flattens, 0 = always the top "
-                  "token); top-k keeps only the k most likely tokens; top-p keeps the smallest set whose probability "
-                  "adds up to p. Survivors are renormalized after each cut.",
-                  "温度在 softmax 之前去除 logits（小于 1 更尖锐，大于 1 更平坦，0 = 总是取最高的 token）；top-k 只保留"
-                  "最可能的 k 个 token；top-p 保留累计概率达到 p 的最小集合。每次截断后都会重新归一化。"))
-    c1, c2, c3, c4 = st.columns(4)
-    temp = c1.slider(t("Temperature", "温度"), 0.0, 2.0, 1.0, 0.05, key="pred_temperature")
-    top_k = int(c2.number_input(t("Top-k (0 = off)", "Top-k（0 = 关闭）"), 0, ctx.cfg.vocab_size, 50, key="pred_top_k"))
-    top_p = c3.slider("Top-p", 0.01, 1.0, 0.9, 0.01, key="pred_top_p")
-    seed = int(c4.number_input(t("Sampling seed", "采样种子"), 0, 2**31 - 1, 0, key="pred_seed"))
-
-    hist = st.session_state.get("pred_history") or []
-    if hist and hist[-1]["after"] != st.session_state.get("prompt"):
-        hist.clear()  # the prompt was edited by hand: the history no longer leads to it
-    rec, ids = ctx.rec, list(ctx.ids)
-    if hist and hist[-1]["ids"] != ids:
-        # decode(encode) did not round-trip: keep predicting from the explicit ids of the appended tokens
-        ids = hist[-1]["ids"]
-        rec = explorer.recording(ctx.source, ids)
-        st.warning(t("The extended text splits into different tokens when typed back; the prediction below uses the "
-                     "appended token ids, the other views use the re-split prompt.",
-                     "追加后的文本重新分词时得到不同的 token；下面的预测使用追加的 token id，其他视图使用重新分词后的提示词。"))
-
-    data = steps_data(rec.logits[0, -1], temp, top_k, top_p, seed=seed, n_ctx=len(ids))
-    plots.show(steps_figure(data, tok.piece, t), ctx, key="residual_steps", height=440)
-    st.caption(t(f"Tokens left: raw {data['survivors'][0]} → temperature {data['survivors'][1]} → top-k "
-                 f"{data['survivors'][2]} → top-p {data['survivors'][3]}.",
-                 f"剩余 token 数：原始 {data['survivors'][0]} → 温度 {data['survivors'][1]} → top-k "
-                 f"{data['survivors'][2]} → top-p {data['survivors'][3]}。"))
-
-    def csv() -> str:
-        rows = ([r, int(i), tok.piece(int(i)), *data["probs"][:, r].tolist()] for r, i in enumerate(data["ids"]))
-        table = plots.to_csv(["rank", "id", "token", "raw", "tempered", "top_k", "top_p"], rows)
-        return table + plots.to_csv(["survivors", "", "", *data["survivors"]], [])
-    plots.csv_button(ctx, "Distribution steps (CSV)", "分布各步骤（CSV）", csv, "next_token_steps.csv",
-                     key="residual_csv_steps")
-
-    raw, final = data["probs"][0], data["final"]
-    greedy, sampled = data["greedy"], data["sampled"]
-    base = base_ids(tok, ids)
-    before = st.session_state.get("prompt", "")
-
-    def entry(new: int, how: str) -> tuple[str, dict]:
-        after = tok.decode(base + [new])
-        new_ids = ids + [new]
-        return after, {"before": before, "after": after, "ids": new_ids, "id": new, "piece": tok.piece(new),
-                       "how": how, "p_raw": float(data["raw"][new]),
-                       "p_final": float(final[new])}
-
-    b1, b2, b3 = st.columns(3)
-    top = plain(display_piece(tok.piece(greedy)))  # a button label is markdown
-    b1.button(t(f"Take the top token “{top}” ({raw[0]:.1%})",
-                f"取最高的 token“{top}”（{raw[0]:.1%}）"),
-              key="pred_greedy", on_click=_append, args=entry(greedy, "greedy"))
-    b2.button(t("Sample one", "采样一个"), key="pred_sample", on_click=_append, args=entry(sampled, "sampled"))
-    b3.button(t("Undo", "撤销"), key="pred_undo", on_click=_undo, disabled=not hist)
-    if hist:
-        st.dataframe({t("step", "步"): list(range(1, len(hist) + 1)),
-                      t("token", "token"): [display_piece(h["piece"]) for h in hist],
-                      t("how", "方式"): [t("top", "最高") if h["how"] == "greedy" else t("sampled", "采样") for h in hist],
-                      t("p (raw)", "p（原始）"): [h["p_raw"] for h in hist],
-                      t("p (after filters)", "p（筛选后）"): [h["p_final"] for h in hist]}, hide_index=True)
+    label = t("residual.csv_lens")
+    plots.csv_button(ctx, label, label, csv, "logit_lens.csv", key="residual_csv_lens")

@@ -40,20 +40,6 @@ def cosine_per_layer(rec_a, rec_b, i: int, j: int, suffix: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- attention
-def attention_overview(rec) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer and head: mean entropy of the query rows (nats) and mean attention to position 0.
-    Query 0 can only read itself, so it is left out of both means when there is more than one token."""
-    n_layers, n_heads = rec.cfg.n_layers, rec.cfg.n_heads
-    entropy, sink = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_heads))
-    first = 1 if rec.n_pos > 1 else 0
-    for layer in range(n_layers):
-        p = rec.pattern(layer)[0, :, first:].double()  # [head, q, k]
-        plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
-        entropy[layer] = (-plogp.sum(-1)).mean(-1).numpy()
-        sink[layer] = p[..., 0].mean(-1).numpy()
-    return entropy, sink
-
-
 def pattern_from_rotated(rot_q, rot_k, unmasked: bool) -> np.ndarray:
     """[head, q, k] attention rebuilt from rotated Q and K like the recorder does; `unmasked` pushes the mask
     past the last key, as the no-mask intervention does."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..model import LlamaModel
-from .common import LoadError, one_line
+from .common import LoadError, check_tokenizer_fits, one_line
 
 if TYPE_CHECKING:  # the tokenizer module is imported only when a model is loaded
     from ..tokenizer import Tokenizer
@@ -80,7 +80,10 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
     elif named is not None:
         path = named
     else:
-        path = Path(source).expanduser()
+        try:
+            path = Path(source).expanduser()
+        except RuntimeError:  # ~nosuchuser/m.gguf
+            raise LoadError(f"{source}: no such user, so '~' cannot be expanded") from None
     try:
         if not path.exists():
             if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too
@@ -105,6 +108,7 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
         else:
             raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
                             "nor an explorer folder (explorer_config.json)")
+        check_tokenizer_fits(model.cfg, tokenizer, path)
     except LoadError:
         raise
     except OSError as e:  # unreadable, vanished or unmappable files

@@ -12,6 +12,24 @@ from ..model import LlamaModel
 class LoadError(Exception):
     """A checkpoint cannot be loaded. The message is one line naming the file and what is wrong with it."""
 
+    def __init__(self, message: str):
+        super().__init__(printable(message))
+
+
+def printable(text: str) -> str:
+    """Text safe to print on one line: control characters (a newline in a file name) and the surrogates that
+    stand for bytes which are not UTF-8 (b'\\xff' in a path from argv) become backslash escapes."""
+    out = []
+    for c in text:
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif 0xD800 <= o <= 0xDFFF or o < 0x20 or 0x7F <= o < 0xA0:
+            out.append(c.encode("unicode_escape").decode("ascii") if o < 0xD800 else f"\\u{o:04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
 
 def one_line(e: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, so a LoadError never carries a multi-line dump."""
@@ -20,7 +38,36 @@ def one_line(e: BaseException, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
 
+def check_sizes(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.PathLike | str) -> None:
+    """Every size the config states, checked against the tensors actually present, before the skeleton is
+    built: a layer count of 10^9 would otherwise take minutes creating modules that no weight fills."""
+    layers = {int(k.split(".")[1]) for k in state if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    if cfg.n_layers != len(layers) or (layers and max(layers) != cfg.n_layers - 1):
+        held = f"{len(layers)} (blocks {min(layers)}..{max(layers)})" if layers else "none"
+        raise LoadError(f"{source}: the config says {cfg.n_layers} layers but the weights hold {held}")
+    expect = {"embed.weight": (cfg.vocab_size, cfg.d_model),
+              "blocks.0.attn.q_proj.weight": (cfg.n_heads * cfg.head_dim, cfg.d_model),
+              "blocks.0.attn.k_proj.weight": (cfg.n_kv_heads * cfg.head_dim, cfg.d_model),
+              "blocks.0.mlp.up_proj.weight": (cfg.d_ff, cfg.d_model)}
+    for key, shape in expect.items():
+        t = state.get(key)
+        if t is None:
+            raise LoadError(f"{source}: the weights lack {key}")
+        if tuple(t.shape) != shape:
+            raise LoadError(f"{source}: shape mismatch for {key}: the weights hold {list(t.shape)}, "
+                            f"the config implies {list(shape)}")
+
+
+def check_tokenizer_fits(cfg: ModelConfig, tokenizer, source: os.PathLike | str) -> None:
+    """A token id past the embedding's last row would be an IndexError in the middle of a forward pass."""
+    n = getattr(tokenizer, "vocab_size", 0)
+    if n > cfg.vocab_size:
+        raise LoadError(f"{source}: the tokenizer has {n} tokens but the model's embedding only {cfg.vocab_size} "
+                        "rows; tokenizer and weights do not belong together")
+
+
 def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.PathLike | str) -> LlamaModel:
+    check_sizes(cfg, state, source)
     try:
         return LlamaModel.from_weights(cfg, state)
     except ValueError as e:  # key or shape mismatch between the weights and what the config describes

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig, RopeScaling
-from .common import LoadError, build_model, describe, load_tokenizer, one_line
+from .common import LoadError, build_model, check_tokenizer_fits, describe, load_tokenizer, one_line
 
-CACHE_VERSION = "2"  # bump whenever what is cached or how it is computed changes
+CACHE_VERSION = "3"  # bump whenever what is cached or how it is computed changes
 
 _TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
 _BLOCK = {
@@ -67,7 +67,8 @@ def _reader_class():
 
 def open_reader(path: Path):
     try:
-        return _reader_class()(path)
+        with np.errstate(over="ignore"):  # a wrapping tensor offset is reported by check_tensor_table, not numpy
+            return _reader_class()(path)
     except Exception as e:  # bad magic, truncated header or data, unknown value type, empty file ...
         with open(path, "rb") as f:
             magic = f.read(4) == b"GGUF"
@@ -133,8 +134,48 @@ def dequantize(t) -> torch.Tensor:
     return out.reshape(shape)
 
 
+def check_tensor_table(reader, path: Path) -> None:
+    """Refuse a tensor table llama.cpp would refuse, before any tensor is read (gguf.cpp, gguf_init_from_file):
+    1-4 dims, each > 0; rows a whole number of blocks; aligned offsets; every tensor inside the file, none
+    overlapping, and the data packed with no gap (a wrong declared type or shape shows as a gap or overlap).
+    gguf's reader adds offsets in uint64 and slices whatever it lands on, so this works on the raw numbers."""
+    import gguf
+
+    size, start, align = len(reader.data), int(reader.data_offset), int(reader.alignment)
+    spans = []
+    for t in reader.tensors:
+        _, _, n_dims, dims, _, offset = t.field.parts
+        n_dims, dims, offset = int(n_dims[0]), [int(d) for d in dims], int(offset[0])
+        where = f"{path}: tensor {t.name}"
+        if not 1 <= n_dims <= 4 or len(dims) != n_dims:
+            raise LoadError(f"{where} has {n_dims} dimensions (GGUF allows 1 to 4)")
+        if min(dims) <= 0 or max(dims) >= 2**62 or np.prod([float(d) for d in dims]) >= 2**62:
+            raise LoadError(f"{where} has an impossible shape {dims}")
+        block, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
+        if dims[0] % block:
+            raise LoadError(f"{where}: rows of {dims[0]} values are not whole {t.tensor_type.name} blocks of {block}")
+        n_bytes = int(np.prod(dims, dtype=object)) // block * type_size
+        if offset % align:
+            raise LoadError(f"{where}: offset {offset} is not a multiple of the alignment {align}")
+        if start + offset + n_bytes > size:
+            raise LoadError(f"{where}: its {n_bytes} bytes at offset {offset} run past the end of the file "
+                            f"({size - start} bytes of tensor data)")
+        spans.append((offset, offset + n_bytes, t.name))
+    spans.sort()
+    expected = 0
+    for begin, end, name in spans:
+        if begin < expected:
+            raise LoadError(f"{path}: tensor {name} overlaps the tensor before it (starts at {begin}, "
+                            f"the previous one ends at {expected}); the declared types or shapes are wrong")
+        if begin > expected + (-expected % align):
+            raise LoadError(f"{path}: {begin - expected} unused bytes before tensor {name}; "
+                            "the declared types or shapes do not match the data layout")
+        expected = end
+
+
 def convert(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
     """Canonical config and float32 state dict of an open GGUF file, plus a note on its tensor types."""
+    check_tensor_table(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise LoadError(f"{path}: no token_embd.weight tensor")
@@ -152,7 +193,10 @@ def convert(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict[str, torc
             factors = factors * cfg.rope_scaling.factor
         if factors.numel() != cfg.head_dim // 2:
             raise LoadError(f"{path}: rope_freqs has {factors.numel()} entries, expected {cfg.head_dim // 2}")
-        cfg = cfg.with_(rope_scaling=RopeScaling("factors", factors=tuple(factors.tolist())))
+        try:
+            cfg = cfg.with_(rope_scaling=RopeScaling("factors", factors=tuple(factors.tolist())))
+        except ConfigError as e:
+            raise LoadError(f"{path}: {one_line(e)}") from None
 
     state = {}
     for name, t in tensors.items():
@@ -172,18 +216,31 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(root).expanduser()
 
 
-def cache_file(path: Path, cache_dir=None) -> Path:
-    """<stem>-<which file>-<which version of it>.safetensors; a changed GGUF gets a new name."""
-    path, st = path.resolve(), path.stat()
-    which = hashlib.sha256(str(path).encode()).hexdigest()[:8]
-    version = hashlib.sha256(f"{CACHE_VERSION}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+def content_digest(path: Path) -> str:
+    """SHA-256 of the whole file. Size and mtime are not enough (rsync -t or tar keep both across a
+    replacement); hashing only the header and tensor table would miss edited weights. For the 98 MB default
+    GGUF it takes 0.06-0.19 s, ~14% of a cache-hit load (bench/cache_key.py), and the file is in the page cache
+    for the dequantization of a miss anyway."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def cache_file(path: Path, cache_dir=None, digest: str | None = None) -> Path:
+    """<stem>-<which file>-<which content>.safetensors; a changed GGUF gets a new name."""
+    path = path.resolve()
+    which = hashlib.sha256(os.fsencode(path)).hexdigest()[:8]  # a name that is not UTF-8 is bytes
+    version = hashlib.sha256(f"{CACHE_VERSION}|{digest or content_digest(path)}".encode()).hexdigest()[:16]
     return cache_root(cache_dir) / f"{path.stem}-{which}-{version}.safetensors"
 
 
-def state_crc32(state: dict) -> str:
-    """Checksum of every tensor's bytes in key order: a cache damaged after it was written is caught on
-    read (0.13 s for SmolLM2's 540 MB) instead of silently giving wrong weights."""
+def cache_crc32(state: dict, info: dict) -> str:
+    """Checksum of everything the cache holds: its header fields (config, tokenizer, note) and every
+    tensor's bytes, in key order. A cache damaged or edited after it was written (one digit of norm_eps is
+    enough to change the logits) is caught on read (0.13 s for SmolLM2's 540 MB) and rebuilt."""
     crc = 0
+    for k in sorted(info):
+        if k != "crc32":
+            crc = zlib.crc32(f"{k}={info[k]}\0".encode(), crc)
     for k in sorted(state):
         t = state[k].contiguous()
         crc = zlib.crc32(k.encode(), crc)
@@ -203,20 +260,46 @@ def read_cache(file: Path):
             info = f.metadata() or {}
         if info.get("cache_version") != CACHE_VERSION:
             return None
-        cfg = ModelConfig.from_dict(json.loads(info["config"]))
         state = load_file(file)
-        if state_crc32(state) != info.get("crc32"):
+        if cache_crc32(state, info) != info.get("crc32"):
             return None
+        cfg = ModelConfig.from_dict(json.loads(info["config"]))
         return cfg, state, json.loads(info["tokenizer"]), info.get("note", "")
     except Exception:  # truncated, garbled or from another version: rebuild it
         return None
+
+
+_TMP = re.compile(r"\..+\.(\d+)\.tmp")
+
+
+def remove_stale_temporaries(root: Path) -> None:
+    """Temporaries left by a first load that was killed mid-write (one per model, 4 bytes a parameter):
+    any whose writer process is gone."""
+    with contextlib.suppress(OSError):
+        for tmp in root.glob(".*.tmp"):
+            m = _TMP.fullmatch(tmp.name)
+            if m and not _alive(int(m.group(1))):
+                tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's live process, or a name we cannot judge: leave it
+    return True
 
 
 def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str) -> None:
     from safetensors.torch import save_file
 
     info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
-            "tokenizer": json.dumps(tok_fields), "note": note, "crc32": state_crc32(state)}
+            "tokenizer": json.dumps(tok_fields), "note": note}
+    info["crc32"] = cache_crc32(state, info)
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +335,13 @@ def load_gguf(path: Path, cache_dir=None, use_cache: bool = True):
     from ..tokenizer import Tokenizer
 
     path = Path(path)
-    cache = cache_file(path, cache_dir) if use_cache else None
+    with open(path, "rb") as f:  # before hashing: a 3 GB file of anything else is refused at once
+        if f.read(4) != b"GGUF":
+            raise LoadError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    digest = content_digest(path) if use_cache else None
+    cache = cache_file(path, cache_dir, digest) if use_cache else None
+    if cache:
+        remove_stale_temporaries(cache.parent)
     hit = _from_cache(cache) if cache else None
     if hit:
         return hit
@@ -262,6 +351,8 @@ def load_gguf(path: Path, cache_dir=None, use_cache: bool = True):
     tok_fields = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     model = build_model(cfg, state, path)
     tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, tok_fields, source=str(path))
-    if cache:  # only once the file proved loadable
+    check_tokenizer_fits(cfg, tokenizer, path)  # load() checks every format; here it must precede the cache
+    # only once the file proved loadable, and only if it was not rewritten in place while we read it
+    if cache and content_digest(path) == digest:
         write_cache(cache, cfg, state, tok_fields, note)
     return model, tokenizer, describe(cfg, model, "GGUF", note)

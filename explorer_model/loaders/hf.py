@@ -13,7 +13,7 @@ import torch
 
 from ..config import ConfigError, ModelConfig
 from ..rope import hf_to_adjacent
-from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, rename_blocks
+from .common import LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line, rename_blocks
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight",
         "lm_head.weight": "unembed.weight"}
@@ -104,6 +104,7 @@ def read_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
 
 def to_canonical(state: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path) -> dict[str, torch.Tensor]:
     out = rename_blocks(state, "model.layers.", _BLOCK, _TOP, skip=_SKIP)
+    check_sizes(cfg, out, folder)  # before the per-layer loop below, which a layer count of 10^9 would hang
     if cfg.tie_embeddings:
         out.pop("unembed.weight", None)  # some tied checkpoints store the shared matrix twice
     elif "unembed.weight" not in out:

@@ -1,7 +1,8 @@
 """Tokenizers: one front end (frontend.py) over SentencePiece, tokenizer.json and GGUF vocabularies, whose
 rebuild from GGUF metadata lives apart (gguf_vocab.py)."""
-from .frontend import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, Tokenizer, TokenizerError
+from .frontend import (BYTE, CONTROL, MAX_PROMPT_CHARS, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, PromptError, Tokenizer,
+                       TokenizerError, check_prompt)
 from .gguf_vocab import read_gguf_tokenizer_fields
 
-__all__ = ["Tokenizer", "TokenizerError", "read_gguf_tokenizer_fields",
+__all__ = ["Tokenizer", "TokenizerError", "read_gguf_tokenizer_fields", "MAX_PROMPT_CHARS", "PromptError", "check_prompt",
            "NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "UNUSED", "BYTE"]

@@ -34,6 +34,33 @@ class TokenizerError(ValueError):
     """A tokenizer file is missing, truncated or not a tokenizer; the message is one line."""
 
 
+# The longest prompt accepted, in characters, checked before tokenizing: tokenizing costs ~80 bytes of memory
+# per character (a 20-million-character prompt took 1.6 GB and tens of seconds before any token cap applied).
+# 200,000 characters are ~16 MB and well over the 8192-token context of the models here at any chars/token.
+MAX_PROMPT_CHARS = 200_000
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be tokenized: too long, or not text (invalid UTF-8 / lone surrogates)."""
+
+
+def check_prompt(text, limit: int = MAX_PROMPT_CHARS) -> str:
+    """The prompt itself if it can be tokenized; else PromptError with one line. Call it before encode()
+    on anything a person typed (CLI argument, API call, URL, text box)."""
+    if not isinstance(text, str):
+        raise PromptError(f"the prompt must be text, got {type(text).__name__}")
+    if len(text) > limit:
+        raise PromptError(f"the prompt has {len(text):,} characters, more than the limit of {limit:,}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogates \udc80-\udcff
+        bad = text[e.start]
+        what = (f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF
+                else f"lone surrogate U+{ord(bad):04X}")
+        raise PromptError(f"the prompt is not valid UTF-8 text ({what} at character {e.start})") from None
+    return text
+
+
 def _bytes_to_unicode():
     # GPT-2's reversible map from bytes to printable unicode chars, so BPE never sees whitespace/control bytes
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -79,7 +106,13 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ encode / decode
 
+    def encode_prompt(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """encode() for text a person supplied: bounded to MAX_PROMPT_CHARS before any work, and BOS added
+        when the model expects it (add_bos=None)."""
+        return self.encode(check_prompt(text), self.add_bos if add_bos is None else add_bos)
+
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        check_prompt(text, limit=float("inf"))  # no length bound here: corpora are encoded too
         if self._hf is not None:
             ids = self._hf.encode(text, add_special_tokens=False).ids
         elif self._special_re is None:

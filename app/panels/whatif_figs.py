@@ -1,0 +1,101 @@
+"""The What-if view's figures and the data they draw: pure functions of numpy arrays and run dicts (no Streamlit)."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from app import plots
+from explorer_model.analysis import interventions as I
+from explorer_model.analysis import views_data as V
+
+N_TOP = 10
+
+
+def pattern_of(run: dict, layer: int, ivs) -> np.ndarray:
+    """[head, q, k] attention of a changed run, rebuilt from its rotated Q and K like the recorder does;
+    where no-mask applies the mask is pushed past the last key, as the intervention does."""
+    q, k = run["rot"][layer]
+    unmasked = any(isinstance(iv, I.NoMask) and iv.layer in (None, layer) for iv in ivs)
+    return V.pattern_from_rotated(q, k, unmasked)
+
+
+def distribution_data(clean_logits, changed_logits, n: int = N_TOP) -> dict:
+    """Last-position probabilities: the union of both runs' top n tokens, and the n tokens that moved most."""
+    return V.distribution_data(clean_logits, changed_logits, n)
+
+
+def distribution_figure(d: dict, name, t) -> go.Figure:
+    """name(id): how a candidate token reads (a character fragment as the character it completes)."""
+    x = [f"{name(int(i))} ({int(i)})" for i in d["ids"]]
+    fig = go.Figure([go.Bar(x=x, y=d["clean"], name=t("whatif.unchanged"), marker_color="#888888"),
+                     go.Bar(x=x, y=d["changed"], name=t("whatif.changed"), marker_color="#d62728")])
+    fig.update_layout(barmode="group", title=t("whatif.next_token_probabilities_at_the"),
+                      xaxis_title=t("whatif.token_id"), yaxis_title=t("whatif.probability"),
+                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.3))
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def moved_figure(d: dict, name, t) -> go.Figure:
+    y = [f"{name(int(i))} ({int(i)})" for i in d["moved"]]
+    colours = np.where(d["delta"] > 0, "#2ca02c", "#d62728")
+    fig = go.Figure(go.Bar(x=d["delta"], y=y, orientation="h", marker_color=colours,
+                           hovertemplate="%{y}<br>Δp = %{x:.4f}<extra></extra>"))
+    fig.update_layout(title=t("whatif.tokens_that_moved_most_p"),
+                      xaxis_title="Δp", margin=dict(l=10, r=10, t=50, b=10))
+    fig.update_yaxes(autorange="reversed", type="category")
+    return fig
+
+
+def kl_figure(kl: np.ndarray, t) -> go.Figure:
+    fig = go.Figure(go.Bar(x=list(range(len(kl))), y=kl, marker_color="#9467bd",
+                           hovertemplate="L%{x}: %{y:.4f} nats<extra></extra>"))
+    fig.update_layout(title=t("whatif.where_the_runs_part_kl"),
+                      xaxis_title=t("whatif.layer"), yaxis_title=t("whatif.kl_nats_mean_over_positions"),
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def own_token_figure(p_clean: np.ndarray, p_changed: np.ndarray, labels, t) -> go.Figure:
+    x = labels[:len(p_clean)]
+    fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name, line=dict(color=colour)) for y, name, colour in
+                     ((p_clean, t("whatif.unchanged"), "#888888"), (p_changed, t("whatif.changed"), "#d62728"))])
+    fig.update_layout(title=t("whatif.probability_each_position_gives_to"),
+                      xaxis_title=t("whatif.position_predicting_the_token_after"),
+                      yaxis_title=t("whatif.probability"), yaxis_range=[0, 1.02], margin=dict(l=10, r=10, t=50, b=10),
+                      legend=dict(orientation="h", y=-0.3))
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def attention_figure(mats: list[np.ndarray], titles: list[str], label_sets: list[list[str]], t) -> go.Figure:
+    """Side-by-side patterns; cells the mask removes are blank (NaN), cells it would remove but did not are coloured."""
+    layout = plots.grid_layout(1, len(mats), titles, hspace=0.04)
+    traces = []
+    for c, (m, labels) in enumerate(zip(mats, label_sets)):
+        xa, ya = plots.axis_ids(1, c + 1, len(mats))
+        traces.append(go.Heatmap(z=m, x=labels, y=labels, coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya,
+                                 hovertemplate="q %{y}<br>k %{x}<br>%{z:.4f}<extra></extra>"))
+        layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", showticklabels=c == 0)
+        layout["xaxis" + xa[1:]].update(type="category", tickangle=-60)  # keys labelled under every matrix
+    fig = go.Figure(traces, layout)
+    fig.update_layout(coloraxis=dict(colorscale="Blues", cmin=0, cmax=1), margin=dict(l=10, r=10, t=40, b=10))
+    return fig
+
+
+def masked_blank(m: np.ndarray, ivs, layer: int) -> np.ndarray:
+    """Blank the future only where the mask is still in force (a masked probability is not a small number)."""
+    if any(isinstance(iv, I.NoMask) and iv.layer in (None, layer) for iv in ivs):
+        return m
+    return np.where(np.triu(np.ones(m.shape, dtype=bool), 1), np.nan, m)
+
+
+def sweep_figure(delta: np.ndarray, layers, target_piece: str, p_clean: float, t) -> go.Figure:
+    lim = float(np.abs(delta).max()) or 1.0
+    fig = plots.heatmap(delta, [t("whatif.head", h=h) for h in range(delta.shape[1])],
+                        [t("whatif.layer_2", l=l) for l in layers], colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
+                        title=t("whatif.which_heads_matter_change_of", target_piece=target_piece, p_clean=p_clean),
+                        x_title=t("whatif.head_2"), y_title=t("whatif.layer"), value_name="Δp")
+    return fig
+
+

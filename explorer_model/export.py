@@ -1,0 +1,142 @@
+"""Writing a recording to an .npz file without holding it twice, and files that appear only when complete.
+
+`np.savez(path, **rec.to_numpy())` first rebuilds every layer's attention scores and pattern, which are
+[head, pos, pos] each: 4-5 GB at 1024 tokens, ~145 GB at 8192. Here each array is materialized, written
+into the zip and dropped before the next, so the peak is one array. What the file will weigh is known
+before the model runs (`plan`), so a recording that cannot fit in memory or on the disk is refused up front.
+
+Every file goes to a temporary name in the target folder and is renamed into place only when complete:
+a failed write (disk full, file-size limit, Ctrl+C) leaves the previous file as it was and no partial one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class ExportError(ValueError):
+    """The output cannot be written where asked; the message is one line naming the file."""
+
+
+def check_target(out: str | os.PathLike) -> Path:
+    """The exact file that will be written. Refuses folders, devices and other non-regular files (numpy would
+    append '.npz' to the name and write somewhere else) and a folder that does not exist."""
+    try:
+        path = Path(out).expanduser()
+    except RuntimeError:  # ~nosuchuser/...
+        raise ExportError(f"{out}: no such user's home folder") from None
+    if path.is_dir():
+        raise ExportError(f"{path} is a folder; give a file name inside it, e.g. {path / 'recording.npz'}")
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        raise ExportError(f"{path} is not a regular file (a device, pipe or socket); give a file name")
+    if not path.parent.is_dir():
+        raise ExportError(f"cannot write {path}: the folder {path.parent} does not exist")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """Yield a temporary path beside `path`; on success it replaces `path` in one rename, on any failure it is
+    removed and `path` is untouched."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Over a file-size limit (ulimit -f) the kernel sends SIGXFSZ, which kills the process; ignored, the
+    # write fails with EFBIG instead and is reported like a full disk.
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN) if hasattr(signal, "SIGXFSZ") else None
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    finally:
+        if old is not None:
+            with contextlib.suppress(ValueError):  # not the main thread: nothing was changed
+                signal.signal(signal.SIGXFSZ, old)
+
+
+@dataclass(frozen=True)
+class Plan:
+    file_bytes: int  # the .npz, uncompressed
+    peak_bytes: int  # held at once: what the recorder keeps plus the largest array being written
+    largest: str  # the name of the largest array
+
+
+def _array_bytes(rec) -> dict[str, int]:
+    out = {name: _as_numpy(rec[name]).nbytes for name in rec.names}
+    out["token_ids"] = rec.token_ids.numel() * 8
+    return out
+
+
+def plan(model, ids: list[int], names, dtype: torch.dtype) -> Plan:
+    """Bytes of the .npz for `ids` without running the model on them: every hook's size is a + b*pos + c*pos^2
+    (activations grow with pos, attention scores with pos^2), fitted exactly from runs over 1, 2 and 3 tokens."""
+    from .recording import record
+
+    sizes = []
+    for n in (1, 2, 3):
+        sizes.append(_array_bytes(record(model, ids[:1] * n, names=names, dtype=dtype)))
+    p = len(ids)
+    full = {}
+    for name in sizes[0]:
+        s1, s2, s3 = (s[name] for s in sizes)
+        c = (s3 - 2 * s2 + s1) // 2
+        b = s2 - s1 - 3 * c
+        full[name] = s1 - b - c + b * p + c * p * p
+    kept = sum(v for k, v in full.items() if "hook_pattern" not in k and "hook_attn_scores" not in k)
+    largest = max(full, key=full.get)
+    return Plan(sum(full.values()), kept + full[largest], largest)
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping), or None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_fits(p: Plan, path: Path, memory: int | None = None, disk: int | None = None) -> None:
+    """Refuse a recording that would not fit on the target's disk or in memory, before the model runs."""
+    disk = shutil.disk_usage(path.parent).free if disk is None else disk
+    memory = available_memory() if memory is None else memory
+    hint = "record fewer hooks with --names (e.g. 'blocks.*.hook_resid_post') or use a shorter prompt"
+    if p.file_bytes > disk:
+        raise ExportError(f"{path} would take {gb(p.file_bytes)} but only {gb(disk)} is free on that disk; {hint}")
+    if memory is not None and p.peak_bytes > memory:
+        raise ExportError(f"recording to {path} needs about {gb(p.peak_bytes)} of memory (largest array "
+                          f"{p.largest}) but only {gb(memory)} is available; {hint}")
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def save_npz(rec, out: str | os.PathLike) -> Path:
+    """Write every recorded name, token_ids and logits (the same members as np.savez(path, **rec.to_numpy())),
+    one array at a time, atomically. Returns the exact file written."""
+    path = check_target(out)
+    with atomic_file(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name in [*rec.names, "token_ids"]:
+            arr = rec.token_ids.numpy() if name == "token_ids" else _as_numpy(rec[name])
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+            del arr  # a rebuilt attention pattern is freed before the next one is made
+    return path

@@ -1,0 +1,303 @@
+"""What a model costs before it exists: weights per dtype, runtime for a prompt length, what a recording keeps.
+
+Everything here reads only a ModelConfig. Parameter counts and tensor shapes come from the real LlamaModel
+built on PyTorch's "meta" device (shapes without storage, so LLaMA-65B costs nothing), which keeps one
+implementation of what the model contains: the loaded model's `param_counts()` and these figures agree by
+construction.
+
+    estimate(cfg, torch.bfloat16, n_tokens=512)   weights + runtime, in bytes
+    recording_bytes(cfg, 4096, torch.float16)     what `record(...)` of every hook keeps for 4096 tokens
+    available_bytes()                             MemAvailable, or the cgroup limit if lower
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from .config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+DTYPE_ENV = "LLAMA_EXPLORER_DTYPE"  # the app's dtype (llama-explorer serve --dtype sets it)
+AVAILABLE_ENV = "LLAMA_EXPLORER_MEMORY_AVAILABLE"  # override of the memory available, e.g. "8GB" (tests, demos)
+DEFAULT_TOKENS = 512  # the prompt length a load must leave room for
+OVERHEAD = 400 << 20  # Python, torch and the tokenizer, measured at ~350 MB RSS before any weights
+COMFORT = 0.5  # auto keeps float32 if weights + runtime take at most this share of the machine's memory
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """torch dtype for "float32" / "bfloat16" / "float16" (also bf16, fp16, fp32); None for "auto"."""
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {name}; choose one of {', '.join(DTYPE_CHOICES)}")
+        return name
+    key = (name or "auto").strip().lower()
+    key = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(key, key)
+    if key == "auto":
+        return None
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+    return DTYPES[key]
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# --------------------------------------------------------------------------- the model without weights
+@functools.lru_cache(maxsize=16)
+def meta_model(cfg: ModelConfig):
+    """The LlamaModel of a config on the meta device: every parameter's shape, no storage."""
+    from .model import LlamaModel
+
+    with torch.device("meta"):
+        return LlamaModel(cfg).eval().requires_grad_(False)
+
+
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters per component (embedding, attention, ffn, norms, output, total); tied counted once."""
+    return meta_model(cfg).param_counts()
+
+
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical checkpoint key -> shape (a tied model has no separate unembed.weight)."""
+    return meta_model(cfg).expected_shapes()
+
+
+@functools.lru_cache(maxsize=32)
+def _hook_shapes(cfg: ModelConfig, n_tokens: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    model, shapes = meta_model(cfg), {}
+
+    def keep(x, hp):
+        shapes[hp.name] = tuple(x.shape)
+
+    # Every hook attached: the attention takes its explicit path, so scores and patterns exist too.
+    with torch.device("meta"), torch.no_grad(), model.hooks([(n, keep) for n in model.hook_names()]):
+        model._inv_freq = None  # computed on the meta device inside this context
+        model(torch.zeros(1, n_tokens, dtype=torch.long))
+    return tuple((n, shapes[n]) for n in model.hook_names())
+
+
+def hook_shapes(cfg: ModelConfig, n_tokens: int) -> dict[str, tuple[int, ...]]:
+    """Every hook point's shape for one prompt of n_tokens, in forward order, from a forward on the meta device."""
+    return dict(_hook_shapes(cfg, int(n_tokens)))
+
+
+# --------------------------------------------------------------------------- bytes
+def kv_cache_bytes_per_token(cfg: ModelConfig, bytes_per_value: int | torch.dtype = 4) -> int:
+    """Keys and values of every layer for one position (what generation keeps per token)."""
+    size = itemsize(bytes_per_value) if isinstance(bytes_per_value, torch.dtype) else int(bytes_per_value)
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * size
+
+
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    return param_counts(cfg)["total"] * itemsize(dtype)
+
+
+def runtime_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype) -> int:
+    """Working memory of one forward over n_tokens: the KV cache plus the largest transients alive at once
+    (float32 scores and pattern of one layer, three FFN-wide tensors, float32 logits, a few residuals),
+    plus the interpreter and libraries."""
+    n, size = int(n_tokens), itemsize(dtype)
+    attention = 2 * cfg.n_heads * n * n * 4
+    ffn = 3 * n * cfg.d_ff * size
+    resid = 4 * n * cfg.d_model * 4
+    logits = n * cfg.vocab_size * 4
+    return kv_cache_bytes_per_token(cfg, dtype) * n + attention + ffn + resid + logits + OVERHEAD
+
+
+@dataclass(frozen=True)
+class Estimate:
+    dtype: torch.dtype
+    n_tokens: int
+    weights: int
+    runtime: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.runtime
+
+    def __str__(self) -> str:
+        return (f"{dtype_name(self.dtype)}: {gb(self.total)} (weights {gb(self.weights)} + "
+                f"{gb(self.runtime)} to run {self.n_tokens} tokens)")
+
+
+def estimate(cfg: ModelConfig, dtype: torch.dtype, n_tokens: int = DEFAULT_TOKENS) -> Estimate:
+    return Estimate(dtype, int(n_tokens), weight_bytes(cfg, dtype), runtime_bytes(cfg, n_tokens, dtype))
+
+
+def estimates(cfg: ModelConfig, n_tokens: int = DEFAULT_TOKENS) -> dict[str, Estimate]:
+    """One Estimate per supported dtype, keyed by its name."""
+    return {name: estimate(cfg, dt, n_tokens) for name, dt in DTYPES.items()}
+
+
+_DERIVED = re.compile(r"blocks\.\d+\.attn\.hook_(attn_scores|pattern)$")
+
+
+def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.float32,
+                    names=None, attention: str = "derived", model_dtype: torch.dtype = torch.float32) -> int:
+    """Bytes a recording of the selected hooks (all by default) keeps for one prompt of n_tokens.
+
+    Mirrors recording.py: tensors are stored in `dtype`, logits always; with derived attention the scores and
+    pattern are not stored but rebuilt from float32 rotated Q and K, which share the stored copy when `dtype`
+    is float32 and are extra float32 copies otherwise. When `dtype` is the model's own, a block's input is the
+    very tensor the previous hook (embedding or previous block's output) already stored.
+    """
+    shapes = hook_shapes(cfg, n_tokens)
+    selected = meta_model(cfg).select_hooks(names)
+    if "logits" not in selected:
+        selected.append("logits")
+    size, total = itemsize(dtype), 0
+    derived_layers = set()
+    chosen = set(selected)
+    for name in selected:
+        m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_pre", name)
+        previous = m and ("hook_embed" if m.group(1) == "0" else f"blocks.{int(m.group(1)) - 1}.hook_resid_post")
+        if attention == "derived" and _DERIVED.match(name):
+            derived_layers.add(name.split(".")[1])
+        elif not (previous in chosen and dtype == model_dtype):  # else the same tensor, stored once
+            total += _numel(shapes[name]) * size
+    for layer in derived_layers:
+        for which in ("rot_q", "rot_k"):
+            name = f"blocks.{layer}.attn.hook_{which}"
+            if not (dtype == torch.float32 and name in selected):  # else the stored copy is reused
+                total += _numel(shapes[name]) * 4
+    return total
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def gb(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 / 10 else f"{n / 2**20:.0f} MB"
+
+
+# --------------------------------------------------------------------------- what the machine has
+def _parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise ValueError(f"{AVAILABLE_ENV}={text!r} is not a size like 8GB or 512MB")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def available_bytes() -> int | None:
+    """Memory a new allocation can get: MemAvailable, lowered to the cgroup's room if a limit is set.
+
+    $LLAMA_EXPLORER_MEMORY_AVAILABLE overrides it (e.g. "6GB"). None when nothing can be read (not Linux)."""
+    if os.environ.get(AVAILABLE_ENV):
+        return _parse_bytes(os.environ[AVAILABLE_ENV])
+    found = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # cgroup v1 says "no limit" as 2^63
+            room = max(0, limit - usage)
+            found = room if found is None else min(found, room)
+            break
+    return found
+
+
+def total_bytes() -> int | None:
+    """The machine's memory (MemTotal), or the cgroup limit if lower; the override above stands for both."""
+    if os.environ.get(AVAILABLE_ENV):
+        return _parse_bytes(os.environ[AVAILABLE_ENV])
+    found = None
+    try:
+        with open("/proc/meminfo") as f:
+            found = next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemTotal:"))
+    except (OSError, ValueError, StopIteration):
+        pass
+    for limit in (_read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        if limit is not None and limit < 1 << 60:
+            found = limit if found is None else min(found, limit)
+    return found
+
+
+def choose_dtype(requested, cfg: ModelConfig, stored: torch.dtype | None) -> torch.dtype:
+    """The dtype to run in. "auto": float32 when it fits comfortably (small models stay bit-exact as always),
+    else the checkpoint's own 16-bit type (bfloat16 for float32 or quantized checkpoints).
+
+    "Comfortably" is judged against the machine's total memory, so the choice does not change with whatever
+    else happens to be running; only a model whose float32 form does not fit in the memory available right
+    now also falls back to 16 bits (rather than being refused)."""
+    chosen = parse_dtype(requested if requested is not None else os.environ.get(DTYPE_ENV, "auto"))
+    if chosen is not None:
+        return chosen
+    need, total, room = estimate(cfg, torch.float32).total, total_bytes(), available_bytes()
+    if (total is None or need <= COMFORT * total) and (room is None or need <= room):
+        return torch.float32
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def refusal(cfg: ModelConfig, dtype: torch.dtype, mapped: bool, n_tokens: int = DEFAULT_TOKENS) -> str | None:
+    """Why this config cannot run here in `dtype` (one line with the estimate and the memory available), or None.
+
+    Weights memory-mapped from disk in place (`mapped`) need not fit: the kernel pages them in and out as the
+    layers run, slowly but correctly. Only the runtime must then fit."""
+    room = available_bytes()
+    if room is None:
+        return None
+    est = estimate(cfg, dtype, n_tokens)
+    need = est.runtime if mapped else est.total
+    if need <= room:
+        return None
+    smaller = [estimate(cfg, dt, n_tokens) for dt in (torch.bfloat16, torch.float16) if itemsize(dt) < itemsize(dtype)]
+    hint = f"; {dtype_name(smaller[0].dtype)} would need {gb(smaller[0].total)}" if smaller and not mapped else ""
+    what = f"{gb(est.runtime)} to run {n_tokens} tokens" if mapped else str(est)
+    return f"{cfg.name} needs about {gb(need)} of memory ({what}), but only {gb(room)} is available{hint}"
+
+
+# --------------------------------------------------------------------------- progress through the layers
+@contextmanager
+def layer_progress(model, callback: Callable[[int, int], None]) -> Iterator[None]:
+    """Call callback(layers_done, n_layers) as each block finishes, in forward passes run by this thread."""
+    n = model.cfg.n_layers
+    hooks = [(f"blocks.{i}.hook_resid_post", lambda x, hp, i=i: callback(i + 1, n)) for i in range(n)]
+    with model.hooks(hooks):
+        yield
+
+
+def text_progress(label: str = "layers", stream=None, width: int = 30) -> Callable[[int, int], None]:
+    """A callback for layer_progress drawing `label [#####.....] 12/32` on stderr, ending the line at the end."""
+    stream = stream or sys.stderr
+
+    def show(done: int, total: int) -> None:
+        fill = width * done // max(total, 1)
+        stream.write(f"\r{label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return show

@@ -1,0 +1,94 @@
+"""Start the Streamlit server the way a classroom needs it: no telemetry, no CDN, no outbound lookups, local unless
+shared. The app (app/main.py) runs in the Streamlit subprocess; this module never imports it."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"  # run as a script: never imported here
+
+
+# Streamlit looks up this machine's addresses by itself: a UDP connect towards 8.8.8.8 (the internal IP) and an
+# HTTP GET to checkip.amazonaws.com (the external IP, for its banner and for the origin check of a cross-site
+# WebSocket). A classroom server must not talk to the outside, and a crafted reply once crashed it at launch.
+# browser.serverAddress stops the banner lookup; pinning both cached answers before Streamlit starts stops
+# every other one (net_util returns a cached value when it is not None).
+_NO_LOOKUPS = ("import streamlit.net_util as n, sys; n._external_ip = ''; n._internal_ip = sys.argv.pop(1); "
+               "from streamlit.web.cli import main; main()")
+
+
+def streamlit_command(port: int = 8501, address: str = "127.0.0.1", url_host: str | None = None) -> list[str]:
+    """The server command; `url_host` is the address printed and trusted as the page's origin."""
+    url_host = url_host or ("127.0.0.1" if address in ("0.0.0.0", "::") else address)
+    return [
+        sys.executable, "-c", _NO_LOOKUPS, url_host, "run", str(MAIN),
+        "--server.address", address,
+        "--server.port", str(port),
+        "--server.headless", "true",
+        "--server.fileWatcherType", "none",
+        "--browser.gatherUsageStats", "false",
+        "--browser.serverAddress", url_host,
+        "--global.developmentMode", "false",
+        "--client.toolbarMode", "minimal",
+        "--theme.base", "light",
+    ]
+
+
+def lan_addresses() -> list[str]:
+    """IPv4 address of every non-loopback interface, read from the kernel (no DNS, no packet sent): the
+    hostname often maps to 127.0.1.1 or 127.0.0.1, which is no use to students."""
+    found = []
+    try:
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR (Linux): the interface's IPv4 address
+                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                except OSError:  # no IPv4 address on this interface
+                    continue
+                addr = socket.inet_ntoa(packed[20:24])
+                if not addr.startswith("127.") and addr not in found:
+                    found.append(addr)
+    except (ImportError, OSError, AttributeError):  # not Linux: nothing reliable without a lookup
+        pass
+    return found
+
+
+def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
+               cache_mb: int | None = None, lab: bool = True) -> dict[str, str]:
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    if not lab:
+        env["LLAMA_EXPLORER_LAB"] = "0"
+    if share:
+        env["LLAMA_EXPLORER_SHARE"] = "1"
+    if models_dir:
+        env["LLAMA_EXPLORER_MODELS_DIR"] = str(Path(models_dir).expanduser().resolve())
+    if max_tokens:
+        env["LLAMA_EXPLORER_MAX_TOKENS"] = str(max_tokens)
+    if cache_mb:
+        env["LLAMA_EXPLORER_CACHE_MB"] = str(cache_mb)
+    return env
+
+
+def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models_dir: str | None = None,
+          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True) -> None:
+    address = "0.0.0.0" if share else "127.0.0.1"
+    query = "" if source == "smollm2" else f"?model={source}"
+    hosts = (lan_addresses() if share else []) or ["127.0.0.1"]
+    for host in hosts:
+        print(f"LLaMA Explorer: open http://{host}:{port}/{query}  (Ctrl+C to stop)", flush=True)
+    if share:
+        if hosts == ["127.0.0.1"]:
+            print("No network interface with an address was found: only this machine can open the page.", flush=True)
+        print("Shared mode: visitors choose from the default model, the shipped teaching models"
+              + (f" and the models in {models_dir}" if models_dir else "") + "; they cannot load paths.", flush=True)
+    try:
+        subprocess.run(streamlit_command(port, address, hosts[0]),
+                       env=server_env(share, models_dir, max_tokens, cache_mb, lab), check=False)
+    except KeyboardInterrupt:
+        pass

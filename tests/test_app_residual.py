@@ -1,0 +1,216 @@
+"""The Residual & prediction view: per-position loss, next-token steps, generation by ids, norms and the logit lens,
+each compared with the recording or an independent computation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from streamlit.testing.v1 import AppTest
+
+from apptest_util import all_text, by_id, decode, figures, run_app
+
+import app.explorer as app_explorer
+from explorer_model.sampling import filter_steps
+
+pytestmark = pytest.mark.slow
+PROMPT = "The animal didn't cross the street because it was too tired."
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from explorer_model.loaders import load
+    return load("smollm2")
+
+
+def recording(loaded, text):
+    from explorer_model.recording import record
+    tok = loaded.tokenizer
+    ids = tok.encode(text, add_bos=tok.add_bos)
+    return ids, record(loaded.model, ids)
+
+
+def fig_with(at, title_part):
+    for f in figures(at):
+        title = f["layout"].get("title", {})
+        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
+            return f
+    raise AssertionError(f"no figure titled …{title_part}…")
+
+
+def test_loss_strip_is_the_cross_entropy(loaded):
+    ids, rec = recording(loaded, PROMPT)
+    at = run_app(view="residual", prompt=PROMPT)
+    assert not at.exception
+    strip = by_id(at, "residual_loss_strip")
+    z = decode(strip["data"][0]["z"])[0]
+    # independent: torch's cross-entropy of the logits against the ids shifted by one
+    ce = F.cross_entropy(rec.logits[0, :-1].double(), torch.tensor(ids[1:]), reduction="none").numpy()
+    np.testing.assert_allclose(z, ce, rtol=0, atol=1e-4)  # float32 log-softmax over 49k logits
+    assert f"{ce.mean():.3f}" in strip["layout"]["title"]["text"]
+    assert len(strip["data"][0]["x"]) == len(ids) - 1
+    # the main figure comes first on the page
+    assert (figures(at)[0]["layout"].get("meta") or {}).get("id") == "residual_loss_strip"
+
+
+def test_residual_matches_recording(loaded):
+    ids, rec = recording(loaded, PROMPT)
+    at = run_app(view="residual", prompt=PROMPT, layer=3, token=2)
+    assert not at.exception
+    n = rec.cfg.n_layers
+
+    norms = decode(fig_with(at, "per layer and token")["data"][0]["z"])
+    pre = np.stack([rec[f"blocks.{l}.hook_resid_pre"][0].numpy() for l in range(n)]
+                   + [rec[f"blocks.{n - 1}.hook_resid_post"][0].numpy()])
+    np.testing.assert_allclose(norms, np.linalg.norm(pre, axis=-1), rtol=1e-5)
+
+    contrib = fig_with(at, "How much each sub-layer adds")["data"]
+    attn = np.stack([np.linalg.norm(rec[f"blocks.{l}.hook_attn_out"][0].numpy(), axis=-1) for l in range(n)])
+    np.testing.assert_allclose(decode(contrib[0]["y"]), attn.mean(1), rtol=1e-5)
+    np.testing.assert_allclose(decode(contrib[2]["y"]), attn[:, 2], rtol=1e-5)
+
+    lens = fig_with(at, "Logit lens")["data"][0]
+    assert len(lens["text"]) == n and len(lens["text"][-1]) == len(ids)
+    real = rec.logits[0].argmax(-1)
+    from app.context import display_piece
+    assert lens["text"][-1] == [display_piece(loaded.tokenizer.piece(int(i))) for i in real]
+    np.testing.assert_allclose(decode(lens["z"])[-1], torch.softmax(rec.logits[0], -1).max(-1).values.numpy(),
+                               rtol=1e-4)
+
+    def check_steps(temp, k, p):
+        bars = by_id(at, "residual_steps")["data"]
+        s = filter_steps(rec.logits[0, -1], temp, k, p)
+        top = [int(i) for i in decode(bars[0]["customdata"])]
+        assert top == torch.argsort(rec.logits[0, -1], descending=True)[:15].tolist()
+        for trace, probs in zip(bars, (s.raw, s.tempered, s.top_k, s.top_p)):
+            np.testing.assert_allclose(decode(trace["y"]), probs[top].numpy(), rtol=1e-5, atol=1e-7)
+            assert trace["name"].endswith(f"({int((probs > 0).sum())})")
+
+    check_steps(1.0, 50, 0.9)
+    at.slider(key="pred_temperature").set_value(0.7).run()
+    at.number_input(key="pred_top_k").set_value(5).run()
+    at.slider(key="pred_top_p").set_value(0.5).run()
+    check_steps(0.7, 5, 0.5)
+
+    before = app_explorer.FORWARDS["count"]
+    at.sidebar.slider(key="layer").set_value(9).run()
+    at.sidebar.slider(key="token").set_value(5).run()
+    at.sidebar.slider(key="head").set_value(1).run()
+    assert not at.exception
+    assert app_explorer.FORWARDS["count"] == before
+
+
+def test_take_top_token_and_undo_through_text(loaded):
+    """The shell without id callables: a whole-word token goes through the prompt text."""
+    prompt = "The capital of France is"
+    at = run_app(view="residual", prompt=prompt)
+    assert not at.exception
+    at.button(key="pred_greedy").click().run()
+    assert not at.exception
+    assert at.session_state["prompt"] == prompt + " Paris"
+    tok = loaded.tokenizer
+    hist = at.session_state["pred_history"]
+    assert [h["id"] for h in hist] == tok.encode(" Paris") and 0 < hist[0]["p_raw"] <= 1
+    assert len(fig_with(at, "Logit lens")["data"][0]["x"]) == len(tok.encode(prompt)) + 1
+    at.button(key="pred_undo").click().run()
+    assert at.session_state["prompt"] == prompt and not at.session_state["pred_history"]
+    # sampling is reproducible: the same seed and prompt give the same token
+    at.button(key="pred_sample").click().run()
+    first = at.session_state["prompt"]
+    at.button(key="pred_undo").click().run()
+    at.button(key="pred_sample").click().run()
+    assert at.session_state["prompt"] == first != prompt
+
+
+# A shell that keeps the prompt as token ids and hands the view the contract's two callables.
+IDS_SHELL = '''
+import streamlit as st
+from app import explorer
+from app.context import ViewContext, display_piece
+from app.panels import residual
+from explorer_model.tokenizer.labels import fragment_labels
+
+SOURCE = explorer.DEFAULT_SOURCE
+facts = explorer.facts(SOURCE)
+if "ids" not in st.session_state:
+    st.session_state.ids = explorer.encode_prompt(SOURCE, "深度学习很", 64)[0]
+    st.session_state.undo_stack = []
+
+def append_token(i):
+    st.session_state.undo_stack.append(list(st.session_state.ids))
+    st.session_state.ids = list(st.session_state.ids) + [int(i)]
+
+def undo():
+    if st.session_state.undo_stack:
+        st.session_state.ids = st.session_state.undo_stack.pop()
+
+ids = list(st.session_state.ids)
+rec = explorer.recording(SOURCE, tuple(ids))
+ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=[display_piece(p) for p in fragment_labels([facts.token_bytes(i) for i in ids])], layer=0, head=0,
+                  token=len(ids) - 1, lang="zh", extras={"source": SOURCE, "append_token": append_token, "undo": undo})
+residual.draw(ctx)
+'''
+
+
+def test_generation_by_ids_keeps_fragments_and_undo_restores(loaded):
+    at = AppTest.from_string(IDS_SHELL, default_timeout=180).run()
+    assert not at.exception
+    start = list(at.session_state["ids"])
+    tok = loaded.tokenizer
+    for _ in range(3):  # Chinese continuations: at least one step appends part of a character
+        expected = int(app_explorer.recording(app_explorer.DEFAULT_SOURCE, tuple(at.session_state["ids"])).logits[0, -1]
+                       .argmax())
+        at.button(key="pred_greedy").click().run()
+        assert not at.exception
+        assert at.session_state["ids"][-1] == expected
+    ids = at.session_state["ids"]
+    assert ids[:len(start)] == start and len(ids) == len(start) + 3
+
+    def fragment(i):
+        try:
+            tok.token_bytes(i).decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+        return False
+    assert any(fragment(i) for i in ids[len(start):])  # (有 用 + the first two bytes of a character, on SmolLM2)
+    page = all_text(at) + " ".join(str(b.label) for b in at.button)
+    assert "\ufffd" not in page and "\\x" not in page, page
+    assert "\ufffd" not in " ".join(str(v) for v in at.dataframe[-1].value.iloc[:, 1])
+    for k in range(3):
+        at.button(key="pred_undo").click().run()
+        assert at.session_state["ids"] == ids[:len(ids) - 1 - k]
+    assert at.session_state["ids"] == start and not at.session_state["pred_history"]
+
+
+def test_fragment_never_reaches_the_prompt_text():
+    """Without id callables, a token that is half a character cannot be appended as text."""
+    at = run_app(view="residual", prompt="深度学习很", lang="zh")
+    assert not at.exception
+    for _ in range(3):
+        b = at.button(key="pred_greedy")
+        if b.disabled:
+            break
+        b.click().run()
+        assert "\ufffd" not in at.session_state["prompt"]
+    assert "\ufffd" not in at.session_state["prompt"] and "\ufffd" not in all_text(at)
+
+
+def test_residual_chinese():
+    at = run_app(view="residual", prompt="深度学习很", lang="zh")
+    assert not at.exception
+    text = all_text(at)
+    assert "残差流" in text and "除以" in text and "去除" not in text
+    assert fig_with(at, "每一层会预测")
+    assert any(b.label == "撤销" for b in at.button)
+
+
+def test_candidate_label_names_fragments():
+    """Written by hand from UTF-8: 很 = E5 BE 88, 深 = E6 B7 B1."""
+    from types import SimpleNamespace
+    from app.panels.generation import candidate_label
+    table = {1: b"\xe5\xbe", 2: b"\x88", 3: b"\xe6\xb7", 4: b" cat", 5: b"\x88\xe6"}
+    facts = SimpleNamespace(token_bytes=table.__getitem__, piece=lambda i: table[i].decode("utf-8", "replace"))
+    assert candidate_label(facts, [1], 2) == "→很"  # completes the prompt's half character
+    assert candidate_label(facts, [4], 3) == "‹E6 B7…›"  # starts a character the next token must finish
+    assert candidate_label(facts, [4], 4) == "␣cat"
+    assert candidate_label(facts, [1], 5) == "→很"  # completes 很, and starts another character

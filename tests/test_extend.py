@@ -1,0 +1,124 @@
+"""One KV-cache step added to a recording equals recording the longer prompt, hook by hook, bit for bit;
+and a recording's stored bytes count each kept tensor once."""
+import pytest
+import torch
+
+from explorer_model.stable import Q_BLOCK, STABLE_ROWS
+from explorer_model.recording import extend, record
+from test_model import tiny_model
+
+# The tiny model is GQA (6 query heads, 2 KV heads) with widths that are not multiples of the SIMD block
+# (d_model 48, d_ff 80), so padding and tails are exercised; its context covers two attention blocks.
+LENGTHS = [1, 2, 5, STABLE_ROWS - 1, STABLE_ROWS, 30, Q_BLOCK - 1, Q_BLOCK, Q_BLOCK + 7]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(max_seq_len=2 * Q_BLOCK + 8)
+
+
+def ids_for(vocab: int, n: int, seed: int = 4) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_same_recording(a, b):
+    assert a.names == b.names and torch.equal(a.token_ids, b.token_ids)
+    differ = [n for n in b.names if not torch.equal(a[n], b[n])]
+    assert not differ, f"{len(differ)} hooks differ, first {differ[:4]}"
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_extend_equals_recording_from_scratch(model, n):
+    ids = ids_for(model.cfg.vocab_size, n + 1)
+    grown = extend(model, record(model, ids[:n]), ids[n])
+    scratch = record(model, ids)
+    assert len(scratch.names) == len(model.hook_names())  # every hook, attention scores and patterns included
+    assert_same_recording(grown, scratch)
+
+
+def test_repeated_extension_and_residual_sharing(model):
+    ids = ids_for(model.cfg.vocab_size, 12, seed=7)
+    rec = record(model, ids[:9])
+    for t in ids[9:]:
+        rec = extend(model, rec, t)
+    assert_same_recording(rec, record(model, ids))
+    # resid_post of a layer is resid_pre of the next: still one tensor after growing
+    assert rec["blocks.1.hook_resid_pre"] is rec["blocks.0.hook_resid_post"]
+
+
+def test_extend_of_a_selection_and_its_refusals(model):
+    ids = ids_for(model.cfg.vocab_size, 8, seed=9)
+    names = ["blocks.*.attn.hook_v", "blocks.*.attn.hook_pattern", "blocks.2.hook_resid_post"]
+    grown = extend(model, record(model, ids[:7], names=names), ids[7])
+    assert_same_recording(grown, record(model, ids, names=names))
+    with pytest.raises(ValueError, match="float32"):
+        extend(model, record(model, ids, dtype=torch.float16), 3)
+    with pytest.raises(ValueError, match="derived attention"):
+        extend(model, record(model, ids, attention="stored"), 3)
+    with pytest.raises(ValueError, match="V and rotated K"):
+        extend(model, record(model, ids, names=["blocks.*.mlp.*"]), 3)
+    with pytest.raises(ValueError, match="vocabulary"):
+        extend(model, record(model, ids), model.cfg.vocab_size)
+
+
+def expected_bytes(model, n_pos: int, value_bytes: int) -> int:
+    """From the shapes alone: every hook once, except resid_pre (= embed or the previous resid_post) and the
+    derived scores/patterns; rotated Q and K always float32 (the derived attention is rebuilt from them)."""
+    cfg, total = model.cfg, 0
+    for name in model.hook_names():
+        if name.endswith(("hook_resid_pre", "hook_attn_scores", "hook_pattern")):
+            continue
+        if name.endswith(("hook_q", "hook_rot_q", "hook_z")):
+            width, size = cfg.n_heads * cfg.head_dim, value_bytes
+        elif name.endswith(("hook_k", "hook_v", "hook_rot_k")):
+            width, size = cfg.n_kv_heads * cfg.head_dim, value_bytes
+        elif name.endswith("hook_scale"):
+            width, size = 1, value_bytes
+        elif ".mlp." in name:
+            width, size = cfg.d_ff, value_bytes
+        elif name == "logits":
+            width, size = cfg.vocab_size, value_bytes
+        else:
+            width, size = cfg.d_model, value_bytes
+        if "hook_rot_" in name:
+            size = 4
+        total += n_pos * width * size
+    return total
+
+
+def test_stored_bytes_count_shared_tensors_once(model):
+    ids = ids_for(model.cfg.vocab_size, 20, seed=11)
+    full, half = record(model, ids), record(model, ids, dtype=torch.float16)
+    assert full.stored_bytes() == expected_bytes(model, 20, 4)
+    assert half.stored_bytes() == expected_bytes(model, 20, 2)  # no float16 copies beside the float32 Q/K
+    assert half["blocks.2.hook_resid_pre"] is half["blocks.1.hook_resid_post"]
+    assert half["blocks.0.hook_resid_pre"] is half["hook_embed"]
+    assert half["blocks.0.attn.hook_rot_q"].dtype == torch.float16
+    assert torch.equal(half["blocks.0.attn.hook_rot_q"], full["blocks.0.attn.hook_rot_q"].half())
+
+
+@pytest.mark.slow
+def test_extend_equals_recording_from_scratch_smollm2():
+    from explorer_model.loaders import load
+
+    loaded = load("smollm2")
+    model = loaded.model
+    ids = loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it " * 6)[:Q_BLOCK + 2]
+    for n in (4, 30, Q_BLOCK):
+        grown = extend(model, record(model, ids[:n]), ids[n])
+        assert_same_recording(grown, record(model, ids[:n + 1]))
+
+
+@pytest.mark.slow
+def test_fast_decode_keeps_the_greedy_tokens_of_full_recompute_smollm2():
+    """The decode path (one-row kernel, KV cache written in place) against re-running the whole sequence."""
+    from explorer_model.loaders import load
+    from explorer_model.sampling import generate
+
+    loaded = load("smollm2")
+    model, seq = loaded.model, loaded.tokenizer.encode("The capital of France is")
+    new = generate(model, seq, 12)
+    with torch.no_grad():
+        for _ in range(12):
+            seq = seq + [int(model(torch.tensor([seq]))[0, -1].argmax())]
+    assert new == seq[-12:]
