@@ -1,6 +1,6 @@
 """Shared by the browser tests: one Streamlit server per test module, Debian's Chromium through Playwright.
 
-Import the fixtures into a test module (`from browser_util import server, browser  # noqa: F401`); both are
+Import the fixtures into a test module (`from browser_util import browser, page, server  # noqa: F401`); all are
 module-scoped, so each module starts one server and one Chromium. Never `playwright install`: the tests drive
 /usr/bin/chromium and are skipped where it is missing.
 """
@@ -39,7 +39,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    """The app's URL, served the way `llama-explorer serve` serves it (app.launch.streamlit_command)."""
+    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command)."""
     from explorer_model.serve import streamlit_command
 
     port = free_port()
@@ -91,6 +91,14 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    """One 1500×1100 page for the module's tests (they run in order, each opening the URL it needs)."""
+    pg = new_page(browser, 1500, 1100)
+    yield pg
+    pg.context.close()
 
 
 def new_page(browser, width: int = 1500, height: int = 1100, **kwargs):

@@ -7,16 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from browser_util import browser, new_page, pick_view, server, shots_dir, wait_idle  # noqa: F401 (fixtures)
+from browser_util import browser, page, pick_view, server, shots_dir, wait_idle  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def page(browser):
-    pg = new_page(browser, 1500, 1100)
-    yield pg
-    pg.context.close()
 
 
 def test_type_prompt_browse_views_and_switch_language(server, page):

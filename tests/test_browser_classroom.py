@@ -16,8 +16,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from browser_util import (browser, each_view, figures, garbled, new_page, open_app, query, server,  # noqa: F401
-                          set_prompt, settle_figures, shots_dir, strings, view_errors, wait_idle)
+from browser_util import (browser, each_view, figures, garbled, new_page, open_app, page, query,  # noqa: F401
+                          server, set_prompt, settle_figures, shots_dir, strings, view_errors, wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -34,13 +34,6 @@ def open_expanders(pg) -> None:
         if s.is_visible():
             s.click()
     pg.wait_for_timeout(300)
-
-
-@pytest.fixture(scope="module")
-def page(browser):
-    pg = new_page(browser, 1500, 1100)
-    yield pg
-    pg.context.close()
 
 
 # --------------------------------------------------------------------------- 1. downloads
