@@ -118,10 +118,19 @@ def shots_dir() -> Path:
     return d
 
 
-def wait_idle(pg, timeout=RUN_TIMEOUT):
-    """Streamlit shows a 'Running…' status widget while the script runs."""
-    pg.wait_for_timeout(400)
-    pg.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+
+
+def wait_idle(pg, timeout=RUN_TIMEOUT, started_within: int = 5_000):
+    """Wait for the script run an action started to finish (stApp's data-test-script-state; the status widget is
+    hidden by --client.toolbarMode minimal). On a busy machine the rerun may begin late: first wait up to
+    `started_within` ms for it to start (a run that already finished is not waited for again)."""
+    try:
+        pg.wait_for_function(f"() => {SCRIPT_STATE} === 'running'", timeout=started_within)
+    except sync_api.TimeoutError:
+        pass
+    pg.wait_for_function(f"() => {SCRIPT_STATE} !== 'running' && "
+                         "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
     pg.wait_for_timeout(300)
 
 

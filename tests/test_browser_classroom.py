@@ -36,6 +36,17 @@ def open_expanders(pg) -> None:
     pg.wait_for_timeout(300)
 
 
+def each_view_drawn(pg):
+    """each_view, with the what-if view showing a comparison (its figures and downloads appear only after one is
+    chosen: the "no causal mask" quick button, found by its widget key, whatever the language)."""
+    for label, view in each_view(pg):
+        if view == "whatif" and not pg.locator('[data-testid="stMain"] .js-plotly-plot').count():
+            pg.locator(".st-key-whatif_q_mask button").click()
+            wait_idle(pg)
+            settle_figures(pg)
+        yield label, view
+
+
 # --------------------------------------------------------------------------- 1. downloads
 NPZ_NAMES = ("token_ids", "logits", "hook_embed")
 NPZ_LAYER_NAMES = ("blocks.{L}.hook_resid_pre", "blocks.{L}.attn.hook_pattern", "blocks.{L}.hook_attn_out",
@@ -164,7 +175,7 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
     assert side.count() >= 1, "the sidebar has no download button for the recording"
     attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
 
-    for label, view in each_view(page):
+    for label, view in each_view_drawn(page):
         open_expanders(page)
         buttons = page.locator('[data-testid="stMain"] [data-testid="stDownloadButton"] button')
         for i in range(buttons.count()):
@@ -182,7 +193,7 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
         if view_errors(page):
             problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
     print("downloads opened:", opened)
-    for view in CORE_VIEWS:
+    for view in (*CORE_VIEWS, "whatif"):
         if not any(n.endswith(".png") for n in opened.get(view, [])):
             problems.append(f"the {view} view delivered no figure PNG")
     if not any(n.endswith(".csv") for names in opened.values() for n in names):
@@ -199,7 +210,7 @@ def test_chinese_prompt_in_every_view_has_no_byte_escape(server, page):
     set_prompt(page, ZH_PROMPT)
     assert "\ufffd" not in page.url and "%EF%BF%BD" not in page.url.upper(), "the URL holds U+FFFD"
     seen, problems = [], []
-    for label, view in each_view(page):
+    for label, view in each_view_drawn(page):
         seen.append(view)
         open_expanders(page)
         errors = view_errors(page)
@@ -212,6 +223,18 @@ def test_chinese_prompt_in_every_view_has_no_byte_escape(server, page):
         bad = [s for s in strings(figs) if garbled(s)]
         if bad:
             problems.append(f"{view}: Plotly figure texts have byte escapes or U+FFFD: {bad[:3]}")
+        buttons = page.locator('[data-testid="stMain"] [data-testid="stDownloadButton"] button')
+        for i in range(buttons.count()):  # tables and CSV headers name the tokens too
+            b = buttons.nth(i)
+            b.scroll_into_view_if_needed()
+            try:
+                name, data = download(page, b.click, f"“{b.inner_text().strip()}” in the {view} view", server)
+            except AssertionError as e:
+                problems.append(str(e).split("\n")[0])
+                continue
+            bad = garbled(data.decode("utf-8-sig", errors="replace")) if name.endswith(".csv") else []
+            if bad:
+                problems.append(f"{view}: {name} has byte escapes or U+FFFD: {bad[:3]}")
         if view == "attention":
             named = [s for s in strings(figs) if FRAGMENT.search(s)]
             if not named:
@@ -308,7 +331,7 @@ def test_every_view_fits_768_pixels_without_clipped_formulas(server, browser):
     try:
         open_app(pg, server, lang="en", view="tokens", prompt=PROMPT)
         problems, seen = [], []
-        for label, view in each_view(pg):
+        for label, view in each_view_drawn(pg):
             seen.append(view)
             open_expanders(pg)
             pg.wait_for_timeout(500)
