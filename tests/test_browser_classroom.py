@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from browser_util import (browser, each_view, figures, garbled, new_page, open_app, page, query,  # noqa: F401
-                          server, set_prompt, settle_figures, shots_dir, strings, view_errors, wait_idle)
+                          server, set_prompt, settle_figures, shots_dir, strings, sync_api, view_errors, wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -369,13 +369,21 @@ def square_heatmap(pg) -> tuple[list[str], list[list[float]]]:
     pytest.fail("the view shows no square token × token attention heatmap")
 
 
-def choose_preset(pg, label: str) -> None:
+def choose_preset(pg, label: str, prompt: str) -> None:
+    """Pick the preset in the sidebar and wait until its run has put its prompt in the URL (a busy machine may
+    start the rerun late); if it never does, the test's first assertion says so."""
     from app.i18n import t
 
     box = pg.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
         has_text=t("sidebar.preset", "en"))
     box.first.click()
     pg.get_by_role("option", name=label, exact=True).click()
+    wait_idle(pg)
+    try:
+        pg.wait_for_function("p => new URLSearchParams(location.search).get('prompt') === p", arg=prompt,
+                             timeout=60_000)
+    except sync_api.TimeoutError:
+        return
     wait_idle(pg)
     settle_figures(pg)
 
@@ -395,7 +403,7 @@ def test_preset_lands_on_its_lesson(server, page, preset):
     from app.i18n import t
 
     open_app(page, server, lang="en", view="tokens", prompt="Hello")
-    choose_preset(page, t(f"preset.{preset.key}", "en"))
+    choose_preset(page, t(f"preset.{preset.key}", "en"), preset.prompt)
     q = query(page)
     assert q.get("prompt") == preset.prompt, f"the preset did not set its prompt: {q.get('prompt')!r}"
     assert q.get("view") == preset.view, f"{preset.key}: view {q.get('view')!r}, the lesson is in {preset.view!r}"
