@@ -8,18 +8,14 @@ below; none of them holds an `nn.Module`. Three rules keep a classroom server pr
     counted by the bytes it really holds;
   - one lab worker process: Pre/Post-Norm experiments run there one at a time, with one torch thread set in
     that process, never in this one; a waiting visitor sees their place in the queue.
-`FORWARDS["count"]` counts the model runs the gateway starts (a what-if with a source prompt counts two; a head
+The lab worker's queue is in app/lab_jobs.py, the lessons' targets in app/lessons.py: parts of this gateway,
+re-exported here (panels import this module only). `FORWARDS["count"]` counts the model runs the gateway starts (a what-if with a source prompt counts two; a head
 sweep, a lens and a lab experiment one each), for the tests.
 """
 from __future__ import annotations
 
 import io
-import multiprocessing
-import sys
 import threading
-import types
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
 
 import numpy as np
 import streamlit as st
@@ -33,7 +29,6 @@ from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
-from explorer_model.lab import worker
 from explorer_model.tokenizer import PromptError, check_prompt
 from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
@@ -261,132 +256,6 @@ def twin_recordings(prompt: str, max_tokens: int) -> tuple[dict | None, str | No
     return out, None
 
 
-# --------------------------------------------------------------------------- the lab worker
-class LabJob:
-    """One experiment in the lab worker: place in the queue, latest progress, result."""
-
-    def __init__(self, key: tuple, future=None, result=None):
-        self.key, self.future, self._result = key, future, result
-        self.fraction, self.message, self.partial = 0.0, "", None
-
-    def done(self) -> bool:
-        return self.future is None or self.future.done()
-
-    def position(self) -> int:
-        """0 = running (or done), n = n experiments before this one."""
-        with _LAB_LOCK:
-            waiting = [j for j in _LAB_JOBS if not j.done()]
-        return waiting.index(self) if self in waiting else 0
-
-    def result(self, timeout: float | None = None) -> dict:
-        if self.future is not None and self._result is None:
-            self._result = self.future.result(timeout)
-            _keep(self.key, self._result)
-        return self._result
-
-    def wait(self, on_update=None, every: float = 0.25) -> dict:
-        """Block until done, calling on_update(job) every `every` seconds (for a queue message or live curves)."""
-        while not self.done():
-            if on_update:
-                on_update(self)
-            try:
-                self.future.result(timeout=every)
-            except TimeoutError:
-                pass
-        return self.result()
-
-
-_LAB_LOCK = threading.Lock()
-_LAB_JOBS: list[LabJob] = []
-_LAB: dict = {}
-
-
-def _lab_pool() -> tuple[ProcessPoolExecutor, object]:
-    """The one worker process (started on first use; started again if it died)."""
-    with _LAB_LOCK:
-        if "pool" not in _LAB or getattr(_LAB["pool"], "_broken", False):
-            ctx = multiprocessing.get_context("spawn")
-            queue = ctx.Queue()
-            pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=worker.init_worker, initargs=(queue,))
-            # Streamlit runs the app script as __main__, and a spawned child imports __main__ again: it would run
-            # the whole page in the worker. Start the worker with a bare __main__ instead.
-            main = sys.modules["__main__"]
-            sys.modules["__main__"] = types.ModuleType("__main__")
-            try:
-                pool.submit(worker.worker_threads).result()
-            finally:
-                sys.modules["__main__"] = main
-            _LAB.update(pool=pool, queue=queue, next=_LAB.get("next", 0))
-            threading.Thread(target=_read_progress, args=(queue,), daemon=True, name="lab-progress").start()
-        return _LAB["pool"], _LAB["queue"]
-
-
-def _read_progress(queue) -> None:
-    while True:
-        try:
-            job_id, fraction, message, partial = queue.get()
-        except (EOFError, OSError):
-            return
-        with _LAB_LOCK:
-            job = next((j for j in _LAB_JOBS if getattr(j, "id", None) == job_id), None)
-        if job is not None:
-            job.fraction, job.message, job.partial = fraction, message, partial
-
-
-class LabDisabled(RuntimeError):
-    """The server was started with --no-lab: experiments not computed yet are not run."""
-
-
-def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
-    hit = result_cache().peek(key) if cache else None
-    if hit is not None:
-        return LabJob(key, result=hit)
-    if not lab_enabled():
-        raise LabDisabled("the lab's experiments are switched off on this server")
-    pool, _ = _lab_pool()
-    with _LAB_LOCK:
-        _LAB_JOBS[:] = [j for j in _LAB_JOBS if not j.done()]
-        same = next((j for j in _LAB_JOBS if j.key == key), None)  # somebody asked for it already: wait for theirs
-        if same is not None:
-            return same
-        job = LabJob(key)
-        job.id = _LAB["next"] = _LAB["next"] + 1
-        job.future = pool.submit(fn, job.id, *args)
-        _LAB_JOBS.append(job)
-
-    _forward()  # one model run (in the worker) per experiment started
-    job.future.add_done_callback(lambda fut: fut.exception() is None and _keep(key, fut.result()))
-    return job
-
-
-def _keep(key: tuple, r: dict) -> None:
-    """Cache a finished experiment (a race cut off by its time limit is not the experiment's result)."""
-    if r.get("completed", True) and result_cache().peek(key) is None:
-        result_cache().put(key, r)
-
-
-def lab_init_gradients(options: lab.LabOptions, depth: int) -> LabJob:
-    """Gradients at initialization for these options (cached per options and depth, computed once per server)."""
-    return _submit(("lab_init", tuple(asdict(options).items()), int(depth)), worker.run_init_gradients,
-                   asdict(options), int(depth))
-
-
-def lab_race(config: lab.RaceConfig, time_limit: float | None) -> LabJob:
-    """The training race (deterministic per config: a completed race is cached)."""
-    return _submit(("lab_race", tuple(asdict(config).items())), worker.run_race, asdict(config), time_limit)
-
-
-def lab_worker_threads() -> int:
-    """torch's thread count inside the lab worker (1); the server's own count is never changed."""
-    pool, _ = _lab_pool()
-    return pool.submit(worker.worker_threads).result()
-
-
-def lab_queue_length() -> int:
-    with _LAB_LOCK:
-        return sum(not j.done() for j in _LAB_JOBS)
-
-
 __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "facts", "encode_prompt",
            "embedding_rows", "check_interventions", "recording", "extend", "recording_npz", "derived",
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
@@ -419,80 +288,10 @@ def layer_weights(source: str, layer: int) -> dict[str, np.ndarray]:
 __all__ += ["layer_weights"]
 
 
-# --------------------------------------------------------------------------- lessons (presets)
-def lesson_target(source: str, preset_key: str, ids) -> dict:
-    """Where preset `preset_key`'s point is visible in the recording of `ids`, found on this model (cached):
-    {"view", "layer", "head", "token", "values": placeholders of its catalog sentence}. Raises ValueError when the
-    prompt does not hold what the lesson looks for (e.g. the words were edited away)."""
-    from app.presets import BY_KEY
-    from explorer_model.analysis import lesson as LS
-
-    preset, ids = BY_KEY[preset_key], tuple(int(i) for i in ids)
-
-    def find() -> dict:
-        rec, tok = recording(source, ids), _model(source).tokenizer
-        n, last = len(ids), len(ids) - 1
-        out = {"view": preset.view, "layer": 0, "head": 0, "token": last, "values": {}}
-        if preset.kind == "link":
-            hit = LS.word_link_target(rec, [tok.token_bytes(i) for i in ids], *preset.args)
-            out.update(layer=hit["layer"], head=hit["head"], token=hit["q"], key=hit["k"],
-                       values={"layer": hit["layer"], "head": hit["head"], "weight": hit["weight"]})
-        elif preset.kind == "sink":
-            hit = LS.strongest(LS.sink_share(rec, 0))
-            out.update(layer=hit["layer"], head=hit["head"], key=0,
-                       values={"layer": hit["layer"], "head": hit["head"], "share": hit["weight"]})
-        elif preset.kind == "induction":
-            period = max((p for p in range(2, n // 2 + 1) if ids[n - 2 * p:n - p] == ids[n - p:]), default=0)
-            if not period:
-                raise ValueError("the prompt does not end in a repeated sequence")
-            hit = LS.strongest(LS.induction_scores(rec, period))
-            out.update(layer=hit["layer"], head=hit["head"], key=last - period + 1,
-                       values={"layer": hit["layer"], "head": hit["head"], "score": hit["weight"], "period": period})
-        elif preset.kind == "lens":  # the layer from which the final answer stays among the lens's top LENS_TOP
-            with _FORWARD, torch.no_grad():
-                lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, last])  # [layer, vocab]
-                _forward()
-            final = int(lp[-1].argmax())
-            ranks = (lp > lp[:, final:final + 1]).sum(-1).numpy()  # 0 = the top token after that layer
-            layer = next(l for l in range(len(ranks)) if (ranks[l:] < LENS_TOP).all())
-            out.update(layer=layer, values={"layer": layer, "n_layers": len(ranks), "top_id": final,
-                                            "top": LENS_TOP, "rank0": int(ranks[0]) + 1})
-        elif preset.kind == "split":
-            text = b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
-            split = [p for p, i in enumerate(ids) if not tok.is_special(i) and _is_fragment(tok.token_bytes(i))]
-            out.update(token=split[0] if split else last,
-                       values={"chars": len(text), "tokens": n, "split": len(split)})
-        elif preset.kind == "special":
-            special = [p for p, i in enumerate(ids) if tok.is_special(i)]
-            out.update(token=special[0] if special else last, values={"special": len(special), "tokens": n})
-        return out
-    return result_cache().get(("lesson", _ident(source), preset_key, ids), find)
-
-
-LENS_TOP = 10  # the fact lesson: "enters the top 10"
-
-
-def _is_fragment(data: bytes) -> bool:
-    """The token's bytes are not whole UTF-8 characters (part of a character split over tokens)."""
-    try:
-        data.decode("utf-8")
-        return False
-    except UnicodeDecodeError:
-        return True
-
+# --------------------------------------------------------------------------- parts of the gateway in their own files
+# Imported last: they call back into this module (result_cache, _forward, _model) when they run.
+from app.lab_jobs import (LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,  # noqa: E402
+                          lab_worker_threads)
+from app.lessons import lesson_target, patch_lesson  # noqa: E402
 
 __all__ += ["lesson_target"]
-
-
-# ----------------------------------------------------------------------------- what-if patch lesson (branch rwl)
-def patch_lesson(source: str, ids, source_ids) -> dict:
-    """Per layer, how far patching the last position's resid_post from `source_ids` moves the last prediction
-    (explorer_model.analysis.patch_lesson), cached: the what-if preset's lesson target, found on the model."""
-    from explorer_model.analysis.patch_lesson import patch_layer_sweep
-    ids, source_ids = tuple(int(i) for i in ids), tuple(int(i) for i in source_ids)
-
-    def run() -> dict:
-        r = patch_layer_sweep(_model(source).model, ids, source_ids)
-        _forward(len(r["kl"]) + 2)
-        return r
-    return result_cache().get(("patch_lesson", _ident(source), ids, source_ids), run, _FORWARD)

@@ -1,4 +1,5 @@
-"""Plotly helpers shared by the panels: heatmaps with blank masked cells, showing, CSV downloads."""
+"""Plotly and layout helpers shared by the panels: heatmaps with blank masked cells, showing, CSV downloads, the
+explanations' expander and the view title."""
 from __future__ import annotations
 
 import csv
@@ -12,10 +13,26 @@ import streamlit as st
 from .context import ViewContext
 
 
-def masked_to_nan(a) -> np.ndarray:
-    """-inf (masked attention) becomes NaN, which Plotly draws as an empty cell rather than a colour."""
-    a = np.asarray(a, dtype=np.float64)
-    return np.where(np.isneginf(a), np.nan, a)
+def blank_future(m: np.ndarray) -> np.ndarray:
+    """The causal mask's cells (key after query: above the diagonal of the last two axes) become NaN, which Plotly
+    draws as an empty cell rather than a colour: a masked probability is not a small number. The app's one masking
+    rule for drawing, whether the matrix holds scores or probabilities."""
+    return np.where(np.triu(np.ones(m.shape[-2:], dtype=bool), 1), np.nan, m)
+
+
+def explainer(ctx: ViewContext, label: str, expanded: bool = True):
+    """The expander holding a view's explanations: open, but collapsed in presenter mode (the room sees figures)."""
+    return st.expander(label, expanded=expanded and not ctx.presenter)
+
+
+def titled(ctx: ViewContext, title: str, too_short: str) -> bool:
+    """The view's one-line title; False, after the one-line note `too_short`, when the prompt has one token
+    (nothing for attention to compare)."""
+    st.subheader(title)
+    if len(ctx.ids) < 2:
+        st.caption(too_short)
+        return False
+    return True
 
 
 # Heatmap sizing: square cells, the plot area between these bounds (px); a tick label needs about this much room.

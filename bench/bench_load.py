@@ -31,20 +31,20 @@ import math
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when loaded from a file path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
 
 # What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
 # libraries (~0.42 GB after the first page), one recording in flight (~1.7 MB per token of SmolLM2: 100 MB
@@ -85,104 +85,6 @@ def make_prompts(visitor: int, count: int, seed: int) -> list[str]:
 def percentile(xs: list[float], p: float) -> float:
     s = sorted(xs)
     return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
-
-
-# --------------------------------------------------------------------------- server and its memory
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tree_pids(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def rss_kb(pids: list[int]) -> dict[str, int]:
-    total = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    k, _, v = line.partition(":")
-                    if k in total:
-                        total[k] += int(v.split()[0])
-        except OSError:
-            pass
-    return total
-
-
-class MemorySampler(threading.Thread):
-    """Peak RSS of a process tree, sampled from /proc."""
-
-    def __init__(self, pid: int, every: float = 0.2):
-        super().__init__(daemon=True)
-        self.pid, self.every, self.samples = pid, every, 0
-        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
-        self.last = dict(self.peak)
-        self.history: list[int] = []  # VmRSS of every sample, kB
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.last = rss_kb(tree_pids(self.pid))
-            self.samples += 1
-            self.history.append(self.last["VmRSS"])
-            if self.last["VmRSS"] > self.peak["VmRSS"]:
-                self.peak = self.last
-            self._halt.wait(self.every)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-
-def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path) -> subprocess.Popen:
-    from explorer_model.serve import server_env, streamlit_command
-
-    log = open(log_path, "wb")
-    return subprocess.Popen(streamlit_command(port, "127.0.0.1"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb),
-                            start_new_session=True)  # its own process group, so stopping it stops only it
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-
-
-def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("the server did not become healthy")
 
 
 # --------------------------------------------------------------------------- one visitor

@@ -110,8 +110,3 @@ class HookedModule(nn.Module):
             with _EDIT:
                 for hp, owned in added:
                     hp.fns = [f for f in hp.fns if f is not owned]
-
-    def reset_hooks(self) -> None:
-        with _EDIT:
-            for hp in self.hook_dict.values():
-                hp.fns = []

@@ -61,3 +61,28 @@ def forwards() -> int:
     from app import explorer
 
     return explorer.FORWARDS["count"]
+
+
+def fig_with(at: AppTest, title_part: str) -> dict:
+    """The figure whose title contains title_part."""
+    for f in figures(at):
+        title = f["layout"].get("title", {})
+        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
+            return f
+    raise AssertionError(f"no figure titled …{title_part}…")
+
+
+def record_prompt(loaded, text: str | None = None, ids=None) -> tuple[list[int], object]:
+    """(ids, full recording) of a prompt on a loaded model, encoded as the app does (BOS if the model wants one)."""
+    from explorer_model.recording import record
+
+    tok = loaded.tokenizer
+    ids = tok.encode(text, add_bos=tok.add_bos) if ids is None else ids
+    return ids, record(loaded.model, ids)
+
+
+def select(at: AppTest, **selection) -> AppTest:
+    """Move the sidebar's shared selection (layer=, token=, head=), one slider and one rerun at a time, in order."""
+    for key, value in selection.items():
+        at.sidebar.slider(key=key).set_value(value).run()
+    return at

@@ -6,6 +6,7 @@ loaders are checked against an outside reference rather than against themselves.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import io
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import re
+import signal
 import types
 from pathlib import Path
 
@@ -201,6 +203,18 @@ def write_meta(model, folder: Path, shards: int = 1, tokenizer: bool = True, ext
 
 
 # --------------------------------------------------------------------------- GGUF
+def gguf_with_cache(model, tokens: torch.Tensor, folder: Path):
+    """`model` written as folder/m.gguf and loaded once with a converted cache in folder/cache:
+    (gguf path, cache dir, the one cache file, the logits of that first load on `tokens`)."""
+    from explorer_model import loaders
+
+    path = write_gguf(model, folder / "m.gguf")
+    cache_dir = folder / "cache"
+    expected = loaders.load(path, cache_dir=cache_dir).model(tokens)
+    [cache_file] = cache_dir.glob("*.safetensors")
+    return path, cache_dir, cache_file, expected
+
+
 def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
     """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: llama3 scaling as per-frequency divisors."""
     base = rope["rope_theta"]
@@ -337,6 +351,38 @@ def write_gguf(model, path: Path, qtype: str = "F32", vocab: str = "gpt2", arch:
 def ckpt():
     """The helpers above, for tests: `ckpt.hf_model(...)`, `ckpt.write_gguf(...)`, ..."""
     return types.SimpleNamespace(**{k: v for k, v in globals().items() if not k.startswith("_")})
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """The real default model (SmolLM2), loaded once per test module that asks for it."""
+    from explorer_model.loaders import load
+    return load("smollm2")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny CPU runs: OpenMP's second thread mostly waits, a lot on a busy machine. Through the project's one
+    thread-count helper; this test process plays no server."""
+    from explorer_model.lab.variants import threads
+    with threads(1):
+        yield
+
+
+# --------------------------------------------------------------------------- hangs
+@contextlib.contextmanager
+def no_hang(seconds: int):
+    """Fail (instead of hanging the suite) when the block takes longer than `seconds`: a guard against work
+    that never ends, e.g. building 10^9 layers. Speed itself is measured in bench/, never asserted in tests."""
+    def alarm(*_):
+        raise TimeoutError(f"still running after {seconds} s: it hangs")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # --------------------------------------------------------------------------- test tiers

@@ -7,17 +7,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from apptest_util import all_text, by_id, decode, run_app
+from apptest_util import all_text, by_id, decode, run_app, select
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LONG = " ".join(["Once upon a time a small fox ran through the forest, looked at the river and sang a song."] * 16)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    from explorer_model.loaders import load
-
-    return load("smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +163,7 @@ def test_switching_layer_head_token_runs_no_forward(page):
     from app import explorer as state
 
     before = state.FORWARDS["count"]
-    page.sidebar.slider(key="layer").set_value(10).run()
-    page.sidebar.slider(key="head").set_value(8).run()
-    page.sidebar.slider(key="token").set_value(2).run()
+    select(page, layer=10, head=8, token=2)
     assert state.FORWARDS["count"] == before
     assert "Layer 10, head 8 (KV 2)" in by_id(page, "attn_head")["layout"]["title"]["text"]
     assert page.query_params["layer"] == "10" and page.query_params["head"] == "8"

@@ -4,19 +4,14 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from apptest_util import all_text, by_id, decode, run_app, trace
+from apptest_util import all_text, by_id, decode, record_prompt, run_app, trace
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from explorer_model.loaders import load
-    from explorer_model.recording import record
-
-    loaded = load("smollm2")
-    ids = loaded.tokenizer.encode(PROMPT)
-    return loaded, ids, record(loaded.model, ids)
+def reference(loaded):
+    return (loaded, *record_prompt(loaded, PROMPT))
 
 
 @pytest.fixture(scope="module")

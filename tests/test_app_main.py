@@ -190,7 +190,7 @@ def test_recording_download_works_outside_a_script_run(monkeypatch):
     from streamlit.runtime.media_file_manager import MediaFileManager
     from streamlit.runtime.state import session_state_proxy
 
-    at = run_app(view="tokens", prompt="I love machine learning.")
+    run_app(view="tokens", prompt="I love machine learning.")
     entries = [e for m in gc.get_objects() if isinstance(m, MediaFileManager)
                for e in m._deferred_callables.values() if e["filename"] == "recording.npz"]
     assert entries
@@ -237,6 +237,7 @@ def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
 
 def test_long_prompt_heatmap_is_square_capped_and_labels_thinned():
     at = run_app(view="attention", prompt="word " * 300)
+    at.select_slider(key="attn_window").set_value(128).run()  # the widest window: 2·128 + 1 > 256 cells
     fig = figures(at)[0]
     lay, x = fig["layout"], fig["data"][0]["x"]
     assert len(x) == 256 and len(set(x)) == 256  # every cell keeps its own label for the hover

@@ -5,21 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, forwards, run_app, trace
+from apptest_util import all_text, by_id, decode, forwards, record_prompt, run_app, select, trace
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LAYER, HEAD, TOKEN = 7, 5, 9
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from explorer_model.loaders import load
-    from explorer_model.recording import record
-
-    loaded = load("smollm2")
-    tok = loaded.tokenizer
-    ids = tok.encode(PROMPT, add_bos=getattr(tok, "add_bos", False))
-    return loaded, ids, record(loaded.model, ids)
+def reference(loaded):
+    return (loaded, *record_prompt(loaded, PROMPT))
 
 
 # --------------------------------------------------------------------------- RMSNorm
@@ -70,9 +64,7 @@ def test_ln2_switch_reads_resid_mid(norm_page, reference):
 
 def test_norm_switching_selection_runs_no_forward(norm_page):
     before = forwards()
-    norm_page.sidebar.slider(key="layer").set_value(2).run()
-    norm_page.sidebar.slider(key="token").set_value(1).run()
-    norm_page.sidebar.slider(key="head").set_value(0).run()
+    select(norm_page, layer=2, token=1, head=0)
     assert not norm_page.exception
     assert forwards() == before
 
@@ -162,9 +154,7 @@ def test_decay_curve_hits_recorded_pair(rope_page, reference):
 
 def test_rope_switching_selection_runs_no_forward(rope_page):
     before = forwards()
-    rope_page.sidebar.slider(key="head").set_value(1).run()
-    rope_page.sidebar.slider(key="layer").set_value(0).run()
-    rope_page.sidebar.slider(key="token").set_value(3).run()
+    select(rope_page, head=1, layer=0, token=3)
     rope_page.slider(key="rope_clock_pos").set_value(5000).run()
     assert not rope_page.exception
     assert forwards() == before
@@ -240,7 +230,7 @@ def test_sinusoidal_encoding_beside_rope(rope_page, reference):
         before, after = rec[f"{a}.hook_{name}"][0].double(), rec[f"{a}.hook_rot_{name}"][0].double()
         expected = ((after - before).norm(dim=-1) / before.norm(dim=-1)).mean(-1).numpy()
         np.testing.assert_allclose(decode(trace(fig, f"{name}_change")["y"]), expected, rtol=1e-6, atol=1e-12)
-    assert decode(trace(fig, f"q_change")["y"])[0] == 0  # position 0 turns by zero
+    assert decode(trace(fig, "q_change")["y"])[0] == 0  # position 0 turns by zero
     # V is not rotated: z = pattern · V with the recorded V, head by head
     z = torch.einsum("hqk,khd->qhd", rec.pattern(layer)[0].double(),
                      rec[f"{a}.hook_v"][0].double().repeat_interleave(rec.cfg.n_rep, dim=1))

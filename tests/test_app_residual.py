@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from streamlit.testing.v1 import AppTest
 
-from apptest_util import all_text, by_id, decode, figures, run_app
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select
 
 import app.explorer as app_explorer
 from explorer_model.sampling import filter_steps
@@ -17,29 +17,8 @@ pytestmark = pytest.mark.slow
 PROMPT = "The animal didn't cross the street because it was too tired."
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    from explorer_model.loaders import load
-    return load("smollm2")
-
-
-def recording(loaded, text):
-    from explorer_model.recording import record
-    tok = loaded.tokenizer
-    ids = tok.encode(text, add_bos=tok.add_bos)
-    return ids, record(loaded.model, ids)
-
-
-def fig_with(at, title_part):
-    for f in figures(at):
-        title = f["layout"].get("title", {})
-        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
-            return f
-    raise AssertionError(f"no figure titled …{title_part}…")
-
-
 def test_loss_strip_is_the_cross_entropy(loaded):
-    ids, rec = recording(loaded, PROMPT)
+    ids, rec = record_prompt(loaded, PROMPT)
     at = run_app(view="residual", prompt=PROMPT)
     assert not at.exception
     strip = by_id(at, "residual_loss_strip")
@@ -54,7 +33,7 @@ def test_loss_strip_is_the_cross_entropy(loaded):
 
 
 def test_residual_matches_recording(loaded):
-    ids, rec = recording(loaded, PROMPT)
+    ids, rec = record_prompt(loaded, PROMPT)
     at = run_app(view="residual", prompt=PROMPT, layer=3, token=2)
     assert not at.exception
     n = rec.cfg.n_layers
@@ -93,9 +72,7 @@ def test_residual_matches_recording(loaded):
     check_steps(0.7, 5, 0.5)
 
     before = app_explorer.FORWARDS["count"]
-    at.sidebar.slider(key="layer").set_value(9).run()
-    at.sidebar.slider(key="token").set_value(5).run()
-    at.sidebar.slider(key="head").set_value(1).run()
+    select(at, layer=9, token=5, head=1)
     assert not at.exception
     assert app_explorer.FORWARDS["count"] == before
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, figures, run_app, trace
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select, trace
 
 import app.explorer as app_explorer
 from app.presets import BANK_PAIR
@@ -18,30 +18,9 @@ pytestmark = pytest.mark.slow
 PROMPT = "The animal didn't cross the street because it was too tired."
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    from explorer_model.loaders import load
-    return load("smollm2")
-
-
-def recording(loaded, text=None, ids=None):
-    from explorer_model.recording import record
-    tok = loaded.tokenizer
-    ids = tok.encode(text, add_bos=tok.add_bos) if ids is None else ids
-    return ids, record(loaded.model, ids)
-
-
-def fig_with(at, title_part):
-    for f in figures(at):
-        title = f["layout"].get("title", {})
-        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
-            return f
-    raise AssertionError(f"no figure titled …{title_part}…")
-
-
 # ----------------------------------------------------------------------------- SwiGLU
 def test_swiglu_matches_recording(loaded):
-    ids, rec = recording(loaded, PROMPT)
+    ids, rec = record_prompt(loaded, PROMPT)
     layer, token = 7, 3
     at = run_app(view="swiglu", prompt=PROMPT, layer=layer, token=token)
     assert not at.exception
@@ -64,8 +43,8 @@ def test_swiglu_matches_recording(loaded):
     tok_fig = fig_with(at, "Top neurons of token")
     top = np.argsort(-np.abs(post[token]), kind="stable")[:12]
     assert [int(x[1:]) for x in tok_fig["data"][0]["x"]] == top.tolist()
-    for trace, hook in zip(tok_fig["data"], ("hook_pre", "hook_act", "hook_pre_linear", "hook_post")):
-        np.testing.assert_allclose(decode(trace["y"]), rec[f"blocks.{layer}.mlp.{hook}"][0, token, top].numpy(),
+    for line, hook in zip(tok_fig["data"], ("hook_pre", "hook_act", "hook_pre_linear", "hook_post")):
+        np.testing.assert_allclose(decode(line["y"]), rec[f"blocks.{layer}.mlp.{hook}"][0, token, top].numpy(),
                                    rtol=1e-5, atol=1e-6)
 
     # sparsity per layer, at the default threshold and a changed one
@@ -98,8 +77,8 @@ def test_swiglu_matches_recording(loaded):
     assert not at.exception
     y = decode(fig_with(at, "Same word, two contexts")["data"][0]["y"])
     assert y[0] > 0.95 and y[1:].min() < 0.9
-    ids_a, rec_a = recording(loaded, at.session_state["swiglu_prompt_a"])
-    ids_b, rec_b = recording(loaded, at.session_state["swiglu_prompt_b"])
+    ids_a, rec_a = record_prompt(loaded, at.session_state["swiglu_prompt_a"])
+    ids_b, rec_b = record_prompt(loaded, at.session_state["swiglu_prompt_b"])
     i, j = len(ids_a) - 1, len(ids_b) - 1  # both context-first prompts end with " bank"
     table = at.dataframe[-1].value
     neurons = table.iloc[:, 0].to_numpy()
@@ -111,9 +90,7 @@ def test_swiglu_matches_recording(loaded):
 
     # switching the shared selection reruns only the drawing
     before = app_explorer.FORWARDS["count"]
-    at.sidebar.slider(key="layer").set_value(2).run()
-    at.sidebar.slider(key="token").set_value(1).run()
-    at.sidebar.slider(key="head").set_value(4).run()
+    select(at, layer=2, token=1, head=4)
     assert not at.exception
     assert app_explorer.FORWARDS["count"] == before
 
@@ -143,7 +120,7 @@ def test_silu_chart_axes_share_their_zero(page):
 
 
 def test_gate_kinds_counted_from_hook_act(page, loaded):
-    _, rec = recording(loaded, PROMPT)
+    _, rec = record_prompt(loaded, PROMPT)
     g = rec[f"blocks.{LAYER}.mlp.hook_act"][0, TOKEN].double().numpy()
     u = rec[f"blocks.{LAYER}.mlp.hook_pre_linear"][0, TOKEN].double().numpy()
     a = np.abs(g)
@@ -177,14 +154,14 @@ def _ffn(loaded, rec, layer):
 
 @pytest.mark.parametrize("pos, word", [(9, " dog"), (2, " cat"), (0, " A")])
 def test_ffn_is_position_wise(page, loaded, pos, word):
-    ids, rec = recording(loaded, PROMPT)
+    ids, rec = record_prompt(loaded, PROMPT)
     page.selectbox(key="swiglu_pw_pos").set_value(pos).run()
     page.text_input(key="swiglu_pw_word").set_value(word).run()
     assert not page.exception and not page.error
     new = loaded.tokenizer.encode(word)[0]
     changed = list(ids)
     changed[pos] = new
-    _, rec_b = recording(loaded, ids=changed)
+    _, rec_b = record_prompt(loaded, ids=changed)
     fig = by_id(page, "swiglu_positionwise")
     diff = lambda name: (rec[f"blocks.{LAYER}.{name}"][0].double()  # noqa: E731
                          - rec_b[f"blocks.{LAYER}.{name}"][0].double()).abs().amax(-1).numpy()

@@ -3,30 +3,15 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, decode, figures, run_app
+from apptest_util import all_text, decode, fig_with, figures, run_app
 
 import app.explorer as app_explorer
 from app.context import display_piece
 from app.panels.whatif_bank import BANK_SOURCE, BANK_TARGET, MIN_KL
 from explorer_model.analysis import measures as M
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Small CPU runs: on a busy machine OpenMP's second thread mostly waits (several times slower).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    from explorer_model.loaders import load
-    return load("smollm2")
 
 
 def runs(loaded, text, specs, source=None):
@@ -34,14 +19,6 @@ def runs(loaded, text, specs, source=None):
     ids = loaded.tokenizer.encode(text)
     src = loaded.tokenizer.encode(source) if source else None
     return ids, record(loaded.model, ids), record(loaded.model, ids, interventions=specs, source_tokens=src)
-
-
-def fig_with(at, title_part):
-    for f in figures(at):
-        title = f["layout"].get("title", {})
-        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
-            return f
-    raise AssertionError(f"no figure titled …{title_part}…")
 
 
 def bar_ids(labels):

@@ -11,10 +11,10 @@ import pickle
 import re
 import subprocess
 import sys
-import time
 import types
 
 import pytest
+from conftest import no_hang
 import torch
 
 # torch's unpickler warns about the protocol of the hostile pickles on its way to refusing them
@@ -110,17 +110,20 @@ def test_odd_prompt_from_a_link(smol, name):
     assert at.query_params["prompt"] == ODD[name]  # the link written back reproduces the prompt exactly
 
 
-def test_hundred_thousand_characters_are_cut_with_one_notice(smol):
+def test_hundred_thousand_characters_are_refused_with_one_message(smol):
     from app import explorer as state
 
     text = ("The quick brown fox jumps over the lazy dog; 狐狸跳过了懒狗。 " * 2000)[:100_000]
-    at = run_app(view="tokens", prompt="warm up")
-    t0 = time.perf_counter()
-    at.sidebar.text_area(key="prompt").set_value(text).run()
-    assert time.perf_counter() - t0 < 30
+    assert len(text) > state.prompt_char_limit()  # 32 characters per token of the 2048-token cap
+    at = run_app(view="tokens", prompt=text)  # a link can carry any length (the text box stops at the limit)
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"The prompt ({len(text):,} characters) is longer than this server takes ({state.prompt_char_limit():,} "
+        "characters), or is not valid text. Nothing was run."]
+    cut = text[:state.prompt_char_limit()]  # the longest prompt taken: tokens cut to the limit, with a notice
+    at.sidebar.text_area(key="prompt").set_value(cut).run()
     page_ok(at)
-    total = len(smol.tokenizer.encode(text))
-    assert total > 8192  # longer than the model's context too
+    total = len(smol.tokenizer.encode(cut))
     notices = [w.value for w in at.warning if "only the first" in w.value]
     assert notices == [f"The prompt has {total} tokens; only the first {state.DEFAULT_MAX_TOKENS} are used "
                        "(token limit)."]
@@ -270,9 +273,8 @@ def no_side_effects(path):
 @pytest.mark.parametrize("name", NAMES)
 def test_bad_source_cli(sources, capsys, name):
     path, needles = sources[name]
-    t0 = time.perf_counter()
-    code = cli.main(["info", str(path)])
-    assert time.perf_counter() - t0 < 5, "a bad source must be refused quickly"
+    with no_hang(60):  # a refusal must not wait on the file's claimed size (speed: bench, not here)
+        code = cli.main(["info", str(path)])
     one_line_error(code, capsys.readouterr().err, *needles)
     no_side_effects(path)
 
@@ -282,9 +284,8 @@ def test_bad_source_in_the_app_keeps_the_previous_model(sources, name):
     path, needles = sources[name]
     at = run_app(view="attention", prompt="I love machine learning.")
     at.sidebar.selectbox(key="model_pick").set_value("__other__").run()
-    t0 = time.perf_counter()
-    at.sidebar.text_input(key="model_input").set_value(str(path)).run()
-    assert time.perf_counter() - t0 < 5
+    with no_hang(120):
+        at.sidebar.text_input(key="model_input").set_value(str(path)).run()
     assert not at.exception, [e.value for e in at.exception]
     errors = [e.value for e in at.sidebar.error]
     assert len(errors) == 1 and len(at.error) == 1, [e.value for e in at.error]  # at.error: the whole page
@@ -304,10 +305,8 @@ def test_bad_source_subprocess_fails_fast_and_small(sources, name):
     # VmHWM: this process's peak RSS (ru_maxrss would include the parent's, inherited through fork)
     probe = ("import sys; from explorer_model.cli import main; code = main(sys.argv[1:]); "
              "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0]); sys.exit(code)")
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", probe, "info", str(path)], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
-    assert time.perf_counter() - t0 < 20  # includes starting Python and importing torch
+    r = subprocess.run([sys.executable, "-c", probe, "info", str(path)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))  # a hang ends in TimeoutExpired
     one_line_error(r.returncode, r.stderr, *needles)
     assert int(r.stdout.split()[-1]) < 1024 * 1024, "peak RSS above 1 GB: the file was read"  # kB
 

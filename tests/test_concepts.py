@@ -147,7 +147,6 @@ def test_sinusoidal_encoding_follows_the_formula():
                 angle = pos / 10000 ** (2 * (j // 2) / d)
                 assert pe[pos, j] == pytest.approx(math.sin(angle) if j % 2 == 0 else math.cos(angle), abs=1e-12)
     np.testing.assert_allclose(np.linalg.norm(E.sinusoidal_encoding(9, 6), axis=-1), math.sqrt(3))
-    assert E.sinusoidal_wavelengths(6)[0] == pytest.approx(2 * math.pi)
     with pytest.raises(ValueError):
         E.sinusoidal_encoding(3, 0)
 
@@ -327,8 +326,17 @@ def test_link_target_and_sink(rec):
         np.testing.assert_allclose(s[l], [np.mean([p[h, q, 0] for q in range(1, 12)]) for h in range(4)])
 
 
+def repeated_random_tokens(period: int, candidates, seed: int = 0, prefix=()) -> list[int]:
+    """An induction prompt: prefix + a random sequence of `period` distinct ids drawn from `candidates` + the same sequence again."""
+    candidates = np.asarray(list(candidates), dtype=np.int64)
+    if period < 2 or period > candidates.size:
+        raise ValueError(f"period must be between 2 and {candidates.size}, got {period}")
+    seq = np.random.default_rng(seed).choice(candidates, size=period, replace=False).tolist()
+    return [int(i) for i in prefix] + seq + seq
+
+
 def test_induction_scores(model):
-    ids = LS.repeated_random_tokens(5, range(10, 60), seed=3, prefix=[1])
+    ids = repeated_random_tokens(5, range(10, 60), seed=3, prefix=[1])
     assert len(ids) == 11 and ids[1:6] == ids[6:] and len(set(ids[1:6])) == 5
     r = record(model, ids)
     s = LS.induction_scores(r, 5)
@@ -356,7 +364,7 @@ def test_real_lesson_targets(smol):
     t = LS.word_link_target(rec, pieces, "it", "animal")
     assert t["weight"] >= 0.5
     assert LS.sink_share(rec).mean() > 0.3  # most heads park attention on the first token
-    rng_ids = LS.repeated_random_tokens(20, range(1000, 20000), seed=0, prefix=ids[:1])
+    rng_ids = repeated_random_tokens(20, range(1000, 20000), seed=0, prefix=ids[:1])
     ind = LS.induction_scores(record(smol.model, rng_ids), 20)
     assert ind.max() > 0.5
 

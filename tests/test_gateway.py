@@ -64,7 +64,7 @@ def test_one_budget_holds_every_kind_and_counts_forwards(monkeypatch):
     tensors += [rec.logits, rec.token_ids]
     counted = cache._bytes[("recording", "smollm2", ids)]
     assert unique_storage_bytes(tensors) <= counted < unique_storage_bytes(tensors) + 2**20
-    assert counted < rec.stored_bytes()  # the recorder's own count adds shared storages twice
+    assert rec.stored_bytes() <= counted < rec.stored_bytes() + 2**20  # the recorder counts shared storage once too
     # the changed run holds rotated Q/K of every layer: they are counted too
     key = next(k for k in cache.keys() if k[0] == "whatif")
     run = cache.peek(key)

@@ -8,9 +8,9 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 
 import pytest
+from conftest import no_hang
 import torch
 
 import explorer_model.loaders as L
@@ -33,10 +33,8 @@ def refused(source, tmp_path, capsys, *needles):
     writes neither a recording nor a weight cache."""
     cache = tmp_path / "cache-refused"
     capsys.readouterr()  # what writing the fixture printed
-    t0 = time.perf_counter()
-    with pytest.raises(LoadError) as e:
+    with no_hang(60), pytest.raises(LoadError) as e:  # e.g. 10^9 layers must be refused, not built
         L.load(source, cache_dir=cache)
-    assert time.perf_counter() - t0 < 10, "a bad source must be refused quickly"
     msg = str(e.value)
     assert "\n" not in msg
     for n in needles:
@@ -121,17 +119,20 @@ def table_edit(kind, path):
     raise KeyError(kind)
 
 
-TABLE = {"misaligned": ["alignment"], "past_end": [], "wraps_to_the_header": ["past the end"],
-         "overlap": ["overlaps"], "smaller_type": ["unused bytes"], "larger_type": [], "wrong_shape": [],
-         "zero_dim": ["impossible shape"], "huge_dims": [], "five_dims": []}
+# What each tampering is refused with: gguf's own reader already fails on some (a tensor past the end of a
+# short file, absurd dimensions), check_tensor_table names the rest.
+TABLE = {"misaligned": ["not a multiple of the alignment"], "past_end": ["truncated or corrupt GGUF file"],
+         "wraps_to_the_header": ["run past the end"], "overlap": ["overlaps the tensor before it"],
+         "smaller_type": ["unused bytes before tensor"], "larger_type": ["overlaps the tensor before it"],
+         "wrong_shape": ["overlaps the tensor before it"], "zero_dim": ["impossible shape"],
+         "huge_dims": ["truncated or corrupt GGUF file"], "five_dims": ["truncated or corrupt GGUF file"]}
 
 
 @pytest.mark.parametrize("kind", list(TABLE))
 def test_bad_tensor_table_is_refused(good_gguf, tmp_path, capsys, kind):
     src = good_gguf[0]
     bad = poke(src, tmp_path / f"{kind}.gguf", table_edit(kind, src))
-    msg = refused(bad, tmp_path, capsys, f"{kind}.gguf", *TABLE[kind])
-    assert any(w in msg for w in ("tensor", "truncated or corrupt", "offset")), msg
+    refused(bad, tmp_path, capsys, f"{kind}.gguf", *TABLE[kind])
 
 
 def test_quantized_rows_that_are_not_whole_blocks(good_gguf, tmp_path, capsys):
@@ -254,8 +255,7 @@ def test_tokenizer_larger_than_embedding(ckpt, tmp_path, capsys):
     small = ckpt.hf_model("gqa", seed=3, vocab_size=200)
     for vocab in ("gpt2", "llama"):
         path = ckpt.write_gguf(small, tmp_path / f"{vocab}.gguf", vocab=vocab)
-        msg = refused(path, tmp_path, capsys, "tokenizer has", "only 200")
-        assert "300" in msg or "316" in msg
+        refused(path, tmp_path, capsys, f"tokenizer has {316 if vocab == 'llama' else 300} tokens", "only 200")
     refused(ckpt.save_hf(small, tmp_path / "hf"), tmp_path, capsys, "tokenizer has 300 tokens", "only 200")
     refused(ckpt.write_meta(small, tmp_path / "meta"), tmp_path, capsys, "tokenizer has 316 tokens", "only 200")
 
@@ -276,12 +276,7 @@ def header_edit(cache_file, key, new_value):
                                       ('tokenizer.ggml.tokens\\": [\\"', "X"), ('"note":"', "Q")])
 def test_tampered_cache_header_is_rebuilt(ckpt, gqa, tmp_path, capsys, key, new):
     model, tokens, ref = gqa
-    path = ckpt.write_gguf(model, tmp_path / "m.gguf")
-    cache_dir = tmp_path / "cache"
-    first = L.load(path, cache_dir=cache_dir)
-    expected = first.model(tokens)
-    del first
-    [cache] = cache_dir.glob("*.safetensors")
+    path, cache_dir, cache, expected = ckpt.gguf_with_cache(model, tokens, tmp_path)
     header_edit(cache, key, new)
     assert G.read_cache(cache) is None, "an edited header must not pass the checksum"
     again = L.load(path, cache_dir=cache_dir)

@@ -29,13 +29,7 @@ def tiny(**kw) -> LlamaModel:
     return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # These runs are tiny: OpenMP's second thread only adds waiting, a lot of it on a busy machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

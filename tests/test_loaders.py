@@ -185,12 +185,7 @@ def test_gguf_cache_hit_and_rebuild(ckpt, tmp_path, gqa, monkeypatch):
 def test_gguf_cache_with_damaged_tensor_bytes_is_not_trusted(ckpt, tmp_path, gqa):
     """Damage that keeps the safetensors structure valid (a flipped byte in a weight) is caught by the checksum."""
     model, tokens, ref = gqa
-    path = ckpt.write_gguf(model, tmp_path / "m.gguf")
-    cache_dir = tmp_path / "cache"
-    first = L.load(path, cache_dir=cache_dir)
-    expected = first.model(tokens)
-    del first
-    [cache_file] = list(cache_dir.glob("*.safetensors"))
+    path, cache_dir, cache_file, expected = ckpt.gguf_with_cache(model, tokens, tmp_path)
     data = bytearray(cache_file.read_bytes())
     data[-5] ^= 0x40  # inside the last tensor's data
     cache_file.write_bytes(bytes(data))

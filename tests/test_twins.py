@@ -13,13 +13,21 @@ from explorer_model.cli import main
 from explorer_model.lab.corpus import HELDOUT_LINE, HELDOUT_LINE_ZH, load_corpus, unigram_entropy
 from explorer_model.loaders import LoadError, load
 from explorer_model.loaders.native import ASSETS
-from explorer_model.lab.train import line_loss, shipped_heldout_loss
+from explorer_model.lab.train import TokenData, heldout_loss, line_loss
 
 TWINS = ("tiny-pre", "tiny-post")
 
 
 def read_json(path):
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def shipped_heldout_loss(model, tokenizer, train_log: dict) -> dict[str, float]:
+    """Recompute a shipped model's final held-out losses from its train_log.json settings."""
+    tc = train_log["train_config"]
+    data = TokenData(tokenizer, tc["context"], {"en": tc["eval_windows_en"], "zh": tc["eval_windows_zh"]},
+                     splits=("heldout",))
+    return heldout_loss(model, data)
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def overview(rec) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------------------------------------- sections
 def draw_explanation(ctx: ViewContext) -> None:
     cfg = ctx.cfg
-    with st.expander(ctx.t("attention.explain.title"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("attention.explain.title")):
         st.markdown(ctx.t("attention.explain.body"))
         st.latex(r"\mathrm{scores}=\frac{QK^\top}{\sqrt{d_{head}}}+M,\quad "
                  r"M_{ij}=\begin{cases}0 & j\le i\\ -\infty & j>i\end{cases}")
@@ -136,9 +136,7 @@ def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: i
 
 
 def draw_overview(ctx: ViewContext) -> None:
-    st.subheader(ctx.t("attention.overview.title"))
-    if len(ctx.ids) < 2:
-        st.caption(ctx.t("attention.overview.one_token"))
+    if not plots.titled(ctx, ctx.t("attention.overview.title"), ctx.t("attention.overview.one_token")):
         return
     entropy, sink = explorer.derived("attention_overview", ctx.source, ctx.ids, overview)
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]

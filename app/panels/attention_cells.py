@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from app import plots
 from app.context import ViewContext
 
 WINDOW_DEFAULT = 24  # tokens either side of the selected one: 49 rows stay legible in a square of ~500 px
@@ -31,8 +32,7 @@ def layer_matrices(ctx: ViewContext, layer: int, kind: str) -> np.ndarray:
     """[head, q_pos, k_pos] probabilities or scaled scores of one layer; the masked future is NaN in both (drawn
     blank). Built once per run and shared by the figures: the recording rebuilds it from Q and K on every read."""
     m = (ctx.rec.pattern(layer) if kind == "pattern" else ctx.rec.scores(layer))[0].double().numpy()
-    future = np.triu(np.ones(m.shape[-2:], dtype=bool), 1)
-    return np.where(future, np.nan, m)
+    return plots.blank_future(m)
 
 
 def thinned(labels: list[str], most: int = MAX_TICKS) -> list[str]:

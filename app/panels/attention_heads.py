@@ -95,7 +95,7 @@ def draw(ctx: ViewContext, lo: int, hi: int) -> None:
     scale = float(np.abs(parts.attn_out[lo:hi]).max())
     st.caption(ctx.t("attention.mh.check", err=err, scale=scale))
     draw_contributions(ctx, parts, w_o)
-    with st.expander(ctx.t("attention.mh.explain_title"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("attention.mh.explain_title")):
         st.markdown(ctx.t("attention.mh.explain", n_rep=cfg.n_rep, d=cfg.head_dim, heads=cfg.n_heads))
         st.latex(r"z_h=\mathrm{softmax}\!\Big(\frac{q_h K_{\lfloor h/n_{rep}\rfloor}^\top}{\sqrt{d_{head}}}+M\Big)"
                  r"V_{\lfloor h/n_{rep}\rfloor},\qquad \mathrm{attn\_out}=[z_0|\dots|z_{H-1}]\,W_O^\top"

@@ -62,11 +62,9 @@ def _jump_from_map(chart_key: str, token: int):
 
 
 def draw(ctx: ViewContext) -> None:
-    st.subheader(ctx.t("attention.link.title"))
-    n = len(ctx.ids)
-    if n < 2:
-        st.caption(ctx.t("attention.link.one_token"))
+    if not plots.titled(ctx, ctx.t("attention.link.title"), ctx.t("attention.link.one_token")):
         return
+    n = len(ctx.ids)
     c1, c2 = st.columns(2)
     q = int(c1.number_input(ctx.t("attention.link.query"), 0, n - 1, step=1, key=Q_KEY))
     k = int(c2.number_input(ctx.t("attention.link.key"), 0, n - 1, step=1, key=K_KEY))

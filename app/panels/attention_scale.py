@@ -62,11 +62,9 @@ def draw_study(ctx: ViewContext, s: A.ScaleStudy) -> None:
 
 
 def draw(ctx: ViewContext) -> None:
-    st.subheader(ctx.t("attention.scale.title"))
-    n = len(ctx.ids)
-    if n < 2:
-        st.caption(ctx.t("attention.scale.one_token"))
+    if not plots.titled(ctx, ctx.t("attention.scale.title"), ctx.t("attention.scale.one_token")):
         return
+    n = len(ctx.ids)
     s = explorer.derived("attention_scale", ctx.source, ctx.ids, study, MAX_QUERIES)
     draw_study(ctx, s)
     worst = int(np.argmin(s.entropy_unscaled.mean(-1)))
@@ -76,7 +74,7 @@ def draw(ctx: ViewContext) -> None:
                      w_unscaled=float(s.max_weight_unscaled.mean(-1)[worst])))
     if s.queries < n - 1:
         st.caption(ctx.t("attention.scale.window", queries=s.queries, n=n))
-    with st.expander(ctx.t("attention.scale.explain_title"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("attention.scale.explain_title")):
         st.markdown(ctx.t("attention.scale.explain"))
         st.latex(r"q\cdot k=\sum_{i=1}^{d_k} q_i k_i,\qquad q_i,k_i\sim\mathcal{N}(0,1)\ \Rightarrow\ "
                  r"\mathrm{Var}(q\cdot k)=d_k,\qquad \mathrm{std}\Big(\frac{q\cdot k}{\sqrt{d_k}}\Big)=1")

@@ -203,7 +203,7 @@ def draw_diagrams(ctx: ViewContext) -> None:
     with right:
         blockcode.draw_code(ctx)
     blockcode.draw_node_buttons(ctx)
-    with st.expander(t("block.intro.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("block.intro.more")):
         st.markdown(t("block.intro.text"))
         if cfg.norm_placement == "post":
             st.latex(r"h = \mathrm{Norm}\big(x + \mathrm{Attn}(x)\big),\qquad "
@@ -229,7 +229,7 @@ def draw_flow(ctx: ViewContext) -> None:
         data = layer_norms_data(ctx.rec, ctx.token)
         plots.show(layer_norms_figure(data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
                    filename="block_norms_by_layer")
-    with st.expander(t("block.flow.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("block.flow.more")):
         st.markdown(t("block.flow.explain", label=plain(ctx.labels[ctx.token]), n=len(ctx.ids)))
 
 

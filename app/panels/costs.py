@@ -79,7 +79,7 @@ def draw(ctx: ViewContext) -> None:
     cross = {name: costs.crossover_length(cfg) for name, cfg in ((this, ctx.cfg), (REFERENCE, families.FAMILIES[REFERENCE]))}
     st.caption(t("tokens.costs.caption", this=this, T=T, share=100 * float(data[this]["attention_share"][lengths(T).index(T)]),
                  cross_this=cross[this], ref=REFERENCE, cross_ref=cross[REFERENCE]))
-    with st.expander(t("tokens.costs.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("tokens.costs.more")):
         st.markdown(t("tokens.costs.explain"))
         st.latex(t("tokens.costs.latex", bytes=SCORE_BYTES))
 

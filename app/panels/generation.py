@@ -177,7 +177,7 @@ def draw_prediction(ctx: ViewContext) -> None:
                       t("residual.how"): [t("residual.top") if h["how"] == "greedy" else t("residual.sampled") for h in hist],
                       t("residual.p_raw"): [h["p_raw"] for h in hist],
                       t("residual.p_after_filters"): [h["p_final"] for h in hist]}, hide_index=True)
-    with st.expander(t("residual.how_sampling_works"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("residual.how_sampling_works")):
         st.markdown(t("residual.temperature_divides_the_logits_before"))
         st.markdown(t("residual.serial_vs_parallel"))
 

@@ -148,7 +148,7 @@ def norm_name(ctx: ViewContext, which: str) -> str:
 
 def draw_intro(ctx: ViewContext) -> None:
     cfg = ctx.cfg
-    with st.expander(ctx.t("norm.explain"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("norm.explain")):
         st.markdown(ctx.t("norm.intro"))
         st.latex(r"\mathrm{RMSNorm}(x)_i=\gamma_i\,\frac{x_i}{\sqrt{\frac{1}{d}\sum_{j=1}^{d}x_j^2+\varepsilon}}"
                  r"\qquad\mathrm{LayerNorm}(x)_i=\gamma_i\,\frac{x_i-\mu}{\sqrt{\sigma^2+\varepsilon}}+\beta_i")

@@ -34,8 +34,7 @@ def twin_lines_figure(fig_id, title, x, series: dict, t, y_title, x_title) -> go
 
 
 def twin_attention_figure(rec, layer: int, head: int, labels, t, v: str) -> go.Figure:
-    z = plots.masked_to_nan(rec.scores(layer)[0, head])
-    z = np.where(np.isnan(z), np.nan, rec.pattern(layer)[0, head].float().numpy())
+    z = plots.blank_future(rec.pattern(layer)[0, head].double().numpy())
     fig = plots.heatmap(z, x=labels, y=labels, zmin=0, zmax=1, fmt=".3f",
                         title=t("normlab.layer_head", variant_name_t_v=variant_name(t, v), layer=layer, head=head),
                         x_title=t("normlab.key"), y_title=t("normlab.query"), value_name=t("normlab.weight"))
@@ -153,7 +152,7 @@ def draw_train_logs(ctx: ViewContext) -> None:
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("normlab.title"))
-    with st.expander(ctx.t("normlab.intro_expander"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("normlab.intro_expander")):
         draw_intro(ctx)
     draw_twins(ctx)
     st.divider()

@@ -101,7 +101,7 @@ def draw_race(ctx: ViewContext) -> dict | None:
         st.caption(t("normlab.unigram_explained", h=u["entropy"], tokens=u["tokens"], vocab=u["vocab"]))
     if shipped_all:
         n = race_lesson_numbers(shipped_all)
-        with st.expander(t("normlab.race_lesson_expander"), expanded=not ctx.presenter):
+        with plots.explainer(ctx, t("normlab.race_lesson_expander")):
             st.markdown(t("normlab.race_lesson", **{k: v for k, v in n.items() if k != "settings"}))
     if not shipped:
         sets = ", ".join(t("normlab.setting", depth=d, lr=x) for d, x in

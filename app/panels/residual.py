@@ -69,7 +69,7 @@ def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("residual.title"))
     generation.draw_loss_strip(ctx)  # the main figure: the training objective on this prompt
     generation.draw_prediction(ctx)
-    with st.expander(ctx.t("residual.stream_expander"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("residual.stream_expander")):
         draw_intro(ctx)
     draw_norms(ctx)
     draw_contributions(ctx)

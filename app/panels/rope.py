@@ -195,7 +195,7 @@ def sentences(ctx: ViewContext, *parts: str) -> str:
 
 def draw_intro(ctx: ViewContext) -> None:
     cfg = ctx.cfg
-    with st.expander(ctx.t("rope.explain"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, ctx.t("rope.explain")):
         st.markdown(ctx.t("rope.intro"))
         st.latex(r"\theta_i=\mathrm{base}^{-2i/d_{\mathrm{head}}},\qquad"
                  r"\begin{bmatrix}x'_{2i}\\x'_{2i+1}\end{bmatrix}=\begin{bmatrix}\cos m\theta_i&-\sin m\theta_i\\"

@@ -75,7 +75,7 @@ def draw(ctx: ViewContext) -> None:
     w_v = explorer.layer_weights(ctx.source, 0)["W_v"]
     data = absolute_data(ctx.rec, w_v)
     foot = E.rope_footprint(ctx.rec, ctx.layer)
-    with st.expander(t("rope.abs_explain"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("rope.abs_explain")):
         st.markdown(t("rope.abs_intro"))
         st.latex(r"PE_{pos,2i}=\sin\frac{pos}{10000^{2i/d}},\quad PE_{pos,2i+1}=\cos\frac{pos}{10000^{2i/d}},\quad"
                  r"x'_{pos}=E[\text{token}]+PE_{pos}")

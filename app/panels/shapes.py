@@ -161,7 +161,7 @@ def draw(ctx: ViewContext) -> None:
                         (t("tokens.shapes.col_recorded") if this else t("tokens.shapes.col_meta")): r["hook_shape"],
                         t("tokens.shapes.col_matches"): r["matches"]} for r in rows])
     st.dataframe(df, hide_index=True, key="tokens_shapes", height=36 * (len(df) + 1) + 4)
-    with st.expander(t("tokens.shapes.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("tokens.shapes.more")):
         st.markdown(t("tokens.shapes.explain_recorded") if this else t("tokens.shapes.explain_meta"))
         if cfg.n_rep > 1:
             st.markdown(t("tokens.shapes.gqa", kv=cfg.n_kv_heads, rep=cfg.n_rep))
@@ -202,7 +202,7 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
             st.markdown(t("tokens.params.untied"))
         plots.csv_button(ctx, t("tokens.csv.params"), t("tokens.csv.params"), lambda: df.to_csv(index=False),
                          "parameters.csv", "tokens_csv_params")
-    with st.expander(t("tokens.params.more"), expanded=not ctx.presenter):  # full width: formulas are long
+    with plots.explainer(ctx, t("tokens.params.more")):  # full width: formulas are long
         n_mats = 3 if cfg.ffn_type == "swiglu" else 2
         attn = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.d_model * cfg.n_kv_heads * cfg.head_dim
         st.latex(t("tokens.params.latex_attn", value=f"{attn:,}"))
@@ -220,7 +220,7 @@ def draw_memory(ctx: ViewContext, name: str, cfg) -> None:
                         t("tokens.memory.col_kv_context", n=cfg.max_seq_len): gib(r["kv_per_token"] * cfg.max_seq_len)}
                        for r in rows])
     st.dataframe(df, hide_index=True, key="tokens_memory")
-    with st.expander(t("tokens.memory.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("tokens.memory.more")):
         st.markdown(t("tokens.memory.explain"))
         st.latex(t("tokens.memory.latex_kv", N=cfg.n_layers, Hkv=cfg.n_kv_heads, Dh=cfg.head_dim,
                    value=f"{rows[0]['kv_per_token']:,}"))

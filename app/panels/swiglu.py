@@ -197,7 +197,7 @@ def draw(ctx: ViewContext) -> None:
 
 def draw_intro(ctx: ViewContext) -> None:
     t, cfg = ctx.t, ctx.cfg
-    with st.expander(t("swiglu.explain"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("swiglu.explain")):
         st.markdown(t("swiglu.intro"))
         st.latex(r"\mathrm{FFN}(n) = W_\text{down}\big(\mathrm{SiLU}(W_\text{gate}\,n)\odot W_\text{up}\,n\big),"
                  r"\qquad \mathrm{SiLU}(z) = z\,\sigma(z) = \frac{z}{1+e^{-z}}")

@@ -90,5 +90,5 @@ def draw(ctx: ViewContext) -> None:
                   scale=f"{float(np.abs(a['recorded']).max()):.3g}",
                   input_diff=f"{float(cmp['input_diff'][ctx.token]):.3g}",
                   output_diff=f"{float(cmp['output_diff'][ctx.token]):.3g}"))
-    with st.expander(t("swiglu.pw_explain"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("swiglu.pw_explain")):
         st.markdown(t("swiglu.pw_why"))

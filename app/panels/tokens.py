@@ -179,7 +179,7 @@ def draw_embedding(ctx: ViewContext) -> None:
                             x_title=t("tokens.axis.dimension"), y_title="token", value_name=t("tokens.axis.value"))
         plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows",
                    height=min(120 + 18 * len(ctx.ids), 600))
-    with st.expander(t("tokens.embed.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("tokens.embed.more")):
         st.markdown(t("tokens.embed.explain"))
         st.latex(r"x_i = E[t_i] \in \mathbb{R}^{D},\quad E \in \mathbb{R}^{V\times D},\ "
                  rf"V={ctx.cfg.vocab_size},\ D={ctx.cfg.d_model}")
@@ -190,7 +190,7 @@ def draw(ctx: ViewContext) -> None:
     t = ctx.t
     st.subheader(t("tokens.title"))
     draw_tokens(ctx)
-    with st.expander(t("tokens.pipeline.more"), expanded=not ctx.presenter):
+    with plots.explainer(ctx, t("tokens.pipeline.more")):
         st.markdown(t("tokens.pipeline.explain"))
         st.latex(t("tokens.pipeline.latex", N=ctx.cfg.n_layers))
     draw_embedding(ctx)

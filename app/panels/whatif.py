@@ -139,7 +139,7 @@ def draw(ctx: ViewContext) -> None:
     ivs, source_text = draw_chooser(ctx)
     if ivs:
         draw_results(ctx, ivs, source_text)
-    with st.expander(ctx.t("whatif.intro_expander"), expanded=not ctx.presenter and not ivs):
+    with plots.explainer(ctx, ctx.t("whatif.intro_expander"), expanded=not ivs):
         draw_intro(ctx)
     draw_sweep(ctx)
 
@@ -152,7 +152,7 @@ def draw_intro(ctx: ViewContext) -> None:
 
 
 def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
-    t, tok, source = ctx.t, ctx.facts, ctx.source
+    t, source = ctx.t, ctx.source
     specs, ids = I.format_list(ivs), tuple(ctx.ids)
     source_ids: tuple[int, ...] = ()
     if source_text is not None:

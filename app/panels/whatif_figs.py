@@ -87,7 +87,7 @@ def masked_blank(m: np.ndarray, ivs, layer: int) -> np.ndarray:
     """Blank the future only where the mask is still in force (a masked probability is not a small number)."""
     if any(isinstance(iv, I.NoMask) and iv.layer in (None, layer) for iv in ivs):
         return m
-    return np.where(np.triu(np.ones(m.shape, dtype=bool), 1), np.nan, m)
+    return plots.blank_future(m)
 
 
 def sweep_figure(delta: np.ndarray, layers, target_piece: str, p_clean: float, t) -> go.Figure:

@@ -9,6 +9,7 @@ Three levels of comparability (`comparable`):
              or pairs the user picks, `alignment_from_pairs`);
   "curves"   other widths or depths: only per-layer curves on a relative-depth axis (`layer_curves`), and
              next-token distributions (`compare_next_token`).
+The token alignment of two prompts is in alignment.py (re-exported here).
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from .alignment import Alignment, CompareError, _ids, align_minimal_pair, alignment_from_pairs  # noqa: F401
+from .measures import kl_divergence
+
 LOG2 = math.log(2.0)
 # Config fields that fix every hook tensor's shape (ffn_type decides whether hook_pre_linear exists).
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size", "ffn_type")
@@ -27,10 +31,6 @@ LESSON_KEYS = ("identical", "pre_vs_post", "two_models", "two_prompts", "interve
 # What layer_curves reads: a recording limited to these names (record(..., names=CURVE_HOOKS)) is enough.
 CURVE_HOOKS = ("blocks.*.hook_resid_pre", "blocks.*.hook_resid_post", "blocks.*.ln1.hook_scale",
                "blocks.*.ln2.hook_scale", "blocks.*.attn.hook_pattern", "blocks.*.mlp.hook_act")
-
-
-class CompareError(ValueError):
-    """A comparison that the two recordings do not allow; the message is one line for people."""
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -66,80 +66,6 @@ def _require_shape(a, b, fields: Sequence[str] = SHAPE_FIELDS) -> None:
     bad = [f"{f} {getattr(a.cfg, f)} vs {getattr(b.cfg, f)}" for f in fields if getattr(a.cfg, f) != getattr(b.cfg, f)]
     if bad:
         raise CompareError("the two models differ in shape (" + ", ".join(bad) + "); only per-layer curves compare")
-
-
-# --------------------------------------------------------------------------- token alignment
-@dataclass(frozen=True)
-class Alignment:
-    """Position pairs (i in A, j in B) compared with each other, and which positions hold another token."""
-    n_a: int
-    n_b: int
-    pairs: tuple[tuple[int, int], ...]  # sorted by i
-    prefix: int = 0  # common prefix length (minimal pairs); 0 for a user alignment
-    suffix: int = 0  # common suffix length, not overlapping the prefix
-    substituted: tuple[tuple[int, int], ...] = ()  # pairs in `pairs` whose tokens differ (same slot, new token)
-
-    @property
-    def changed_a(self) -> tuple[int, ...]:
-        """Positions of A without a partner holding the same token."""
-        same = {i for i, _ in self.pairs} - {i for i, _ in self.substituted}
-        return tuple(i for i in range(self.n_a) if i not in same)
-
-    @property
-    def changed_b(self) -> tuple[int, ...]:
-        same = {j for _, j in self.pairs} - {j for _, j in self.substituted}
-        return tuple(j for j in range(self.n_b) if j not in same)
-
-    def index(self) -> tuple[np.ndarray, np.ndarray]:
-        ia = np.array([i for i, _ in self.pairs], dtype=np.int64)
-        return ia, np.array([j for _, j in self.pairs], dtype=np.int64)
-
-
-def _ids(ids) -> list[int]:
-    return [int(i) for i in np.asarray(ids).reshape(-1)]
-
-
-def align_minimal_pair(ids_a, ids_b, substitutions: bool = True) -> Alignment:
-    """Align the common prefix and the common suffix of two id lists (a [1, pos] tensor is fine too).
-
-    When the middles have one length (a word swapped for another of as many tokens) and `substitutions`,
-    they are paired slot by slot too, so the minimal-pairs map shows the swapped tokens themselves."""
-    a, b = _ids(ids_a), _ids(ids_b)
-    n = min(len(a), len(b))
-    prefix = 0
-    while prefix < n and a[prefix] == b[prefix]:
-        prefix += 1
-    suffix = 0  # never reaches into the prefix: "a b" vs "a b b" aligns "a b" and leaves one b changed
-    while suffix < n - prefix and a[-1 - suffix] == b[-1 - suffix]:
-        suffix += 1
-    middle = len(a) - suffix - prefix
-    swapped = [(i, i) for i in range(prefix, prefix + middle)] if substitutions and len(a) == len(b) else []
-    pairs = [(i, i) for i in range(prefix)] + swapped
-    pairs += [(len(a) - suffix + k, len(b) - suffix + k) for k in range(suffix)]
-    return Alignment(len(a), len(b), tuple(pairs), prefix, suffix, tuple(swapped))
-
-
-def alignment_from_pairs(pairs, n_a: int, n_b: int, ids_a=None, ids_b=None) -> Alignment:
-    """A user-picked alignment: each position of A and of B in at most one pair, all in range. With the two
-    id lists, pairs of different tokens are marked substituted."""
-    clean = []
-    for p in pairs:
-        try:
-            i, j = (int(x) for x in p)
-        except (TypeError, ValueError):
-            raise CompareError(f"an alignment pair must be two positions (i, j), got {p!r}") from None
-        if not (0 <= i < n_a and 0 <= j < n_b):
-            raise CompareError(f"pair ({i}, {j}) is outside the prompts (A has {n_a} tokens, B has {n_b})")
-        clean.append((i, j))
-    if not clean:
-        raise CompareError("an alignment needs at least one pair of positions")
-    if len({i for i, _ in clean}) < len(clean) or len({j for _, j in clean}) < len(clean):
-        raise CompareError("a position is aligned twice; each token may have one partner")
-    ids = None if ids_a is None or ids_b is None else (_ids(ids_a), _ids(ids_b))
-    if ids is not None and (len(ids[0]), len(ids[1])) != (n_a, n_b):
-        raise CompareError(f"the id lists have {len(ids[0])} and {len(ids[1])} tokens, not {n_a} and {n_b}")
-    swapped = () if ids is None else tuple((i, j) for i, j in sorted(clean) if ids[0][i] != ids[1][j])
-    return Alignment(n_a, n_b, tuple(sorted(clean)), substituted=swapped)
 
 
 def _index(a, b, pairs) -> tuple[np.ndarray, np.ndarray]:
@@ -264,11 +190,6 @@ def resid_change_map(a, b, pairs=None) -> dict:
     return {"depth": np.arange(L + 1) / L, "pos_a": ia, "pos_b": ib, "ratio": ratio}
 
 
-def _kl_terms(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Σ x·log(x / y) over the last axis, float64; x = 0 contributes 0 (xlogy), so no masks are needed."""
-    return (torch.special.xlogy(x, x) - torch.special.xlogy(x, y)).sum(-1)
-
-
 def _js(p: torch.Tensor, q: torch.Tensor, rest_p=0.0, rest_q=0.0) -> torch.Tensor:
     """Jensen–Shannon divergence (nats, ≤ ln 2) over the last axis. rest_p / rest_q: mass on outcomes the other
     side cannot have (there the mixture is half of it, so each contributes ½·mass·ln 2)."""
@@ -303,17 +224,22 @@ def attention_js(a, b, pairs=None, layers=None) -> dict:
 
 
 # --------------------------------------------------------------------------- next-token distributions
+def _logprobs(rec, pos: int) -> torch.Tensor:
+    return torch.log_softmax(rec.logits[0, pos].to(torch.float64), -1)
+
+
 def _probs(rec, pos: int) -> torch.Tensor:
-    return torch.softmax(rec.logits[0, pos].to(torch.float64), -1)
+    return _logprobs(rec, pos).exp()
 
 
 def next_token_distances(a, b, pos_a: int = -1, pos_b: int = -1) -> dict:
     """KL both ways, Jensen–Shannon (nats) and total variation of the next-token distributions, for two
     models with one tokenizer (same id = same piece)."""
-    p, q = _probs(a, pos_a), _probs(b, pos_b)
-    if p.shape != q.shape:
-        raise CompareError(f"vocabularies differ ({p.shape[0]} vs {q.shape[0]} ids): compare top-k lists instead")
-    return {"kl_ab": float(_kl_terms(p, q)), "kl_ba": float(_kl_terms(q, p)), "js": float(_js(p, q)),
+    lp, lq = _logprobs(a, pos_a), _logprobs(b, pos_b)
+    if lp.shape != lq.shape:
+        raise CompareError(f"vocabularies differ ({lp.shape[0]} vs {lq.shape[0]} ids): compare top-k lists instead")
+    p, q = lp.exp(), lq.exp()
+    return {"kl_ab": float(kl_divergence(lp, lq)), "kl_ba": float(kl_divergence(lq, lp)), "js": float(_js(p, q)),
             "tv": float(0.5 * (p - q).abs().sum())}
 
 

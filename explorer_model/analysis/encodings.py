@@ -30,11 +30,6 @@ def sinusoidal_encoding(n_pos: int, d_model: int, base: float = 10000.0) -> np.n
     return pe
 
 
-def sinusoidal_wavelengths(d_model: int, base: float = 10000.0) -> np.ndarray:
-    """Period in positions of each pair: 2π · base^(2i/d_model), from 2π (pair 0) to ≈ 2π·base (last pair)."""
-    return 2 * np.pi * base ** (np.arange(0, d_model, 2, dtype=np.float64) / d_model)
-
-
 def encoding_vs_embedding(rec, batch: int = 0, base: float = 10000.0) -> dict:
     """What adding PE would do to this prompt's embeddings (hook_embed).
 

@@ -1,4 +1,6 @@
 """What-if experiments: change one part of the model for one run and compare with the unchanged run.
+(Longer than ~400 lines on purpose: the whole catalogue of forms in one file, each class holding its string form,
+its check and its hooks next to the parser that reads every form back.)
 
 Every intervention is a small frozen value with a canonical string form, used in URLs and on the command line:
 
@@ -51,10 +53,6 @@ def _where(layer: int | None) -> str:
     return "" if layer is None else f":blocks.{layer}"
 
 
-def _layers(model: LlamaModel, layer: int | None) -> range:
-    return range(model.cfg.n_layers) if layer is None else range(layer, layer + 1)
-
-
 class Intervention:
     """Base class. Subclasses are frozen dataclasses; str(iv) is the canonical form parse() reads back."""
 
@@ -78,6 +76,22 @@ def _check_layer(model: LlamaModel, layer: int | None) -> None:
 def _check_hook(model: LlamaModel, name: str) -> None:
     if name not in model.hook_dict:
         raise ValueError(f"no hook point named {name!r} (see the README's hook list)")
+
+
+@dataclass(frozen=True)
+class _AnyLayer(Intervention):
+    """A change of every layer (layer None, the form without ":blocks.L") or of one layer."""
+    layer: int | None = None
+    kind = ""  # the form's name
+
+    def __str__(self) -> str:
+        return self.kind + _where(self.layer)
+
+    def check(self, model):
+        _check_layer(model, self.layer)
+
+    def each_layer(self, model: LlamaModel) -> range:
+        return range(model.cfg.n_layers) if self.layer is None else range(self.layer, self.layer + 1)
 
 
 @dataclass(frozen=True)
@@ -126,19 +140,13 @@ class Skip(Intervention):
 
 
 @dataclass(frozen=True)
-class NoMask(Intervention):
-    layer: int | None = None
+class NoMask(_AnyLayer):
+    kind = "no-mask"
     alters_attention = True
-
-    def __str__(self) -> str:
-        return "no-mask" + _where(self.layer)
-
-    def check(self, model):
-        _check_layer(model, self.layer)
 
     def hooks(self, model, source):
         out = []
-        for layer in _layers(model, self.layer):
+        for layer in self.each_layer(model):
             seen: dict[str, torch.Tensor] = {}
             a = f"blocks.{layer}.attn."
 
@@ -158,18 +166,12 @@ class NoMask(Intervention):
 
 
 @dataclass(frozen=True)
-class NoRope(Intervention):
-    layer: int | None = None
-
-    def __str__(self) -> str:
-        return "no-rope" + _where(self.layer)
-
-    def check(self, model):
-        _check_layer(model, self.layer)
+class NoRope(_AnyLayer):
+    kind = "no-rope"
 
     def hooks(self, model, source):
         out = []
-        for layer in _layers(model, self.layer):
+        for layer in self.each_layer(model):
             seen: dict[str, torch.Tensor] = {}
             for key in ("q", "k"):
                 a = f"blocks.{layer}.attn.hook_"
@@ -250,33 +252,27 @@ def _check_gated(model: LlamaModel, layer: int | None) -> None:
 
 
 @dataclass(frozen=True)
-class GateOff(Intervention):
-    layer: int | None = None
-
-    def __str__(self) -> str:
-        return "gate-off" + _where(self.layer)
+class GateOff(_AnyLayer):
+    kind = "gate-off"
 
     def check(self, model):
         _check_gated(model, self.layer)
 
     def hooks(self, model, source):
         return [(f"blocks.{l}.mlp.hook_act", lambda x, hp: torch.ones_like(x), _REPLACE)
-                for l in _layers(model, self.layer)]
+                for l in self.each_layer(model)]
 
 
 @dataclass(frozen=True)
-class Relu(Intervention):
-    layer: int | None = None
-
-    def __str__(self) -> str:
-        return "relu" + _where(self.layer)
+class Relu(_AnyLayer):
+    kind = "relu"
 
     def check(self, model):
         _check_gated(model, self.layer)
 
     def hooks(self, model, source):
         out = []
-        for layer in _layers(model, self.layer):
+        for layer in self.each_layer(model):
             seen: dict[str, torch.Tensor] = {}
             out += [(f"blocks.{layer}.mlp.hook_pre", lambda x, hp, seen=seen: seen.__setitem__("pre", x), _READ),
                     (f"blocks.{layer}.mlp.hook_act", lambda x, hp, seen=seen: F.relu(seen["pre"]), _REPLACE)]
@@ -329,7 +325,7 @@ def _float(text: str, spec: str) -> float:
     return v
 
 
-_OPTIONAL_LAYER = {"no-mask": NoMask, "no-rope": NoRope, "gate-off": GateOff, "relu": Relu}
+_OPTIONAL_LAYER = {cls.kind: cls for cls in (NoMask, NoRope, GateOff, Relu)}
 
 
 def parse(spec: "str | Intervention") -> Intervention:

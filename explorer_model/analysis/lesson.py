@@ -107,15 +107,6 @@ def word_link_target(rec, pieces, query_word: str, key_word: str, batch: int = 0
     return link_target(rec, q, before[-1], batch)
 
 
-def repeated_random_tokens(period: int, candidates, seed: int = 0, prefix=()) -> list[int]:
-    """prefix + a random sequence of `period` distinct ids drawn from `candidates` + the same sequence again."""
-    candidates = np.asarray(list(candidates), dtype=np.int64)
-    if period < 2 or period > candidates.size:
-        raise ValueError(f"period must be between 2 and {candidates.size}, got {period}")
-    seq = np.random.default_rng(seed).choice(candidates, size=period, replace=False).tolist()
-    return [int(i) for i in prefix] + seq + seq
-
-
 def induction_scores(rec, period: int, batch: int = 0) -> np.ndarray:
     """[layer, head] mean attention from each position i of the second copy (the last `period` tokens) to
     i − period + 1, the token that followed the current token's previous occurrence."""

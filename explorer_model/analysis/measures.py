@@ -60,8 +60,13 @@ def lens_kl(model: LlamaModel, clean, changed, start: int = 0, chunk: int = 1024
 
 
 def _kl_rows(model, a, b):
-    lp, lq = lens_logprobs(model, a), lens_logprobs(model, b)
-    return (lp.exp() * (lp - lq)).sum(-1)
+    return kl_divergence(lens_logprobs(model, a), lens_logprobs(model, b))
+
+
+def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) in nats over the last axis, from log-probabilities: the one KL of the project (the lens KL,
+    the patch lesson, the comparison of two models' next-token distributions)."""
+    return (logp.exp() * (logp - logq)).sum(-1)
 
 
 @torch.no_grad()
@@ -100,10 +105,7 @@ def head_sweep(model: LlamaModel, rec, layers: Iterable[int] | None = None, mean
             done += 1
             if progress is not None:
                 progress(done, total)
-        x = x[:, -1]
-        if model.ln_final is not None:
-            x = model.ln_final(x)
-        probs.append(torch.softmax(model.unembed(x).float(), -1)[:, target])
+        probs.append(lens_logprobs(model, x[:, -1])[:, target].exp())
     delta = torch.cat(probs).view(len(layers), n_heads) - p_clean
     return {"target": target, "p_clean": p_clean, "delta": delta, "layers": layers}
 

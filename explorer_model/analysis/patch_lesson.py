@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from ..model import LlamaModel
-from .interventions import _position
+from .interventions import Patch
+from .measures import kl_divergence
 
 
 @torch.no_grad()
@@ -27,15 +28,10 @@ def patch_layer_sweep(model: LlamaModel, ids, source_ids, hook: str = "hook_resi
     clean = F.log_softmax(model(tokens)[0, -1].double(), -1)
     kl, top, p_keep = [], [], []
     top_clean = int(clean.argmax())
-
-    def patch(x, hp):  # the same replacement as interventions.Patch
-        x = x.clone()
-        x[:, _position(pos, x.shape[1])] = src[hp.name][:, _position(pos, src[hp.name].shape[1])].to(x.dtype)
-        return x
     for name in names:
-        with model.hooks([(name, patch)]):
+        with model.hooks([(h, fn) for h, fn, _ in Patch(name, pos).hooks(model, src)]):  # the what-if's patch
             lp = F.log_softmax(model(tokens)[0, -1].double(), -1)
-        kl.append(float((clean.exp() * (clean - lp)).sum()))
+        kl.append(float(kl_divergence(clean, lp)))
         top.append(int(lp.argmax()))
         p_keep.append(float(lp[top_clean].exp()))
     return {"kl": np.array(kl), "top": np.array(top), "top_clean": top_clean, "p_top_clean": np.array(p_keep)}

@@ -1,12 +1,7 @@
 """The Pre-Norm / Post-Norm lab: small, fast experiments behind the app's "Pre vs Post-Norm lab" view.
 
-Three variants of the same decoder, built from `LlamaModel` at a small width:
-    pre       x + F(Norm(x))                         (LLaMA)
-    post      Norm(x + F(x))                         (the 2017 Transformer)
-    deepnorm  Norm(α·x + F(x)), α = (2N)^(1/4), and the FFN, V and output projections initialised
-              β times smaller, β = (8N)^(-1/4)        (Wang et al. 2022, decoder-only constants)
-DeepNorm is not a model flag: it is a Post-Norm model whose residual is scaled through hook points
-(hook_attn_out / hook_mlp_out return F(x) + (α − 1)·x, so the norm reads α·x + F(x)).
+Three variants of the same decoder, built from `LlamaModel` at a small width: Pre-Norm (LLaMA), Post-Norm (the
+2017 Transformer) and DeepNorm (Wang et al. 2022); variants.py states each one's formula and constants.
 
 Modules: variants.py (the three models), probe.py (gradients at initialization), race.py (the training
 race and its shipped curves), twins.py (the trained twins' recordings and logs).

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
+from ..analysis.measures import token_loss
 from ..model import LlamaModel
 from .variants import VARIANTS, LabOptions, variant_model
 
@@ -26,8 +26,8 @@ def zipf_tokens(vocab: int, batch: int, seq: int, exponent: float, seed: int) ->
 
 
 def lm_loss(model: LlamaModel, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    """Next-token loss of every row of tokens [batch, seq + 1] (inputs :-1, targets 1:)."""
+    return token_loss(model(tokens[:, :-1]), tokens[:, 1:])
 
 
 def probe(variant: str, depth: int, opts: LabOptions, seed: int) -> dict:
@@ -39,7 +39,7 @@ def probe(variant: str, depth: int, opts: LabOptions, seed: int) -> dict:
         keep = [(f"blocks.{i}.hook_resid_post", lambda x, hp: resid.append(x.detach())) for i in range(depth)]
         with model.hooks(keep):
             logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss = token_loss(logits, tokens[:, 1:])
         loss.backward()
         grads = [blk.mlp.down_proj.weight.grad.norm().item() for blk in model.blocks]
         # Adam's first step moves every weight by lr·g/(|g| + eps): a step of fixed size per weight.

@@ -30,6 +30,7 @@ from .corpus import HELDOUT_LINE, HELDOUT_LINE_ZH, LANGS, load_corpus, unigram_c
 from ..analysis.measures import token_loss
 from ..model import LlamaModel
 from .tiny_tokenizer import TOKENIZER_PATH
+from .variants import init_weights, threads
 
 
 @dataclass(frozen=True)
@@ -62,23 +63,6 @@ def model_config(tc: TrainConfig, vocab_size: int, bos_id: int | None, eos_id: i
         head_dim=tc.d_model // tc.heads, d_ff=tc.d_ff, norm_eps=1e-5, rope_theta=10000.0, max_seq_len=tc.context,
         tie_embeddings=False, bos_id=bos_id, eos_id=eos_id, norm_placement=tc.norm, name=f"tiny-{tc.norm}",
     )
-
-
-def init_weights(model: LlamaModel, seed: int) -> None:
-    """GPT-2/LLaMA-style init: N(0, 0.02) matrices, residual outputs shrunk by 1/sqrt(2 * layers), gains 1.
-
-    Drawn parameter by parameter in name order from one generator, so a model without ln_final (which
-    draws nothing anyway) gets exactly the same numbers as its Pre-Norm twin.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    out_std = 0.02 / math.sqrt(2 * model.cfg.n_layers)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.fill_(0.0 if name.endswith(".bias") else 1.0)
-            else:
-                std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 # --------------------------------------------------------------------------- data
@@ -133,14 +117,6 @@ def heldout_loss(model: LlamaModel, data: TokenData, chunk: int = 8) -> dict[str
     return out
 
 
-def shipped_heldout_loss(model: LlamaModel, tokenizer, train_log: dict) -> dict[str, float]:
-    """Recompute a shipped model's final held-out losses from its train_log.json settings."""
-    tc = train_log["train_config"]
-    data = TokenData(tokenizer, tc["context"], {"en": tc["eval_windows_en"], "zh": tc["eval_windows_zh"]},
-                     splits=("heldout",))
-    return heldout_loss(model, data)
-
-
 @torch.no_grad()
 def line_loss(model: LlamaModel, tokenizer, text: str) -> float:
     """Mean loss of the tokens of one line after BOS: what the app's held-out-line comparison shows."""
@@ -169,15 +145,15 @@ def train_tiny(tc: TrainConfig, out: Path | None, tokenizer_path: Path = TOKENIZ
     from ..tokenizer import Tokenizer
 
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(tc.threads)
-    try:
+    with threads(tc.threads):  # an offline script (python -m explorer_model.lab.train), never the server
         tokenizer = Tokenizer.from_sentencepiece(tokenizer_path)
         data = TokenData(tokenizer, tc.context, {"en": tc.eval_windows_en, "zh": tc.eval_windows_zh})
         cfg = model_config(tc, tokenizer.vocab_size, tokenizer.bos_id, tokenizer.eos_id)
         torch.manual_seed(tc.seed)
         model = LlamaModel(cfg)
-        init_weights(model, tc.seed)
+        # GPT-2/LLaMA-style: N(0, 0.02), the residual outputs shrunk by 1/sqrt(2 * layers)
+        init_weights(model, "llama", tc.seed, gain=1 / math.sqrt(2 * cfg.n_layers),
+                     scaled=("o_proj.weight", "down_proj.weight"))
         model.train()
 
         decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -251,8 +227,6 @@ def train_tiny(tc: TrainConfig, out: Path | None, tokenizer_path: Path = TOKENIZ
         }
         log["seconds"] = round(time.perf_counter() - t_start, 1)
         log["cpu_seconds"] = round(time.process_time() - cpu_start, 1)  # wall time depends on who else runs
-    finally:
-        torch.set_num_threads(threads_before)
     if out is not None:
         save_model(Path(out), cfg, state, tokenizer_path, log)
     return log

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from ..analysis.measures import prompt_loss
 from ..paths import ASSETS
 
 TWINS = ("tiny-pre", "tiny-post")
@@ -34,8 +34,7 @@ def top_predictions(rec, k: int = 5, pos: int = -1) -> tuple[list[int], list[flo
 
 def sequence_loss(rec) -> float:
     """Mean next-token cross-entropy of the recorded ids (every token after the first), nats per token."""
-    ids = rec.token_ids[0]
-    return F.cross_entropy(rec.logits[0, :-1].float(), ids[1:]).item()
+    return prompt_loss(rec.logits[0], rec.token_ids[0])
 
 
 def train_log(name: str, root: Path | None = None) -> dict | None:

@@ -24,8 +24,9 @@ DEPTHS = (2, 4, 6, 8, 12, 16, 24, 32, 48)  # depths one can pick for the per-lay
 
 @contextmanager
 def threads(n: int = 1) -> Iterator[None]:
-    """One thread is fastest for models this small, and keeps sums in a fixed order (determinism).
-    Process-wide: for offline scripts and tests only, never in a server thread."""
+    """The project's one setter of torch's thread count. One thread is fastest for models this small, and
+    keeps sums in a fixed order (determinism). Process-wide: for offline scripts, the lab's worker process,
+    the CLI and tests only, never in a server thread (it would slow every other visitor's forward pass)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -75,28 +76,31 @@ _BETA_SCALED = ("attn.v_proj.weight", "attn.o_proj.weight", "mlp.gate_proj.weigh
                 "mlp.down_proj.weight")
 
 
-def init_weights(model: LlamaModel, init: str, seed: int, deepnorm: bool = False) -> None:
-    """Xavier: Glorot-uniform matrices and unit-variance embeddings (the 2017 Transformer's embedding
-    times sqrt(d)). LLaMA: N(0, 0.02) everywhere. DeepNorm shrinks V, O and the FFN by β (for Xavier as
-    a Glorot gain, as in the paper). Norm gains stay 1, biases 0."""
+def init_weights(model: LlamaModel, init: str, seed: int, gain: float = 1.0,
+                 scaled: tuple[str, ...] = _BETA_SCALED) -> None:
+    """The one weight init of the lab and of the trained twins. Xavier: Glorot-uniform matrices and
+    unit-variance embeddings (the 2017 Transformer's embedding times sqrt(d)). LLaMA: N(0, 0.02) everywhere.
+    Matrices whose names end with `scaled` get `gain` times that std: DeepNorm's β on V, O and the FFN (for
+    Xavier as a Glorot gain, as in the paper), GPT-2's 1/sqrt(2·layers) on the residual outputs (train.py).
+    Drawn parameter by parameter in name order from one generator, so a model without ln_final (which draws
+    nothing anyway) gets exactly the same numbers as its Pre-Norm twin. Norm gains stay 1, biases 0."""
     gen = torch.Generator().manual_seed(seed)
-    beta = deepnorm_beta(model.cfg.n_layers) if deepnorm else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 p.fill_(0.0 if name.endswith(".bias") else 1.0)
                 continue
-            gain = beta if name.endswith(_BETA_SCALED) else 1.0
+            gain_p = gain if name.endswith(scaled) else 1.0
             if name.startswith("embed."):
                 std = 1.0 if init == "xavier" else 0.02
             elif init == "xavier":
                 fan_out, fan_in = p.shape
-                std = gain * math.sqrt(2.0 / (fan_in + fan_out))
+                std = gain_p * math.sqrt(2.0 / (fan_in + fan_out))
                 # uniform on ±sqrt(3)·std has that std
                 p.copy_((torch.rand(p.shape, generator=gen) * 2 - 1) * math.sqrt(3) * std)
                 continue
             else:
-                std = 0.02 * gain
+                std = 0.02 * gain_p
             p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
@@ -139,7 +143,7 @@ def variant_model(variant: str, depth: int, opts: LabOptions, seed: int, vocab: 
     placement = "pre" if variant == "pre" else "post"
     with torch.random.fork_rng(devices=[]):  # construction draws numbers init_weights overwrites; keep the global RNG as it was
         model = LlamaModel(lab_config(placement, depth, opts, vocab, max_seq_len))
-    init_weights(model, opts.init, seed, deepnorm=variant == "deepnorm")
+    init_weights(model, opts.init, seed, gain=deepnorm_beta(depth) if variant == "deepnorm" else 1.0)
     model.train()
     if variant == "deepnorm":
         with deepnorm_residual(model, deepnorm_alpha(depth)):

@@ -8,20 +8,21 @@ experiments run in a separate process started with `spawn`, whose initializer se
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from contextlib import ExitStack
 
 import torch
 
 from . import normlab as lab
 
 _QUEUE = None
+_PROCESS = ExitStack()  # contexts held for the worker process's whole life
 
 
 def init_worker(queue) -> None:
     """ProcessPoolExecutor initializer: runs once in the worker process, never in the server."""
     global _QUEUE
     _QUEUE = queue
-    torch.set_num_threads(1)
+    _PROCESS.enter_context(lab.threads(1))  # this process only: entered once, never left
 
 
 def _report(job: int, fraction: float, message: str, partial=None) -> None:
@@ -48,5 +49,3 @@ def run_race(job: int, config: dict, time_limit: float | None) -> dict:
     return lab.race(rc, time_limit=time_limit, on_log=live)
 
 
-def options_dict(opts) -> dict:
-    return asdict(opts)

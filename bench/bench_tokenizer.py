@@ -1,0 +1,45 @@
+"""Tokenizer speed: rebuilding SmolLM2's vocabulary from GGUF metadata, and encoding through our front end
+against the `tokenizers` object it wraps (the peer), in one run.
+
+    python bench/bench_tokenizer.py [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def best(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    import gguf
+
+    from explorer_model.loaders import default_gguf_path
+    from explorer_model.tokenizer import Tokenizer, read_gguf_tokenizer_fields
+
+    fields = read_gguf_tokenizer_fields(gguf.GGUFReader(str(default_gguf_path())))
+    rebuild = best(lambda: Tokenizer.from_gguf_fields(fields), args.repeats)
+    tok = Tokenizer.from_gguf_fields(fields)
+    text = "The llama (Lama glama) is a domesticated South American camelid, 深度学习 🦙 2024.\n" * 40
+    n = len(tok.encode(text))
+    ours = best(lambda: tok.encode(text), args.repeats * 4)
+    peer = best(lambda: tok._hf.encode(text, add_special_tokens=False), args.repeats * 4)
+    print(f"GGUF vocabulary rebuild (49,152 tokens): best {rebuild[0]:.3f} s, median {rebuild[1]:.3f} s")
+    print(f"encode {n} tokens: ours {ours[0] * 1e3:.1f} ms, tokenizers {peer[0] * 1e3:.1f} ms "
+          f"(best of {args.repeats * 4}); ours / tokenizers = {ours[0] / peer[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
