@@ -1,7 +1,9 @@
 """End to end in Debian's Chromium: start the server, type a prompt, browse views, save screenshots.
 
 Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); the README's come from
-`SCREENSHOT_DIR=docs/screenshots pytest tests/test_browser.py`.
+`SCREENSHOT_DIR=docs/screenshots pytest -m browser tests/test_browser.py tests/test_browser_classroom.py`
+(this module: attention.png, attention_zh.png, rope_zh.png, swiglu_zh.png, rmsnorm.png; the classroom module:
+presenter.png, tokens_zh.png, and w768_*.png, which are not kept in docs/).
 """
 from __future__ import annotations
 
