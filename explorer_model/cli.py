@@ -5,6 +5,7 @@ Every problem with the input ends in one line on stderr and exit status 2, never
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,9 @@ SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF fold
 
 
 MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and tiny values overflow the logits
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # memory.DTYPE_CHOICES, without importing torch here
+DTYPE_HELP = ("weights' dtype: auto (default: float32 if it fits comfortably, else the checkpoint's 16-bit type), "
+              "float32, bfloat16 or float16; norms, softmax and logits are computed in float32 regardless")
 
 
 class CliError(Exception):
@@ -34,10 +38,10 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or ("memory" in text and ("alloc" in text or "out of" in text))
 
 
-def _load(source: str):
+def _load(source: str, dtype: str | None = None):
     from .loaders import load
 
-    return load(source)
+    return load(source, dtype=dtype)
 
 
 def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
@@ -62,16 +66,39 @@ def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
     return ids
 
 
+def memory_lines(cfg) -> list[str]:
+    """What each dtype needs, and what this machine has, before anything is loaded."""
+    from .memory import DEFAULT_TOKENS, available_bytes, estimates, gb
+
+    room = available_bytes()
+    lines = [f"memory to run {DEFAULT_TOKENS} tokens (available: {gb(room) if room is not None else 'unknown'}):"]
+    for name, est in estimates(cfg).items():
+        lines.append(f"  {name:<16} {gb(est.total):>9}  (weights {gb(est.weights)} + runtime {gb(est.runtime)})")
+    return lines
+
+
 def cmd_info(args) -> None:
+    from .loaders import LoadError, read_config
+    from .memory import estimates
+
+    try:
+        cfg = read_config(args.source)
+    except LoadError:
+        cfg = None  # the load below says what is wrong with the source, in the loaders' own words
+    if cfg is not None and not args.json:  # before loading: a model too big for this machine is refused below
+        print("\n".join(memory_lines(cfg)), flush=True)
     t0 = time.perf_counter()
-    loaded = _load(args.source)
+    loaded = _load(args.source, args.dtype)
     seconds = time.perf_counter() - t0
     model, cfg = loaded.model, loaded.model.cfg
     info = {
         "source": loaded.source,
         "description": loaded.description,
         "format": loaded.format,
+        "dtype": loaded.dtype_name,
         "load_seconds": round(seconds, 2),
+        "memory_bytes": {k: {"weights": e.weights, "runtime": e.runtime, "total": e.total, "n_tokens": e.n_tokens}
+                         for k, e in estimates(loaded.cfg).items()},
         "config": cfg.to_dict(),
         "parameters": model.param_counts(),
         "kv_cache_bytes_per_token_fp32": model.kv_cache_bytes_per_token(4),
@@ -81,7 +108,7 @@ def cmd_info(args) -> None:
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return
-    print(f"{loaded.description}  [{loaded.format}]  loaded in {seconds:.2f} s")
+    print(f"{loaded.description}  [{loaded.format}, {loaded.dtype_name}]  loaded in {seconds:.2f} s")
     for k, v in info["config"].items():
         print(f"  {k:<16} {v}")
     print("parameters:")
@@ -92,7 +119,7 @@ def cmd_info(args) -> None:
 
 
 def cmd_tokenize(args) -> None:
-    loaded = _load(args.source)
+    loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.text, None)
     tok = loaded.tokenizer
     rows = [{"id": i, "piece": tok.piece(i), "bytes": tok.token_bytes(i).hex(" ")} for i in ids]
@@ -108,10 +135,11 @@ def cmd_record(args) -> None:
 
     from .analysis.interventions import format_list
     from .export import check_fits, check_target, gb, plan, save_npz
+    from .memory import layer_progress, text_progress
     from .recording import record
 
     target = check_target(args.out)  # before loading anything: a folder or a device is refused at once
-    loaded = _load(args.source)
+    loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.prompt, args.token_ids)
     names = args.names or None
     if names and not loaded.model.select_hooks(names):
@@ -121,8 +149,10 @@ def cmd_record(args) -> None:
     size = plan(loaded.model, ids, names, dtype)
     check_fits(size, target)
     print(f"recording {len(ids)} tokens: {target} will take {gb(size.file_bytes)}", flush=True)
+    bar = args.progress or sys.stderr.isatty()
     try:
-        rec = record(loaded.model, ids, names=names, dtype=dtype, interventions=ivs, source_tokens=source_ids)
+        with layer_progress(loaded.model, text_progress("recording")) if bar else contextlib.nullcontext():
+            rec = record(loaded.model, ids, names=names, dtype=dtype, interventions=ivs, source_tokens=source_ids)
     except ValueError as e:  # e.g. a patch position beyond one of the prompts
         raise CliError(str(e)) from None
     try:
@@ -163,7 +193,7 @@ def cmd_generate(args) -> None:
         raise CliError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t}")
     if args.seed is not None and not 0 <= args.seed < 2**64:
         raise CliError(f"--seed must be between 0 and 2**64 - 1, got {args.seed}")
-    loaded = _load(args.source)
+    loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
     import torch
@@ -204,6 +234,10 @@ def cmd_serve(args) -> None:
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
+    if args.dtype:  # the app's loads read it (memory.DTYPE_ENV); the server process inherits the environment
+        from .memory import DTYPE_ENV
+
+        os.environ[DTYPE_ENV] = args.dtype
     serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
           max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab)
 
@@ -231,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--names", nargs="*", help="hook-name globs, e.g. 'blocks.*.attn.hook_pattern'")
     s.add_argument("--float16", action="store_true", help="store tensors in float16 (half the size)")
+    s.add_argument("--progress", action="store_true", help="draw a per-layer progress bar on stderr "
+                   "(default: when stderr is a terminal)")
     s.add_argument("--ablate", action="append", metavar="HEADS",
                    help="ablate heads for this run: blocks.3.attn.head5, blocks.3.attn.head2+5 or blocks.3.attn")
     s.add_argument("--intervene", action="append", metavar="SPEC",
@@ -272,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-lab", action="store_true",
                    help="switch off the norm lab's training races and gradient probes (computed results still show)")
     s.set_defaults(fn=cmd_serve)
+    for name in ("info", "tokenize", "record", "generate", "serve"):
+        sub.choices[name].add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP)
     return p
 
 

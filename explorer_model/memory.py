@@ -66,8 +66,12 @@ def meta_model(cfg: ModelConfig):
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per component (embedding, attention, ffn, norms, output, total); tied counted once."""
-    return meta_model(cfg).param_counts()
+    """Parameters per component (embedding, attention, ffn, norms, output, total); tied counted once.
+
+    Counted on models of one and two layers (blocks are identical), so a config that claims 10^9 layers is
+    estimated at once instead of building 10^9 modules."""
+    one, two = (meta_model(cfg.with_(n_layers=n)).param_counts() for n in (1, 2))
+    return {k: one[k] + (cfg.n_layers - 1) * (two[k] - one[k]) for k in one}
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -150,30 +154,26 @@ def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.
     """Bytes a recording of the selected hooks (all by default) keeps for one prompt of n_tokens.
 
     Mirrors recording.py: tensors are stored in `dtype`, logits always; with derived attention the scores and
-    pattern are not stored but rebuilt from float32 rotated Q and K, which share the stored copy when `dtype`
-    is float32 and are extra float32 copies otherwise. When `dtype` is the model's own, a block's input is the
-    very tensor the previous hook (embedding or previous block's output) already stored.
+    pattern are not stored but rebuilt from float32 rotated Q and K, which also serve those hooks themselves
+    (no `dtype` copy beside them). A block's input is the very tensor the previous hook
+    (embedding or previous block's output) already stored, converted once whatever `dtype` is.
     """
     shapes = hook_shapes(cfg, n_tokens)
     selected = meta_model(cfg).select_hooks(names)
     if "logits" not in selected:
         selected.append("logits")
     size, total = itemsize(dtype), 0
-    derived_layers = set()
+    derived_layers = {n.split(".")[1] for n in selected if attention == "derived" and _DERIVED.match(n)}
+    rotated = {f"blocks.{layer}.attn.hook_{which}" for layer in derived_layers for which in ("rot_q", "rot_k")}
     chosen = set(selected)
     for name in selected:
         m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_pre", name)
         previous = m and ("hook_embed" if m.group(1) == "0" else f"blocks.{int(m.group(1)) - 1}.hook_resid_post")
-        if attention == "derived" and _DERIVED.match(name):
-            derived_layers.add(name.split(".")[1])
-        elif not (previous in chosen and dtype == model_dtype):  # else the same tensor, stored once
+        if _DERIVED.match(name) and attention == "derived" or name in rotated:
+            continue  # rebuilt from, or served by, the float32 rotated Q and K counted below
+        if previous not in chosen:  # else the same tensor (or its one converted copy), stored once
             total += _numel(shapes[name]) * size
-    for layer in derived_layers:
-        for which in ("rot_q", "rot_k"):
-            name = f"blocks.{layer}.attn.hook_{which}"
-            if not (dtype == torch.float32 and name in selected):  # else the stored copy is reused
-                total += _numel(shapes[name]) * 4
-    return total
+    return total + sum(_numel(shapes[name]) * 4 for name in rotated)
 
 
 def _numel(shape) -> int:

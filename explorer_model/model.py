@@ -34,8 +34,10 @@ class RMSNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model] x / scale, before gamma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(x / scale) * self.weight
+        # Statistics in float32 whatever the weights are (no-ops for a float32 model); the output keeps x's dtype.
+        x32 = x.float()
+        scale = self.hook_scale((x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return (self.hook_normalized(x32 / scale) * self.weight).to(x.dtype)
 
 
 class LayerNorm(nn.Module):
@@ -48,9 +50,10 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model] (x - mean) / scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        centred = x - x.mean(-1, keepdim=True)
+        x32 = x.float()  # as RMSNorm: float32 statistics, output in x's dtype
+        centred = x32 - x32.mean(-1, keepdim=True)
         scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(centred / scale) * self.weight + self.bias
+        return (self.hook_normalized(centred / scale) * self.weight + self.bias).to(x.dtype)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -72,6 +75,8 @@ def causal_scores(rot_q: torch.Tensor, rot_k: torch.Tensor, q_offset: int = 0) -
 
 def _masked_scores(q: torch.Tensor, k: torch.Tensor, q_offset: int) -> torch.Tensor:
     """q [batch, head, q_pos, d_head], k [batch, head, k_pos, d_head] -> scaled scores, -inf in the future."""
+    # Scores in float32 even for 16-bit weights (no-op for float32), so the softmax sees full-precision logits.
+    q, k = q.float(), k.float()
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     n_q, n_k = scores.shape[-2:]
     future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1 + q_offset)
@@ -103,7 +108,7 @@ def blocked_attention(rot_q: torch.Tensor, rot_k: torch.Tensor, v: torch.Tensor 
     z = rot_q.new_empty(batch, n_q, n_heads, d_head) if v is not None else None
     scores_all = pattern_all = None
     if weights:
-        scores_all = rot_q.new_full((batch, n_heads, n_q, n_k), float("-inf"))
+        scores_all = torch.full((batch, n_heads, n_q, n_k), float("-inf"))  # float32, as _masked_scores
         pattern_all = torch.zeros(batch, n_heads, n_q, n_k)
     for a0, lo, hi in query_blocks(n_q, q_offset):
         width = a0 + Q_BLOCK
@@ -243,6 +248,21 @@ class MLP(nn.Module):
 
 
 # --------------------------------------------------------------------------- block and model
+class Unembed(nn.Linear):
+    """The output matrix; logits come out in float32 whatever the weights' dtype.
+
+    16-bit weights are widened a slice of the vocabulary at a time (4 MB: small enough for the allocator to
+    reuse, so no fresh pages are faulted in per slice), never the whole matrix at once.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w.dtype == torch.float32 and x.dtype == torch.float32:
+            return F.linear(x, w)
+        x, step = x.float(), max(1, (4 << 20) // (4 * w.shape[1]))
+        return torch.cat([F.linear(x, w[i:i + step].float()) for i in range(0, w.shape[0], step)], dim=-1)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -279,7 +299,7 @@ class LlamaModel(HookedModule):
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None
-        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.unembed = Unembed(cfg.d_model, cfg.vocab_size, bias=False)
         self.logits = HookPoint()  # [batch, pos, vocab]
         self.tie_weights()
         self._inv_freq: torch.Tensor | None = None
@@ -336,8 +356,9 @@ class LlamaModel(HookedModule):
             shapes.pop("unembed.weight")
         return shapes
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> "LlamaModel":
-        """Load a canonical state dict, checking every key and shape, keeping the given tensors (no copy)."""
+    def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> "LlamaModel":
+        """Load a canonical state dict, checking every key and shape, keeping the given tensors when they are
+        already in `dtype` (memory-mapped weights stay mapped: no copy)."""
         expected = self.expected_shapes()
         missing = sorted(set(expected) - set(state))
         extra = sorted(set(state) - set(expected))
@@ -346,7 +367,7 @@ class LlamaModel(HookedModule):
         for k, shape in expected.items():
             if tuple(state[k].shape) != shape:
                 raise ValueError(f"shape mismatch for {k}: checkpoint {list(state[k].shape)}, config {list(shape)}")
-        state = {k: v.to(torch.float32) for k, v in state.items()}
+        state = {k: v.to(dtype) for k, v in state.items()}
         if self.cfg.tie_embeddings:
             state["unembed.weight"] = state["embed.weight"]
         self.load_state_dict(state, strict=True, assign=True)
@@ -354,10 +375,16 @@ class LlamaModel(HookedModule):
         return self
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> "LlamaModel":
+    def from_weights(cls, cfg: ModelConfig, state: dict[str, torch.Tensor],
+                     dtype: torch.dtype = torch.float32) -> "LlamaModel":
         with torch.device("meta"):
             model = cls(cfg)
-        return model.load_weights(state).eval().requires_grad_(False)
+        return model.load_weights(state, dtype).eval().requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype (activations follow it; norms, softmax and logits compute in float32)."""
+        return self.embed.weight.dtype
 
     def param_counts(self) -> dict[str, int]:
         """Parameters per component; a tied output matrix is counted once, under embedding."""
@@ -377,4 +404,6 @@ class LlamaModel(HookedModule):
         return groups
 
     def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        return 2 * self.cfg.n_layers * self.cfg.n_kv_heads * self.cfg.head_dim * bytes_per_value
+        from .memory import kv_cache_bytes_per_token
+
+        return kv_cache_bytes_per_token(self.cfg, bytes_per_value)

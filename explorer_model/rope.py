@@ -64,7 +64,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x_even, x_odd = x[..., 0::2], x[..., 1::2]  # [batch, pos, head, d_head/2]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     out = torch.stack((x_even * c - x_odd * s, x_even * s + x_odd * c), dim=-1)
-    return out.flatten(-2)
+    return out.flatten(-2).to(x.dtype)  # computed in float32 (cos/sin are), stored in x's dtype
 
 
 # --------------------------------------------------------------------------- layout conversions

@@ -318,11 +318,11 @@ def test_temporaries_of_a_killed_first_load_are_removed(ckpt, gqa, tmp_path):
     path = ckpt.write_gguf(gqa[0], tmp_path / "m.gguf")
     cache_dir = tmp_path / "cache"
     # a first load killed in the middle of writing its cache (os._exit: no cleanup code runs)
-    code = ("import os, sys, safetensors.torch as st\n"
-            "def die(tensors, filename, metadata=None):\n"
-            "    open(filename, 'wb').write(b'half a cache')\n"
+    code = ("import os, sys, explorer_model.loaders.gguf as g\n"
+            "def die(state, path, metadata):\n"
+            "    open(path, 'wb').write(b'half a cache')\n"
             "    os._exit(9)\n"
-            "st.save_file = die\n"
+            "g.save_streaming = die\n"
             "from explorer_model.loaders import load\n"
             "load(sys.argv[1], cache_dir=sys.argv[2])\n")
     r = subprocess.run([sys.executable, "-c", code, str(path), str(cache_dir)], capture_output=True)

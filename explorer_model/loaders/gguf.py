@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig, RopeScaling
-from .common import LoadError, build_model, check_tokenizer_fits, describe, load_tokenizer, one_line
+from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, one_line,
+                     plan_dtype)
 
 CACHE_VERSION = "3"  # bump whenever what is cached or how it is computed changes
 
@@ -173,8 +174,8 @@ def check_tensor_table(reader, path: Path) -> None:
         expected = end
 
 
-def convert(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
-    """Canonical config and float32 state dict of an open GGUF file, plus a note on its tensor types."""
+def convert_config(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict]:
+    """The canonical config of an open GGUF file and its tensors by name (rope_freqs folded into the config)."""
     check_tensor_table(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
@@ -197,11 +198,27 @@ def convert(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict[str, torc
             cfg = cfg.with_(rope_scaling=RopeScaling("factors", factors=tuple(factors.tolist())))
         except ConfigError as e:
             raise LoadError(f"{path}: {one_line(e)}") from None
+    return cfg, tensors
 
+
+def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, dict[str, torch.Tensor], str]:
+    """Canonical config and state dict of an open GGUF file, plus a note on its tensor types.
+
+    `choose(cfg, stored)` picks the dtype (float32 by default) once the config is known and before any tensor is
+    dequantized; each tensor is then dequantized and converted on its own, so only one float32 tensor exists at
+    a time."""
+    cfg, tensors = convert_config(reader, meta, path)
+    qt = __import__("gguf").GGMLQuantizationType
+    stored = {qt.F16: torch.float16, getattr(qt, "BF16", None): torch.bfloat16}.get(tensors["token_embd.weight"].tensor_type)
+    # Sizes checked on the tensor table (shapes only, [out, in] as torch has them) before `choose`, whose memory
+    # estimate builds the config's model on the meta device: 10^9 declared layers would hang there.
+    check_sizes(cfg, {canonical_name(n): torch.empty(tuple(int(d) for d in reversed(t.shape)), device="meta")
+                      for n, t in tensors.items()}, path)
+    dtype = choose(cfg, stored) if choose else torch.float32
     state = {}
     for name, t in tensors.items():
         try:
-            state[canonical_name(name)] = dequantize(t)
+            state[canonical_name(name)] = dequantize(t).to(dtype)
         except LoadError as e:
             raise LoadError(f"{path}: {e}") from None
         except Exception as e:
@@ -225,10 +242,14 @@ def content_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def cache_file(path: Path, cache_dir=None, digest: str | None = None) -> Path:
-    """<stem>-<which file>-<which content>.safetensors; a changed GGUF gets a new name."""
+def cache_file(path: Path, cache_dir=None, digest: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
+    """<stem>-<which file, which dtype>-<which content>.safetensors; a changed GGUF gets a new name.
+
+    Each dtype has its own cache (float32 keeps the historical name), so replacing a stale version of one
+    dtype's cache never deletes another's."""
     path = path.resolve()
-    which = hashlib.sha256(os.fsencode(path)).hexdigest()[:8]  # a name that is not UTF-8 is bytes
+    tag = b"" if dtype == torch.float32 else f"|{dtype}".encode()
+    which = hashlib.sha256(os.fsencode(path) + tag).hexdigest()[:8]  # a name that is not UTF-8 is bytes
     version = hashlib.sha256(f"{CACHE_VERSION}|{digest or content_digest(path)}".encode()).hexdigest()[:16]
     return cache_root(cache_dir) / f"{path.stem}-{which}-{version}.safetensors"
 
@@ -294,16 +315,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str) -> None:
-    from safetensors.torch import save_file
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
+
+def save_streaming(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write a safetensors file tensor by tensor from the tensors' own memory.
+
+    safetensors' save_file first turns every tensor into a bytes object, a second copy of all the weights
+    (13 GB for a 7B model in bf16); this writes the same format (8-byte header length, JSON header padded to
+    8 bytes, raw little-endian data in header order) with no copy."""
+    header, offset = {"__metadata__": metadata}, 0
+    for k, v in state.items():
+        n = v.numel() * v.element_size()
+        header[k] = {"dtype": _ST_DTYPES[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for v in state.values():
+            f.write(memoryview(v.contiguous().view(torch.uint8).reshape(-1).numpy()))
+
+
+def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str) -> None:
     info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
             "tokenizer": json.dumps(tok_fields), "note": note}
     info["crc32"] = cache_crc32(state, info)
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in state.items()}, tmp, metadata=info)
+        save_streaming(state, tmp, info)
         os.replace(tmp, file)  # atomic: readers see the old file or the whole new one
         for stale in file.parent.glob(glob.escape(file.name.rsplit("-", 1)[0]) + "-*.safetensors"):
             if stale != file:  # an older version of the same GGUF: 4 bytes per parameter we no longer need
@@ -315,41 +357,52 @@ def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, not
 
 
 # --------------------------------------------------------------------------- entry point
-def _from_cache(file: Path):
+def _from_cache(file: Path, requested, dtype: torch.dtype, source: Path):
+    """The model from a cache holding `dtype`, if it exists and is the dtype `requested` resolves to."""
     cached = read_cache(file)
     if cached is None:
         return None
     from ..tokenizer import Tokenizer
 
     cfg, state, tok_fields, note = cached
+    if plan_dtype(cfg, requested, dtype, source, mapped=True) != dtype:
+        return None
     try:
-        model = build_model(cfg, state, file)
+        model = build_model(cfg, state, file, dtype)
         tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, file, tok_fields, source=str(file))
     except LoadError:  # a cache that does not fit its own config is corrupt
         return None
     return model, tokenizer, describe(cfg, model, "GGUF", note)
 
 
-def load_gguf(path: Path, cache_dir=None, use_cache: bool = True):
-    """(model, tokenizer, description) of a GGUF file."""
+def load_gguf(path: Path, cache_dir=None, use_cache: bool = True, dtype=None):
+    """(model, tokenizer, description) of a GGUF file; `dtype` as in loaders.load."""
+    from ..memory import DTYPES, parse_dtype
     from ..tokenizer import Tokenizer
 
     path = Path(path)
     with open(path, "rb") as f:  # before hashing: a 3 GB file of anything else is refused at once
         if f.read(4) != b"GGUF":
             raise LoadError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
+    try:
+        wanted = parse_dtype(dtype if dtype is not None else os.environ.get("LLAMA_EXPLORER_DTYPE", "auto"))
+    except ValueError as e:
+        raise LoadError(one_line(e)) from None
     digest = content_digest(path) if use_cache else None
-    cache = cache_file(path, cache_dir, digest) if use_cache else None
-    if cache:
-        remove_stale_temporaries(cache.parent)
-    hit = _from_cache(cache) if cache else None
-    if hit:
-        return hit
+    if use_cache:  # "auto" accepts the first cache holding the dtype it resolves to (the config is in the cache)
+        remove_stale_temporaries(cache_root(cache_dir))
+        for dt in [wanted] if wanted is not None else DTYPES.values():
+            hit = _from_cache(cache_file(path, cache_dir, digest, dt), dtype, dt, path)
+            if hit:
+                return hit
     reader = open_reader(path)
     meta = read_metadata(reader)
-    cfg, state, note = convert(reader, meta, path)
+    cfg, state, note = convert(reader, meta, path,
+                               lambda cfg, stored: plan_dtype(cfg, dtype, stored, path, mapped=False))
     tok_fields = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
-    model = build_model(cfg, state, path)
+    used = state["embed.weight"].dtype
+    cache = cache_file(path, cache_dir, digest, used) if use_cache else None
+    model = build_model(cfg, state, path, used)
     tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, tok_fields, source=str(path))
     check_tokenizer_fits(cfg, tokenizer, path)  # load() checks every format; here it must precede the cache
     # only once the file proved loadable, and only if it was not rewritten in place while we read it

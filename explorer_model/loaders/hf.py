@@ -13,7 +13,8 @@ import torch
 
 from ..config import ConfigError, ModelConfig
 from ..rope import hf_to_adjacent
-from .common import LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line, rename_blocks
+from .common import (LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line,
+                     plan_dtype, rename_blocks)
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight",
         "lm_head.weight": "unembed.weight"}
@@ -109,6 +110,7 @@ def to_canonical(state: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path)
         out.pop("unembed.weight", None)  # some tied checkpoints store the shared matrix twice
     elif "unembed.weight" not in out:
         raise LoadError(f"{folder}: config.json says tie_word_embeddings is false but lm_head.weight is missing")
+    seen = set()
     for i in range(cfg.n_layers):
         for name, heads in (("q_proj", cfg.n_heads), ("k_proj", cfg.n_kv_heads)):
             for kind in ("weight", "bias"):  # a bias is permuted with the rows it is added to
@@ -116,19 +118,30 @@ def to_canonical(state: dict[str, torch.Tensor], cfg: ModelConfig, folder: Path)
                 w = out.get(key)
                 # A wrongly shaped tensor is left as it is, for load_weights to report the shape mismatch.
                 if w is not None and w.ndim == (2 if kind == "weight" else 1) and w.shape[0] == heads * cfg.head_dim:
-                    out[key] = hf_to_adjacent(w, heads)
+                    perm = hf_to_adjacent(w, heads)
+                    # Written back in place: in a private file mapping only these pages become private copies,
+                    # so a memory-mapped checkpoint is not duplicated. A tensor sharing memory with one already
+                    # permuted (possible in .bin files) gets its own copy instead of a second permutation.
+                    alias = w.data_ptr() in seen or not w.is_contiguous()
+                    seen.add(w.data_ptr())
+                    out[key] = perm if alias else w.copy_(perm)
     return out
 
 
-def load_hf(folder: Path):
-    """(model, tokenizer, description) of a HF model folder."""
+def load_hf(folder: Path, dtype=None):
+    """(model, tokenizer, description) of a HF model folder; `dtype` as in loaders.load."""
     from ..tokenizer import Tokenizer
 
     folder = Path(folder)
     cfg = read_config(folder)
     if cfg.name in ("llama", "mistral"):  # no _name_or_path: the folder's name says more
         cfg = cfg.with_(name=folder.resolve().name)
-    state, kind = read_weights(folder)
-    model = build_model(cfg, to_canonical(state, cfg, folder), folder)
+    state, kind = read_weights(folder)  # memory-mapped (safetensors, zip-format .bin)
+    stored = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+    # Sizes first (to_canonical checks them again, right before it permutes in place): plan_dtype's estimate builds
+    # the config's model on the meta device, which 10^9 declared layers would hang.
+    check_sizes(cfg, rename_blocks(state, "model.layers.", _BLOCK, _TOP, skip=_SKIP), folder)
+    dtype = plan_dtype(cfg, dtype, stored, folder, mapped=True)
+    model = build_model(cfg, to_canonical(state, cfg, folder), folder, dtype)
     tokenizer = load_tokenizer(Tokenizer.from_path, folder, folder)
     return model, tokenizer, describe(cfg, model, "HF", kind)

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, ModelConfig
-from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line, rename_blocks
+from .common import (LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line,
+                     plan_dtype, rename_blocks, stored_dtype)
 from .hf import load_torch_file
 
 _TOP = {"tok_embeddings.weight": "embed.weight", "norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
@@ -53,8 +54,37 @@ def merge_shards(shards: list[dict[str, torch.Tensor]], folder: Path) -> dict[st
     return merged
 
 
-def load_meta(folder: Path):
-    """(model, tokenizer, description) of a Meta checkpoint folder."""
+def meta_config(folder: Path, params: dict, state: dict, bos_id=None, eos_id=None, n_shards: int = 1) -> ModelConfig:
+    """The config from params.json and the weights' shapes (of one of `n_shards` shards, or of the merged state)."""
+    params_path = folder / "params.json"
+    for key, meta_key in (("embed.weight", "tok_embeddings.weight"), ("blocks.0.mlp.gate_proj.weight",
+                                                                      "layers.0.feed_forward.w1.weight")):
+        if key not in state or state[key].ndim != 2:
+            raise LoadError(f"{folder}: the weights lack a 2-D {meta_key}")
+    try:
+        cfg = ModelConfig.from_meta_params(  # the FFN's rows are split across shards, the vocabulary is not
+            params, vocab_size=state["embed.weight"].shape[0],
+            d_ff=state["blocks.0.mlp.gate_proj.weight"].shape[0] * n_shards,
+            tie_embeddings="unembed.weight" not in state, bos_id=bos_id, eos_id=eos_id)
+        return cfg.with_(name=folder.resolve().name)  # params.json has no name; Meta names the folder
+    except ConfigError as e:
+        raise LoadError(f"{params_path}: {one_line(e)}") from None
+    except (TypeError, ValueError, ArithmeticError) as e:
+        raise LoadError(f"{params_path}: invalid value ({one_line(e)})") from None
+
+
+def peek_config(folder: Path) -> ModelConfig:
+    """The config without loading the weights: shapes of the memory-mapped first shard."""
+    folder = Path(folder)
+    files = sorted(folder.glob("consolidated.*.pth"))
+    if not files:
+        raise LoadError(f"{folder}: no consolidated.*.pth weights next to params.json")
+    state = rename_blocks(load_torch_file(files[0]), "layers.", _BLOCK, _TOP, skip=_SKIP)
+    return meta_config(folder, read_json_object(folder / "params.json"), state, n_shards=len(files))
+
+
+def load_meta(folder: Path, dtype=None):
+    """(model, tokenizer, description) of a Meta checkpoint folder; `dtype` as in loaders.load."""
     from ..tokenizer import Tokenizer
 
     folder = Path(folder)
@@ -69,19 +99,10 @@ def load_meta(folder: Path):
 
     state = rename_blocks(merge_shards([load_torch_file(f) for f in files], folder), "layers.", _BLOCK, _TOP,
                           skip=_SKIP)
-    for key, meta_key in (("embed.weight", "tok_embeddings.weight"), ("blocks.0.mlp.gate_proj.weight",
-                                                                      "layers.0.feed_forward.w1.weight")):
-        if key not in state or state[key].ndim != 2:
-            raise LoadError(f"{folder}: the weights lack a 2-D {meta_key}")
-    try:
-        cfg = ModelConfig.from_meta_params(
-            params, vocab_size=state["embed.weight"].shape[0], d_ff=state["blocks.0.mlp.gate_proj.weight"].shape[0],
-            tie_embeddings="unembed.weight" not in state, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
-        cfg = cfg.with_(name=folder.resolve().name)  # params.json has no name; Meta names the folder
-    except ConfigError as e:
-        raise LoadError(f"{params_path}: {one_line(e)}") from None
-    except (TypeError, ValueError, ArithmeticError) as e:
-        raise LoadError(f"{params_path}: invalid value ({one_line(e)})") from None
-    model = build_model(cfg, state, folder)
+    cfg = meta_config(folder, params, state, tokenizer.bos_id, tokenizer.eos_id)
+    # One shard is used in place (torch.load mmap); several were concatenated into memory above.
+    check_sizes(cfg, state, folder)  # before plan_dtype's estimate builds the config's model on the meta device
+    dtype = plan_dtype(cfg, dtype, stored_dtype(state), folder, mapped=len(files) == 1)
+    model = build_model(cfg, state, folder, dtype)
     shards = f"{len(files)} shards" if len(files) > 1 else "1 shard"
     return model, tokenizer, describe(cfg, model, "Meta", shards)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 from ..config import ConfigError, ModelConfig
-from .common import LoadError, read_json_object, build_model, describe, load_tokenizer, one_line
+from .common import (LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line,
+                     plan_dtype, stored_dtype)
 
 CONFIG_NAME = "explorer_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -49,7 +50,7 @@ def read_config(folder: Path) -> ModelConfig:
         raise LoadError(f"{path}: invalid value ({one_line(e)})") from None
 
 
-def load_native(folder: Path):
+def load_native(folder: Path, dtype=None):
     from safetensors.torch import load_file
 
     from ..tokenizer import Tokenizer
@@ -63,7 +64,9 @@ def load_native(folder: Path):
         state = load_file(weights)
     except Exception as e:
         raise LoadError(f"{weights}: not a readable safetensors file ({one_line(e)})") from None
-    model = build_model(cfg, state, weights)
+    check_sizes(cfg, state, weights)  # before plan_dtype's estimate builds the config's model on the meta device
+    dtype = plan_dtype(cfg, dtype, stored_dtype(state), weights, mapped=True)  # load_file maps the file
+    model = build_model(cfg, state, weights, dtype)
     tok_path = folder / TOKENIZER_NAME
     if not tok_path.is_file():
         raise LoadError(f"{folder}: no {TOKENIZER_NAME} next to {CONFIG_NAME}")

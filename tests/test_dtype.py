@@ -1,0 +1,184 @@
+"""Weights' dtype end to end on tiny checkpoints: loading in 16 bits, float32 where it matters, the GGUF cache per
+dtype, memory estimates and the refusal, recording cost, per-layer progress, the CLI's --dtype.
+
+The 7B-width checks (memory-mapped loading, refusal at the real width) are in test_dtype_7b.py."""
+from __future__ import annotations
+
+import torch
+import pytest
+
+from explorer_model import memory
+from explorer_model.cli import main
+from explorer_model.loaders import LoadError, load, read_config
+from explorer_model.recording import record
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    from conftest import hf_model, save_hf
+
+    folder = tmp_path_factory.mktemp("hf") / "tiny"
+    save_hf(hf_model("gqa").to(torch.bfloat16), folder)
+    return folder
+
+
+def test_auto_keeps_float32_for_small_models(hf_folder):
+    loaded = load(hf_folder)  # a bf16 checkpoint: auto still computes in float32 when it fits comfortably
+    assert loaded.dtype == torch.float32 and loaded.dtype_name == "float32"
+    assert load(hf_folder, dtype="float32").model(torch.tensor([[1, 2, 3]])).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_logits_close_to_float32(hf_folder, dtype):
+    from conftest import random_tokens
+
+    ref, low = load(hf_folder, dtype="float32"), load(hf_folder, dtype=str(dtype)[6:])
+    assert low.dtype == dtype and all(p.dtype == dtype for p in low.model.parameters())
+    tokens = random_tokens(16)
+    a, b = ref.model(tokens), low.model(tokens)
+    assert b.dtype == torch.float32  # logits are always float32
+    # Random weights of std 1/sqrt(d) make logits of order 1-10; 16-bit activations stay within a few percent.
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+
+
+def test_bf16_weights_used_in_place_from_safetensors(hf_folder):
+    # The checkpoint holds bfloat16: a bfloat16 load keeps the memory-mapped tensors (no conversion copy).
+    from safetensors import safe_open
+
+    loaded = load(hf_folder, dtype="bfloat16")
+    with safe_open(hf_folder / "model.safetensors", "pt") as f:
+        v_file = f.get_tensor("model.layers.0.self_attn.v_proj.weight")
+    v = loaded.model.blocks[0].attn.v_proj.weight
+    assert torch.equal(v, v_file)
+    maps = open("/proc/self/maps").read()
+    start = v.untyped_storage().data_ptr()
+    owner = [line for line in maps.splitlines()
+             if int(line.split("-")[0], 16) <= start < int(line.split()[0].split("-")[1], 16)]
+    assert owner and owner[0].endswith("model.safetensors")
+
+
+def test_hook_names_and_shapes_match_across_dtypes(hf_folder):
+    from conftest import random_tokens
+
+    tokens = random_tokens(9)
+    a = record(load(hf_folder, dtype="float32").model, tokens)
+    b = record(load(hf_folder, dtype="bfloat16").model, tokens)
+    assert list(a) == list(b)
+    assert {k: tuple(a[k].shape) for k in a} == {k: tuple(b[k].shape) for k in b}
+    # the pattern is a softmax in float32: rows sum to one in the 16-bit model as well
+    assert torch.allclose(b.pattern(1).sum(-1), torch.ones(1), atol=1e-5)
+
+
+def test_gguf_cache_per_dtype(ckpt, tmp_path):
+    path = ckpt.write_gguf(ckpt.hf_model("gqa"), tmp_path / "m.gguf", qtype="F16")
+    cache = tmp_path / "cache"
+    f32 = load(path, cache_dir=str(cache), dtype="float32")
+    bf = load(path, cache_dir=str(cache), dtype="bfloat16")
+    assert bf.dtype == torch.bfloat16 and len(list(cache.glob("*.safetensors"))) == 2  # neither evicts the other
+    again = load(path, cache_dir=str(cache), dtype="bfloat16")  # from the cache, still bfloat16
+    assert again.dtype == torch.bfloat16
+    assert torch.equal(again.model.embed.weight, f32.model.embed.weight.to(torch.bfloat16))
+    # auto picks float32 for this small model and finds its cache
+    assert load(path, cache_dir=str(cache)).dtype == torch.float32
+
+
+def test_environment_sets_the_dtype(hf_folder, monkeypatch):
+    monkeypatch.setenv(memory.DTYPE_ENV, "float16")
+    assert load(hf_folder).dtype == torch.float16
+    assert load(hf_folder, dtype="float32").dtype == torch.float32  # an explicit argument wins
+    monkeypatch.setenv(memory.DTYPE_ENV, "int3")
+    with pytest.raises(LoadError, match="unknown dtype 'int3'"):
+        load(hf_folder)
+
+
+def test_refusal_states_estimate_and_available_memory(hf_folder, monkeypatch):
+    cfg = read_config(hf_folder)
+    monkeypatch.setenv(memory.AVAILABLE_ENV, "100MB")
+    need = memory.estimate(cfg, torch.float32).total
+    with pytest.raises(LoadError) as e:
+        load(hf_folder, dtype="float32")  # bf16 on disk -> float32 copies: must fit
+    msg = str(e.value)
+    assert memory.gb(need) in msg and "100 MB" in msg and "\n" not in msg
+    assert need > 100 * 2**20 and need == memory.estimate(cfg, torch.float32, memory.DEFAULT_TOKENS).total
+
+
+def test_auto_falls_back_to_the_checkpoint_dtype_when_float32_is_not_comfortable(hf_folder, monkeypatch):
+    cfg = read_config(hf_folder)
+    f32 = memory.estimate(cfg, torch.float32).total
+    monkeypatch.setenv(memory.AVAILABLE_ENV, str(int(f32 / memory.COMFORT) - 1))
+    assert memory.choose_dtype("auto", cfg, torch.float16) == torch.float16
+    assert memory.choose_dtype("auto", cfg, torch.float32) == torch.bfloat16
+    assert load(hf_folder).dtype == torch.bfloat16  # the checkpoint's own type
+    monkeypatch.setenv(memory.AVAILABLE_ENV, str(int(f32 / memory.COMFORT) + 1))
+    assert load(hf_folder).dtype == torch.float32
+
+
+def test_available_bytes_parsing(monkeypatch):
+    monkeypatch.setenv(memory.AVAILABLE_ENV, "1.5GB")
+    assert memory.available_bytes() == int(1.5 * 2**30)
+    assert memory.total_bytes() == int(1.5 * 2**30)
+    monkeypatch.delenv(memory.AVAILABLE_ENV)
+    total = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1]) * 1024
+    assert 0 < memory.available_bytes() <= memory.total_bytes() <= total
+
+
+def _unique_bytes(rec) -> int:
+    """Bytes the recording really holds: every tensor once, however many names point at it."""
+    seen, total = set(), 0
+    tensors = list(rec._store.values()) + [t for qk in rec._rotated.values() for t in qk]
+    for t in tensors:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("names", [None, ["blocks.*.attn.hook_pattern"], ["blocks.1.mlp.*", "hook_embed"]])
+def test_recording_cost_is_known_before_running(hf_folder, dtype, names):
+    from conftest import random_tokens
+
+    loaded = load(hf_folder, dtype="float32")
+    rec = record(loaded.model, random_tokens(11), names=names, dtype=dtype)
+    assert memory.recording_bytes(loaded.cfg, 11, dtype, names) == _unique_bytes(rec)
+
+
+def test_layer_progress_reports_every_layer(hf_folder):
+    loaded = load(hf_folder)
+    seen = []
+    with memory.layer_progress(loaded.model, lambda done, total: seen.append((done, total))):
+        record(loaded.model, [1, 2, 3])
+    assert seen == [(i, loaded.cfg.n_layers) for i in range(1, loaded.cfg.n_layers + 1)]
+    loaded.model(torch.tensor([[1, 2]]))  # detached afterwards
+    assert len(seen) == loaded.cfg.n_layers
+
+
+def test_cli_dtype(hf_folder, tmp_path, capsys, monkeypatch):
+    assert main(["info", str(hf_folder), "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memory to run 512 tokens") and "bfloat16]" in out
+    for name, est in memory.estimates(read_config(hf_folder)).items():
+        assert f"{name:<16} {memory.gb(est.total):>9}" in out
+    assert main(["record", str(hf_folder), "--prompt", "The capital", "--out", str(tmp_path / "r.npz"),
+                 "--dtype", "float16", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"{read_config(hf_folder).n_layers}/{read_config(hf_folder).n_layers}" in err
+    monkeypatch.setenv(memory.AVAILABLE_ENV, "10MB")
+    assert main(["generate", str(hf_folder), "--prompt", "The", "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs about" in err and "only 10 MB is available" in err
+
+
+def test_cache_writer_is_safetensors(tmp_path):
+    from safetensors import safe_open
+
+    from explorer_model.loaders.gguf import save_streaming
+
+    state = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16), "c": torch.randn(2, 2, 3).half()}
+    save_streaming(state, tmp_path / "x.safetensors", {"note": "hi"})
+    with safe_open(tmp_path / "x.safetensors", "pt") as f:
+        assert f.metadata() == {"note": "hi"} and set(f.keys()) == set(state)
+        for k, v in state.items():
+            assert f.get_tensor(k).dtype == v.dtype and torch.equal(f.get_tensor(k), v)
