@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import page, server, wait_idle  # noqa: F401  (fixtures: one server, one browser)
+from browser_util import browser, page, server, wait_idle  # noqa: F401  (fixtures: one server, one browser)
 
 pytestmark = pytest.mark.browser
 PROMPT = "The animal didn't cross the street because it was too tired."

@@ -1,0 +1,242 @@
+"""Shared by the browser tests: one Streamlit server per test module, Debian's Chromium through Playwright.
+
+Import the fixtures into a test module (`from browser_util import browser, page, server  # noqa: F401`); all are
+module-scoped, so each module starts one server and one Chromium. Never `playwright install`: the tests drive
+/usr/bin/chromium and are skipped where it is missing.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+# the machine is shared by many processes on 2 cores: a script run may take a minute
+RUN_TIMEOUT = 180_000
+
+if not Path(CHROMIUM).exists():
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command)."""
+    from explorer_model.serve import streamlit_command
+
+    port = free_port()
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama_explorer_browser_{port}.log", "w+b")
+    proc = subprocess.Popen(streamlit_command(port), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=5).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        log.seek(0)
+        pytest.fail("the Streamlit server did not start: " + log.read().decode(errors="replace")[-2000:])
+    app = AppURL(url)
+    app.log = _ServerLog(log)
+    yield app
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+class AppURL(str):
+    """The server's base URL; .log.tail() is what the server printed."""
+
+
+class _ServerLog:
+    """The server's output so far, for failure messages (e.g. a MediaFileStorageError behind a dead download)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def tail(self, n: int = 1500) -> str:
+        self.handle.flush()
+        with open(self.handle.name, "rb") as f:
+            return f.read().decode(errors="replace")[-n:]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    """One 1500×1100 page for the module's tests (they run in order, each opening the URL it needs)."""
+    pg = new_page(browser, 1500, 1100)
+    yield pg
+    pg.context.close()
+
+
+def new_page(browser, width: int = 1500, height: int = 1100, **kwargs):
+    """A page in its own context (own downloads, own Streamlit session); requests are recorded in pg.requests."""
+    ctx = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True, **kwargs)
+    ctx.set_default_timeout(RUN_TIMEOUT)
+    pg = ctx.new_page()
+    requests: list[str] = []
+    pg.on("request", lambda r: requests.append(r.url))
+    pg.requests = requests
+    return pg
+
+
+def shots_dir() -> Path:
+    d = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+
+
+def wait_idle(pg, timeout=RUN_TIMEOUT, started_within: int = 5_000):
+    """Wait for the script run an action started to finish (stApp's data-test-script-state; the status widget is
+    hidden by --client.toolbarMode minimal). On a busy machine the rerun may begin late: first wait up to
+    `started_within` ms for it to start (a run that already finished is not waited for again)."""
+    try:
+        pg.wait_for_function(f"() => {SCRIPT_STATE} === 'running'", timeout=started_within)
+    except sync_api.TimeoutError:
+        pass
+    pg.wait_for_function(f"() => {SCRIPT_STATE} !== 'running' && "
+                         "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+    pg.wait_for_timeout(300)
+
+
+def open_app(pg, server: str, **params) -> None:
+    """Open the app with these query parameters and wait until the script has run (the sidebar's prompt box)."""
+    pg.goto(server + "/?" + urllib.parse.urlencode(params), wait_until="domcontentloaded")
+    pg.wait_for_selector('[data-testid="stSidebar"] textarea, [data-testid="stMain"] .js-plotly-plot',
+                         state="attached", timeout=RUN_TIMEOUT)
+    wait_idle(pg)
+
+
+def set_prompt(pg, text: str) -> None:
+    box = pg.locator('[data-testid="stSidebar"] textarea').first
+    box.fill(text)
+    box.press("Control+Enter")
+    wait_idle(pg)
+
+
+def view_buttons(pg):
+    return pg.locator('[data-testid="stMain"] [data-testid="stButtonGroup"]').first.locator("button")
+
+
+def view_labels(pg) -> list[str]:
+    """The view selector's labels as the page shows them (in its language)."""
+    return [t.strip() for t in view_buttons(pg).all_inner_texts()]
+
+
+def pick_view(pg, label: str):
+    pg.locator('[data-testid="stButtonGroup"]').get_by_text(label, exact=True).first.click()
+    wait_idle(pg)
+
+
+def each_view(pg):
+    """Click through the view selector; yields (label, view key from the URL) after each view has drawn."""
+    for label in view_labels(pg):
+        pick_view(pg, label)
+        settle_figures(pg)
+        yield label, query(pg).get("view", "")
+
+
+def settle_figures(pg) -> None:
+    """Let Plotly finish drawing every figure of the page (its component loads lazily: a skeleton stands in)."""
+    pg.wait_for_function("""() => !document.querySelector('[data-testid="stSkeleton"]') &&
+        [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => {
+            const el = c.querySelector('.js-plotly-plot');
+            return el && el._fullLayout && el.querySelector('.main-svg'); })""", timeout=RUN_TIMEOUT)
+    pg.wait_for_timeout(500)
+
+
+def query(pg) -> dict[str, str]:
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(urllib.parse.urlparse(pg.url).query).items()}
+
+
+def view_errors(pg) -> list[str]:
+    """Texts of exceptions and error boxes in the page (a view that failed)."""
+    return pg.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').all_inner_texts()
+
+
+def figures(pg, scope: str = '[data-testid="stMain"]') -> list[dict]:
+    """Every Plotly figure of the page as {"data": [...], "layout": {...}} (typed arrays as lists), in page order."""
+    raw = pg.evaluate("""scope => {
+        const plain = v => (ArrayBuffer.isView(v) ? Array.from(v) : Array.isArray(v) ? v.map(plain) :
+            (v && typeof v === 'object') ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, plain(x)])) : v);
+        return JSON.stringify([...document.querySelectorAll(scope + ' .js-plotly-plot')].map(el => ({
+            data: plain(el.data.map(t => Object.fromEntries(Object.entries(t).filter(([k]) => !k.startsWith('_'))))),
+            layout: plain(Object.fromEntries(Object.entries(el.layout).filter(([k]) => !k.startsWith('_')))),
+        })));
+    }""", scope)
+    return decode_arrays(json.loads(raw))
+
+
+def decode_arrays(obj):
+    """Plotly's typed-array form {"dtype", "bdata", "shape"} (base64) as nested lists, the rest unchanged."""
+    if isinstance(obj, dict) and "bdata" in obj and "dtype" in obj:
+        import numpy as np
+
+        a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=np.dtype(obj["dtype"]))
+        shape = obj.get("shape")
+        if shape:
+            a = a.reshape([int(v) for v in str(shape).split(",")] if isinstance(shape, str) else shape)
+        return [None if v != v else v for v in a.tolist()] if a.ndim == 1 else \
+            [[None if v != v else v for v in row] for row in a.tolist()]
+    if isinstance(obj, dict):
+        return {k: decode_arrays(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_arrays(v) for v in obj]
+    return obj
+
+
+def strings(obj):
+    """Every string inside a JSON value."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from strings(k)
+            yield from strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from strings(v)
+
+
+BYTE_ESCAPE = re.compile(r"\\x[0-9a-fA-F]{2}|<0x[0-9a-fA-F]{2}>")
+
+
+def garbled(text: str) -> list[str]:
+    """Byte escapes (\\xe6, <0xE6>) and U+FFFD in text, with a little context each."""
+    hits = [m.start() for m in BYTE_ESCAPE.finditer(text)] + [i for i, c in enumerate(text) if c == "\ufffd"]
+    return [text[max(0, i - 20):i + 20] for i in sorted(hits)]
