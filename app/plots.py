@@ -92,6 +92,9 @@ def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None
     chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
     if height and not (fig.layout.yaxis.scaleanchor and fig.layout.height):  # heatmaps size themselves
         fig.update_layout(height=height)
+    # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
+    fig.for_each_xaxis(lambda a: a.update(dtick=1) if a.type == "log" and a.dtick is None else None)
+    fig.for_each_yaxis(lambda a: a.update(dtick=1) if a.type == "log" and a.dtick is None else None)
     if ctx.presenter:
         big = PRESENTER_FONT
         fig.update_layout(font=dict(size=big + 2), title_font=dict(size=big + 6), legend_font=dict(size=big),

@@ -182,7 +182,7 @@ def draw_prediction(ctx: ViewContext) -> None:
         st.markdown(t("residual.serial_vs_parallel"))
 
     def csv() -> str:
-        rows = ([r, int(i), tok.piece(int(i)), *data["probs"][:, r].tolist()] for r, i in enumerate(data["ids"]))
+        rows = ([r, int(i), names[r], *data["probs"][:, r].tolist()] for r, i in enumerate(data["ids"]))
         table = plots.to_csv(["rank", "id", "token", "raw", "tempered", "top_k", "top_p"], rows)
         return table + plots.to_csv(["survivors", "", "", *data["survivors"]], [])
     plots.csv_button(ctx, t("residual.csv_steps"), t("residual.csv_steps"), csv, "next_token_steps.csv",

@@ -12,12 +12,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import explorer, plots
-from app.context import ViewContext
+from app.context import ViewContext, token_labels
 from app.context import plain as plain_md
 from explorer_model.lab import normlab as lab
 from explorer_model.lab.corpus import HELDOUT_LINE
 
 from app.panels.normlab_common import COLORS, fig_frame, plain, variant_name, wait_for  # noqa: F401 (wait_for: API)
+from app.panels.generation import candidate_label
 from app.panels.normlab_init import draw_init
 from app.panels.normlab_race import draw_race
 
@@ -104,12 +105,12 @@ def draw_twins(ctx: ViewContext) -> dict | None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         loaded, ids, rec, line_rec = twins[v]
-        labels = [f"{i}:{plain(loaded.piece(x))}" for i, x in enumerate(ids)]
+        labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # 深·1/3, not bytes
         layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
             plots.show(twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
             top, probs = lab.top_predictions(rec)
-            plots.show(top_figure([plain(loaded.piece(i)) for i in top], probs, t, v), ctx,
+            plots.show(top_figure([plain(candidate_label(loaded, list(ids), int(i))) for i in top], probs, t, v), ctx,
                        key=f"normlab_top_{v}_fig")
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))

@@ -124,8 +124,7 @@ def draw_lens(ctx: ViewContext) -> None:
     st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=LENS_MAX_POS) if start else ""))
 
     def csv() -> str:
-        piece = ctx.facts.piece
-        rows = ([l, start + p, ctx.pieces[start + p], int(top_ids[l, p]), piece(int(top_ids[l, p])), float(top_probs[l, p])]
+        rows = ([l, start + p, ctx.pieces[start + p], int(top_ids[l, p]), text[l][p], float(top_probs[l, p])]
                 for l in range(top_ids.shape[0]) for p in range(top_ids.shape[1]))
         return plots.to_csv(["layer", "position", "token", "top_id", "top_token", "probability"], rows)
     label = t("residual.csv_lens")
