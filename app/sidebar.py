@@ -71,7 +71,7 @@ def choose_model() -> ModelFacts | None:
     if facts is None:
         st.error(tr("sidebar.load_failed", source=plain(st.session_state.active_model), error=plain(err)))
         return None
-    sb.caption(tr("sidebar.model_caption", description=plain(facts.description), dtype=facts.dtype))
+    sb.caption(model_caption(facts))
     return facts
 
 
@@ -260,3 +260,13 @@ def share_box(port: int) -> None:
     with st.expander(tr("sidebar.share_title"), expanded=bool(st.session_state.get("presenter"))):
         st.code("\n".join(urls), language=None)
         st.image(qr_png(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240, output_format="PNG")
+
+
+def model_caption(facts: ModelFacts) -> str:
+    """The model in one line, in the visitor's language (the loaders' own description is English)."""
+    cfg, n = facts.cfg, facts.param_counts["total"]
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    origin = facts.description.rsplit("; ", 1)[-1]  # the file format and its tensor types, e.g. "GGUF Q4_1/F32"
+    return tr("sidebar.model_caption", name=plain(cfg.name), params=size, layers=cfg.n_layers, d_model=cfg.d_model,
+              heads=cfg.n_heads, kv=cfg.n_kv_heads, vocab=cfg.vocab_size, tied=tr("sidebar.tied") if facts.tied else "",
+              origin=plain(origin), dtype=facts.dtype)

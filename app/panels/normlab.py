@@ -105,7 +105,7 @@ def draw_twins(ctx: ViewContext) -> dict | None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         loaded, ids, rec, line_rec = twins[v]
-        labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # 深·1/3, not bytes
+        labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
         layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
             plots.show(twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
