@@ -247,3 +247,9 @@ def test_long_prompt_heatmap_is_square_capped_and_labels_thinned():
     assert 1 < k and shown == x[::k]  # every k-th label, evenly
     room = (lay["width"] - 160) / len(shown)  # px per shown label along the axis
     assert room >= lay["xaxis"]["tickfont"]["size"]
+
+
+def test_the_model_is_described_in_the_visitors_language():
+    captions = {lang: run_app(view="tokens", lang=lang, prompt="Hi").sidebar.caption[0].value for lang in ("en", "zh")}
+    assert "135M parameters, 30 layers" in captions["en"] and "tied input and output embeddings" in captions["en"]
+    assert "135M 个参数，30 层" in captions["zh"] and "parameters" not in captions["zh"]
