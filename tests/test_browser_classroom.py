@@ -239,7 +239,10 @@ def test_chinese_prompt_in_every_view_has_no_byte_escape(server, page):
             named = [s for s in strings(figs) if FRAGMENT.search(s)]
             if not named:
                 problems.append("attention: no axis names a split character by its part (like 深·1/3)")
-        if view == "tokens":
+        if view == "tokens":  # the top of the view: the prompt's tokens, split characters named (深·1/3)
+            page.evaluate("() => { const m = document.querySelector('[data-testid=\"stMain\"]'); if (m) m.scrollTo(0, 0);"
+                          " window.scrollTo(0, 0); }")
+            page.wait_for_timeout(300)
             page.screenshot(path=str(shots_dir() / "tokens_zh.png"))
     assert len(seen) >= len(CORE_VIEWS) and "normlab" in seen, f"the view selector offered only {seen}"
     assert not problems, "\n".join(problems)
