@@ -64,12 +64,12 @@ def choose_model() -> ModelFacts | None:
             st.session_state.pop("load_error", None)
     if st.session_state.get("load_error"):
         bad, err = st.session_state.load_error
-        sb.error(tr("sidebar.load_error", source=plain(bad), error=plain(err),
+        sb.error(tr("sidebar.load_error", source=plain(bad), error=plain(load_reason(err)),
                     now=plain(st.session_state.active_model)))  # user input: never markdown
     with st.spinner(tr("sidebar.loading")):
         facts, err = explorer.try_load(st.session_state.active_model)
     if facts is None:
-        st.error(tr("sidebar.load_failed", source=plain(st.session_state.active_model), error=plain(err)))
+        st.error(tr("sidebar.load_failed", source=plain(st.session_state.active_model), error=plain(load_reason(err))))
         return None
     sb.caption(model_caption(facts))
     return facts
@@ -270,3 +270,23 @@ def model_caption(facts: ModelFacts) -> str:
     return tr("sidebar.model_caption", name=plain(cfg.name), params=size, layers=cfg.n_layers, d_model=cfg.d_model,
               heads=cfg.n_heads, kv=cfg.n_kv_heads, vocab=cfg.vocab_size, tied=tr("sidebar.tied") if facts.tied else "",
               origin=plain(origin), dtype=facts.dtype)
+
+
+# The loaders' one-line errors are English (CLI and API); the page names the most common classes in the visitor's
+# language, recognised by the loaders' own wording, and keeps the exact line for everything else.
+LOAD_ERROR_CLASSES = (
+    ("no such file or folder", "missing"), ("no such model file or folder", "missing"),
+    ("symbolic link that leads nowhere", "link"), ("no such user", "user"), ("not a GGUF file", "not_gguf"),
+    ("truncated or corrupt", "corrupt"), ("shape mismatch", "shape"), ("layers but the weights hold", "layers"),
+    ("tokenizer has", "tokenizer"), ("not a readable PyTorch checkpoint", "pickle"), ("needs about", "memory"),
+    ("not a readable safetensors file", "safetensors"), ("no weights", "no_weights"),
+    ("must be a finite number", "number"),
+)
+
+
+def load_reason(err: str) -> str:
+    """Why a model did not load, in the visitor's language (the exact English line when the UI is English)."""
+    if st.session_state.get("lang") != "zh" or not err.isascii():  # English, or already in the visitor's language
+        return err
+    key = next((k for needle, k in LOAD_ERROR_CLASSES if needle in err), None)
+    return tr(f"sidebar.why.{key}") if key else tr("sidebar.why.other", detail=err)

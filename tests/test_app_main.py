@@ -3,6 +3,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from apptest_util import all_text, decode, figures, run_app
 
@@ -253,3 +254,15 @@ def test_the_model_is_described_in_the_visitors_language():
     captions = {lang: run_app(view="tokens", lang=lang, prompt="Hi").sidebar.caption[0].value for lang in ("en", "zh")}
     assert "135M parameters, 30 layers" in captions["en"] and "tied input and output embeddings" in captions["en"]
     assert "135M 个参数，30 层" in captions["zh"] and "parameters" not in captions["zh"]
+
+
+@pytest.mark.parametrize("bad, expected", [("/no/such/model.gguf", "没有这个文件或文件夹"),
+                                           ("/etc/hostname", "这不是 GGUF 文件"),
+                                           ("json", "无法读取该模型（技术细节：")])
+def test_a_failed_load_is_explained_in_chinese(tmp_path, bad, expected):
+    if bad == "json":  # a class without its own sentence: the loader's exact line follows the Chinese lead-in
+        (tmp_path / "config.json").write_text("{not json")
+        bad = str(tmp_path)
+    at = run_app(view="tokens", lang="zh", prompt="Hi", model=bad)
+    errors = [e.value for e in at.sidebar.error]
+    assert len(errors) == 1 and errors[0].startswith("无法加载") and expected in errors[0], errors
