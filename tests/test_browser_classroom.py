@@ -4,6 +4,7 @@ presenter mode on a 1280×720 projector, 768 px wide pages without clipped formu
 Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); `SCREENSHOT_DIR=docs/screenshots` regenerates the
 README's presenter.png and tokens_zh.png (test_browser.py makes attention.png, rope_zh.png, swiglu_zh.png).
 Every check reads what the browser shows or receives and compares it with the prompt or an independent rule.
+(~460 lines on purpose: the five checks share one server and browser, which is what makes them affordable.)
 """
 from __future__ import annotations
 
