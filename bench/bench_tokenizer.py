@@ -6,17 +6,8 @@ against the `tokenizers` object it wraps (the peer), in one run.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
-
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), statistics.median(times)
+from cache_key import best  # bench/ is on sys.path when a bench runs as a script
 
 
 def main() -> None:
