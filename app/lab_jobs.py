@@ -13,6 +13,7 @@ import types
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 
+from app.lanes import LANE
 from app.settings import lab_enabled
 from explorer_model.lab import normlab as lab
 from explorer_model.lab import worker
@@ -41,7 +42,8 @@ class LabJob:
 
     def result(self, timeout: float | None = None) -> dict:
         if self.future is not None and self._result is None:
-            self._result = self.future.result(timeout)
+            with LANE.released():  # other pages draw while this one waits for the worker
+                self._result = self.future.result(timeout)
             _keep(self.key, self._result)
         return self._result
 
@@ -51,7 +53,8 @@ class LabJob:
             if on_update:
                 on_update(self)
             try:
-                self.future.result(timeout=every)
+                with LANE.released():
+                    self.future.result(timeout=every)
             except TimeoutError:
                 pass
         return self.result()

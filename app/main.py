@@ -165,4 +165,5 @@ def main() -> None:
         ctx.rec = explorer.RecordingRef(source, tuple(ids))
 
 
-main()
+with explorer.page_run():  # one page draws at a time; forward passes run beside it (app/lanes.py)
+    main()

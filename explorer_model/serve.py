@@ -34,6 +34,10 @@ def streamlit_command(port: int = 8501, address: str = "127.0.0.1", url_host: st
         "--global.developmentMode", "false",
         "--client.toolbarMode", "minimal",
         "--theme.base", "light",
+        # Streamlit runs a full garbage collection after every page run, holding the GIL: ~0.2 s with a model
+        # loaded, two thirds of the server's Python time with 30 visitors (py-spy, bench/bench_load.py). Python's
+        # own generational collection still runs; the gateway freezes the objects that live as long as the model.
+        "--runner.postScriptGC", "false",
     ]
 
 

@@ -165,3 +165,27 @@ def test_the_lab_view_shows_the_place_in_the_queue():
     assert box.shown[0][0] == "info" and "2 experiment(s) ahead" in box.shown[0][1]
     assert box.shown[1][0] == "info" and "1 experiment(s) ahead" in box.shown[1][1]
     assert box.shown[2] == ("progress", 0.5, "half way") and box.shown[-1] == ("empty",)
+
+
+def test_gateway_extend_reuses_the_cached_prefix_and_equals_a_fresh_recording(monkeypatch):
+    """A generation step runs only the new position when the prompt's recording is cached, and what it stores
+    under the longer prompt is, hook by hook, the recording of that prompt made from scratch."""
+    from explorer_model.recording import record
+    fresh_cache(monkeypatch, 4096)
+    source = explorer.DEFAULT_SOURCE
+    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
+    explorer.recording(source, ids)
+    calls = []
+    real = explorer.extend_recording
+    monkeypatch.setattr(explorer, "extend_recording", lambda *a: calls.append(a[2]) or real(*a))
+    grown = explorer.extend(source, ids, 42)
+    assert calls == [42]  # the one-position step, not a whole recording
+    assert explorer.recording(source, list(ids) + [42]) is grown  # stored where the next page run looks
+    fresh = record(explorer._model(source).model, list(ids) + [42])
+    assert list(grown.names) == list(fresh.names)
+    for name in fresh.names:
+        assert torch.equal(grown[name], fresh[name]), name
+    fresh_cache(monkeypatch, 4096)
+    calls.clear()
+    explorer.extend(source, ids, 42)  # nothing cached: the longer prompt is recorded whole
+    assert calls == []

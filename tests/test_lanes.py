@@ -1,0 +1,92 @@
+"""The drawing lane (app/lanes.py): one page run draws at a time, and a page run gives the lane up while it waits
+for or runs a forward pass, so other pages draw meanwhile and a forward pass competes with one drawer at most."""
+import threading
+
+from app.lanes import DrawingLane, FifoLock, ForwardLock
+
+
+def in_thread(fn):
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("value", fn()))
+    th.start()
+    th.join(5)
+    assert not th.is_alive()
+    return out.get("value")
+
+
+def lane_is_free(lane: DrawingLane) -> bool:
+    """Whether another thread can take the lane right now."""
+    def probe():
+        got = lane._lock.acquire(blocking=False)
+        if got:
+            lane._lock.release()
+        return got
+    return in_thread(probe)
+
+
+def test_one_page_draws_at_a_time_and_nested_runs_do_not_deadlock():
+    lane = DrawingLane()
+    with lane.held():
+        assert lane.holding() and not lane_is_free(lane)
+        with lane.held():  # AppTest runs a page inside the caller's thread
+            assert not lane_is_free(lane)
+        assert not lane_is_free(lane)
+    assert not lane.holding() and lane_is_free(lane)
+
+
+def test_the_forward_lock_gives_the_lane_up_and_takes_it_back():
+    lane = DrawingLane()
+    forward = ForwardLock(lane)
+    with lane.held():
+        with forward:
+            assert not lane.holding() and lane_is_free(lane)  # others draw while this page's forward runs
+            assert not in_thread(lambda: forward._lock.acquire(timeout=0.05))  # but no second forward
+            with forward:  # re-entrant, as a what-if's KL records the clean prompt under the same lock
+                assert lane_is_free(lane)
+            assert lane_is_free(lane)
+        assert lane.holding() and not lane_is_free(lane)
+    with forward:  # outside a page run (a download callback): nothing to give up
+        assert not lane.holding()
+    assert lane_is_free(lane) and in_thread(lambda: forward._lock.acquire(timeout=0.05))
+
+
+def test_a_page_waiting_for_the_lane_gets_it_when_the_forward_starts():
+    lane = DrawingLane()
+    forward = ForwardLock(lane)
+    drew = threading.Event()
+
+    def other_page():
+        with lane.held():
+            drew.set()
+
+    with lane.held():
+        th = threading.Thread(target=other_page)
+        th.start()
+        assert not drew.wait(0.1)  # waits while this page draws
+        with forward:
+            assert drew.wait(5)  # drew while this page's forward ran
+        th.join(5)
+    assert not th.is_alive()
+
+
+def test_the_lane_is_handed_over_in_arrival_order():
+    lock, order, started = FifoLock(), [], []
+    lock.acquire()
+
+    def waiter(i):
+        started.append(i)
+        lock.acquire()
+        order.append(i)
+        lock.release()
+
+    threads = []
+    for i in range(5):
+        threads.append(threading.Thread(target=waiter, args=(i,)))
+        threads[-1].start()
+        while len(started) <= i or len(lock._waiters) <= i:  # the i-th waiter is queued before the next starts
+            threading.Event().wait(0.001)
+    lock.release()
+    for th in threads:
+        th.join(5)
+    assert order == [0, 1, 2, 3, 4]
+    assert lock.acquire(blocking=False)
