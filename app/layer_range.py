@@ -18,10 +18,16 @@ def layer_range(ctx, key: str) -> range:
     n = ctx.cfg.n_layers
     if n <= RANGE_FROM:
         return range(n)
-    kept = st.session_state.get(key)
-    if not (isinstance(kept, (tuple, list)) and len(kept) == 2 and 0 <= kept[0] <= kept[1] < n):
-        st.session_state[key] = (0, n - 1)  # first visit, or a shallower model than the range was set for
-    lo, hi = st.select_slider(ctx.t("big.grid_layers"), options=list(range(n)), key=key)
+    def valid(v) -> bool:
+        return isinstance(v, (tuple, list)) and len(v) == 2 and 0 <= v[0] <= v[1] < n
+
+    if key in st.session_state and not valid(st.session_state[key]):
+        del st.session_state[key]  # set for a deeper model: start again from every layer
+    # Streamlit forgets a widget's value while its view is not shown: the range is kept beside it as well.
+    kept = st.session_state.get("_kept_" + key)
+    lo, hi = st.select_slider(ctx.t("big.grid_layers"), options=list(range(n)), key=key,
+                              value=tuple(kept) if valid(kept) else (0, n - 1))
+    st.session_state["_kept_" + key] = (int(lo), int(hi))
     return range(int(lo), int(hi) + 1)
 
 
