@@ -65,3 +65,16 @@ def test_layer_progress_is_called_per_layer_in_order_and_changes_nothing(folder)
         hooked = record(loaded.model, ids)
     assert seen == [(i, read_config(folder).n_layers) for i in range(1, 6)]
     assert all(torch.equal(plain[n], hooked[n]) for n in plain)
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 64, 100, 128])
+def test_forward_flops_counts_what_a_recording_computes(folder, n):
+    """Against torch's own FLOP counter on the real forward (matrix products and attention batches)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    loaded = load(folder)
+    with FlopCounterMode(display=False) as counter:
+        record(loaded.model, torch.arange(3, 3 + n) % loaded.cfg.vocab_size)
+    assert memory.forward_flops(loaded.cfg, n) == counter.get_total_flops()
+    assert memory.time_class(0.5) == "instant" and memory.time_class(5) == "seconds"
+    assert memory.time_class(60) == "minute" and memory.time_class(600) == "minutes"
