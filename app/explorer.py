@@ -299,7 +299,7 @@ from app.lessons import lesson_target, patch_lesson  # noqa: E402
 __all__ += ["lesson_target"]
 
 
-# --------------------------------------------------------------------------- big: what a prompt costs, per-layer progress
+# --------------------------------------------------------------------------- big: prompt cost, per-layer progress
 import time as _time  # noqa: E402
 from contextlib import nullcontext as _nullcontext  # noqa: E402
 

@@ -165,7 +165,8 @@ def child_record(folder: str, n: int, rec_dtype: str = "float16") -> dict:
     with memory.layer_progress(loaded.model, lambda done, total: steps.append(done)):
         rec, seconds = _timed(lambda: record(loaded.model, tokens, dtype=dtype))
     return {"layers": loaded.cfg.n_layers, "d_model": loaded.cfg.d_model, "tokens": n, "recording_dtype": rec_dtype,
-            "load_s": load_s, "record_all_s": seconds, "layers_reported": steps == list(range(1, loaded.cfg.n_layers + 1)),
+            "load_s": load_s, "record_all_s": seconds,
+            "layers_reported": steps == list(range(1, loaded.cfg.n_layers + 1)),
             "recording_mb": _mb(rec.stored_bytes()),
             "estimated_recording_mb": _mb(memory.recording_bytes(loaded.cfg, n, dtype)),
             "available_mb_at_start": _mb(room), "rss_after_load_mb": _mb(rss_load),

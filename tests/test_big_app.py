@@ -158,3 +158,23 @@ def test_grids_and_sweep_take_a_layer_range_and_views_run_nothing(deep, progress
     np.testing.assert_allclose(z, M.head_sweep(loaded.model, rec, [29, 30, 31])["delta"].numpy(), atol=1e-4)
     assert [text for _, text in progress_calls][-1] == t("whatif.block_of", "en", d=3, total=3)
 
+
+
+def test_a_shared_server_holds_a_recording_to_its_cache_budget(deep, monkeypatch):
+    folder, loaded = deep
+    ids = loaded.tokenizer.encode("Grouped-query attention shares each key")
+    need = unique_bytes(record(loaded.model, ids))
+    monkeypatch.setenv("LLAMA_EXPLORER_CACHE_MB", str(need / 2 / 2**20))  # room for half of it
+    explorer.result_cache.clear()
+    try:
+        local = explorer.prompt_cost(folder, ids)
+        assert local["recording"] == need and not local["refused"]  # locally only free memory counts
+        monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+        shared = explorer.prompt_cost(folder, ids)
+        assert shared["budget"] == int(need / 2) and shared["refused"]  # `serve --share --cache-mb` bounds it
+        with pytest.raises(explorer.PromptTooBig):
+            explorer.recording(folder, ids)
+    finally:
+        monkeypatch.delenv("LLAMA_EXPLORER_SHARE", raising=False)
+        monkeypatch.delenv("LLAMA_EXPLORER_CACHE_MB")
+        explorer.result_cache.clear()  # the next test gets the default budget back
