@@ -132,6 +132,14 @@ def test_grids_and_sweep_take_a_layer_range_and_views_run_nothing(deep, progress
     np.testing.assert_allclose(decode(by_id(at, "attn_entropy")["data"][0]["z"]), ent, atol=1e-4)
     np.testing.assert_allclose(decode(by_id(at, "attn_sink")["data"][0]["z"]), sink, atol=1e-4)
     assert by_id(at, "attn_entropy")["data"][0]["y"][0].endswith("20")
+    at.select_slider(key="big_link_layers").set_value((10, 13)).run()
+    link = by_id(at, "attn_link")
+    q, k = link["layout"]["meta"]["q"], link["layout"]["meta"]["k"]
+    expected = np.stack([rec.pattern(layer)[0, :, q, k].double().numpy() for layer in range(10, 14)])
+    np.testing.assert_allclose(decode(link["data"][0]["z"]), expected, atol=1e-5)
+    at.button(key="attn_link_go").click().run()  # the strongest cell of the range: its layer, not its row
+    layer, head = np.unravel_index(np.argmax(expected), expected.shape)
+    assert (at.sidebar.slider(key="layer").value, at.sidebar.slider(key="head").value) == (10 + layer, head)
 
     views = ("tokens", "attention", "norm", "rope", "swiglu", "block")
     for view in views:  # first visits: the SwiGLU view records its own comparison prompts once

@@ -40,10 +40,11 @@ def _check_pair(rec, q: int, k: int) -> None:
         raise ValueError(f"key {k} is after query {q}: the causal mask gives it weight 0 in every head")
 
 
-def head_link_map(rec, q: int, k: int, batch: int = 0) -> np.ndarray:
-    """[layer, head] attention weight from query position q to key position k (k ≤ q)."""
+def head_link_map(rec, q: int, k: int, batch: int = 0, layers=None) -> np.ndarray:
+    """[layer, head] attention weight from query position q to key position k (k ≤ q), every layer or the given."""
     _check_pair(rec, q, k)
-    return np.stack([_row(rec, layer, q, batch)[:, k] for layer in range(rec.cfg.n_layers)])
+    return np.stack([_row(rec, layer, q, batch)[:, k]
+                     for layer in (range(rec.cfg.n_layers) if layers is None else layers)])
 
 
 def strongest(m: np.ndarray) -> dict:
