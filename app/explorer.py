@@ -137,12 +137,13 @@ def _forward(n: int = 1) -> None:
     FORWARDS["count"] += n
 
 
-def recording(source: str, ids) -> Recording:
-    """The full recording of a prompt (cached)."""
+def recording(source: str, ids, progress=None) -> Recording:
+    """The full recording of a prompt (cached); progress(layers_done, n_layers) is called as each block finishes.
+    Refused (PromptTooBig) when it cannot fit in this server's memory (prompt_cost, at the end of this file)."""
     ids = tuple(int(i) for i in ids)
 
     def run() -> Recording:
-        rec = record(_model(source).model, list(ids))
+        rec = _record_measured(source, ids, progress)
         _forward()
         return rec
     return result_cache().get(("recording", _ident(source), ids), run, _FORWARD)
@@ -252,19 +253,20 @@ def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
     return result_cache().get(("whatif_kl", _ident(source), ids, specs, source_ids), run, _FORWARD)
 
 
-def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None) -> dict:
-    """Change of p(top token) at the last position when each head of the first n_layers is ablated."""
+def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None, first: int = 0) -> dict:
+    """Change of p(top token) at the last position when each head of n_layers layers from `first` is ablated."""
     ids = tuple(ids)
 
     def run() -> dict:
-        res = M.head_sweep(_model(source).model, recording(source, ids), range(n_layers), mean, progress)
+        layers = range(int(first), int(first) + int(n_layers))
+        res = M.head_sweep(_model(source).model, recording(source, ids), layers, mean, progress)
         _forward()
         return {**res, "delta": res["delta"].numpy() if torch.is_tensor(res["delta"]) else res["delta"]}
-    return result_cache().get(("sweep", _ident(source), ids, int(n_layers), bool(mean)), run, _FORWARD)
+    return result_cache().get(("sweep", _ident(source), ids, int(n_layers), bool(mean), int(first)), run, _FORWARD)
 
 
-def cached_head_sweep(source: str, ids, n_layers: int, mean: bool) -> dict | None:
-    return result_cache().peek(("sweep", _ident(source), tuple(ids), int(n_layers), bool(mean)))
+def cached_head_sweep(source: str, ids, n_layers: int, mean: bool, first: int = 0) -> dict | None:
+    return result_cache().peek(("sweep", _ident(source), tuple(ids), int(n_layers), bool(mean), int(first)))
 
 
 def twin_recordings(prompt: str, max_tokens: int) -> tuple[dict | None, str | None]:
@@ -320,3 +322,65 @@ from app.lab_jobs import (LabDisabled, LabJob, lab_init_gradients, lab_queue_len
 from app.lessons import lesson_target, patch_lesson  # noqa: E402
 
 __all__ += ["lesson_target"]
+
+
+# --------------------------------------------------------------------------- big: prompt cost, per-layer progress
+import time as _time  # noqa: E402
+from contextlib import nullcontext as _nullcontext  # noqa: E402
+
+from explorer_model import memory as _memory  # noqa: E402
+
+BIG_LAYERS, BIG_WIDTH = 8, 2048  # a model this deep and this wide always shows a progress bar while recording
+_RATE: dict[str, float] = {}  # FLOP/s of recordings timed on this server, per weights' dtype
+
+
+class PromptTooBig(ValueError):
+    """A recording that would not fit in this server's memory: refused before running."""
+
+
+def prompt_cost(source: str, ids) -> dict:
+    """What recording `ids` will cost, before it runs: "tokens", "recording" (bytes the recording keeps),
+    "runtime" (working bytes of the pass), "budget" (bytes this server can give a new recording, None if
+    unknown), "seconds" (estimate from the FLOPs and the speed of this server's last recordings), "time_class"
+    (memory.time_class), "cached" (already recorded: costs nothing now), "refused", "progress" (worth a bar)."""
+    loaded, ids = _model(source), tuple(int(i) for i in ids)
+    cfg, n = loaded.cfg, len(ids)
+    rec_bytes = _memory.recording_bytes(cfg, n, torch.float32)  # what recording() keeps: every hook, float32
+    run_bytes = _memory.runtime_bytes(cfg, n, loaded.dtype) - _memory.OVERHEAD  # the process already exists
+    seconds = _memory.forward_flops(cfg, n) / _RATE.get(loaded.dtype_name, _memory.DEFAULT_FLOPS)
+    budget = _recording_budget(run_bytes)
+    cached = result_cache().peek(("recording", _ident(source), ids)) is not None
+    big = cfg.n_layers >= BIG_LAYERS and cfg.d_model >= BIG_WIDTH
+    return {"tokens": n, "recording": rec_bytes, "runtime": run_bytes, "budget": budget, "seconds": seconds,
+            "time_class": _memory.time_class(seconds), "cached": cached, "layers": cfg.n_layers,
+            "refused": not cached and budget is not None and rec_bytes > budget,
+            "progress": not cached and (big or seconds >= 1.0)}
+
+
+def _recording_budget(runtime: int) -> int | None:
+    """Bytes a new recording may take: the memory free now less the pass's working memory; on a shared server
+    also at most the cache's byte budget (--cache-mb), the bound the teacher set for everything kept."""
+    room = _memory.available_bytes()
+    budget = None if room is None else room - runtime
+    if shared():
+        budget = result_cache().budget if budget is None else min(budget, result_cache().budget)
+    return budget
+
+
+def _record_measured(source: str, ids: tuple, progress) -> Recording:
+    """record() of every hook, refused beforehand if it cannot fit, timed to keep prompt_cost's speed current."""
+    cost = prompt_cost(source, ids)
+    if cost["refused"]:
+        raise PromptTooBig(f"recording {cost['tokens']} tokens needs about {_memory.gb(cost['recording'])}, "
+                           f"more than the {_memory.gb(max(cost['budget'], 0))} this server can give it")
+    loaded = _model(source)
+    start = _time.perf_counter()
+    with _memory.layer_progress(loaded.model, progress) if progress else _nullcontext():
+        rec = record(loaded.model, list(ids))
+    flops, seconds = _memory.forward_flops(loaded.cfg, len(ids)), _time.perf_counter() - start
+    if flops >= 1e10:  # shorter passes measure the hooks' overhead more than the arithmetic
+        _RATE[loaded.dtype_name] = flops / seconds
+    return rec
+
+
+__all__ += ["prompt_cost", "PromptTooBig", "BIG_LAYERS", "BIG_WIDTH"]

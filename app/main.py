@@ -13,7 +13,7 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import explorer
+from app import explorer, prompt_cost
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -139,8 +139,9 @@ def main() -> None:
     if not ids:
         st.info(tr("app.no_tokens"))
         return
-    with st.spinner(tr("app.running")):
-        rec = explorer.recording(source, tuple(ids))
+    rec = prompt_cost.recording_or_refusal(source, ids)  # says the cost first; refuses what cannot fit
+    if rec is None:
+        return
     pieces = token_labels(facts, ids)
     apply_lesson(facts, ids, pieces)
     layer, head, token = side.selection(facts, ids, pieces)

@@ -8,12 +8,15 @@ Builds its own synthetic checkpoints with random weights of the real shapes (tes
           also loaded with --dtype bfloat16 (converted while loading).
   smollm2 the default model in bfloat16 vs float32 (max |logit difference|, top-1 agreement on held-out prompts);
           record-all at 4096 tokens with float16 recordings: time, peak RSS, bytes against memory.recording_bytes.
-  13b     optional: a LLaMA-13B bf16 checkpoint (~26 GB, more than this machine's free memory), one 16-token
-          recording paged from disk: time and peak RSS.
+  7b_long record-all (float16 recording) of --long-tokens (2048) on the 7B width with --long-layers blocks
+          (default 16: the full 32 would need 12.5 GB of recording beside 12.6 GB of weights on this 24 GB machine):
+          time, peak RSS, recording size against memory.recording_bytes.
+  13b     a LLaMA-13B bf16 checkpoint (~26 GB, more than this machine's free memory), written one shard at a time,
+          one 16-token recording paged from disk: time and peak RSS. The folder is deleted afterwards.
 Every measurement runs in a fresh child process, so its peak RSS (VmHWM, file pages of mapped weights included)
 is its own.
 
-Usage: .venv/bin/python bench/bench_big.py [--parts 7b,smollm2,7b_hf,13b] [--workdir DIR] [--keep]   (prints JSON)
+Usage: .venv/bin/python bench/bench_big.py [--parts 7b,smollm2,7b_hf,7b_long,13b] [--workdir DIR] [--keep]   (prints JSON)
 """
 from __future__ import annotations
 
@@ -144,20 +147,30 @@ def child_long(n: int, model_dtype: str) -> dict:
             "last_layer_pattern_shape": list(pattern.shape)}
 
 
-def child_13b(folder: str, n: int) -> dict:
+def child_record(folder: str, n: int, rec_dtype: str = "float16") -> dict:
+    """One record-all of n tokens in bf16 weights, a layer-progress callback counting the blocks as they finish."""
     import torch
 
     from explorer_model import memory
     from explorer_model.loaders import load
     from explorer_model.recording import record
+    from explorer_model.runtime import keep_freed_memory
 
+    keep_freed_memory()
+    room = memory.available_bytes() or 0
     loaded, load_s = _timed(lambda: load(folder, dtype="bfloat16"))
-    steps = []
+    rss_load = _status("VmRSS")
+    steps, dtype = [], memory.DTYPES[rec_dtype]
+    tokens = torch.randint(3, loaded.cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
     with memory.layer_progress(loaded.model, lambda done, total: steps.append(done)):
-        rec, seconds = _timed(lambda: record(loaded.model, torch.randint(3, 32000, (1, n)), dtype=torch.float16))
-    return {"load_s": load_s, "record_s": seconds, "layers_reported": len(steps),
-            "available_mb_at_start": _mb(memory.available_bytes() or 0), "peak_rss_mb": _mb(_status("VmHWM")),
-            "finite": bool(torch.isfinite(rec.logits).all())}
+        rec, seconds = _timed(lambda: record(loaded.model, tokens, dtype=dtype))
+    return {"layers": loaded.cfg.n_layers, "d_model": loaded.cfg.d_model, "tokens": n, "recording_dtype": rec_dtype,
+            "load_s": load_s, "record_all_s": seconds,
+            "layers_reported": steps == list(range(1, loaded.cfg.n_layers + 1)),
+            "recording_mb": _mb(rec.stored_bytes()),
+            "estimated_recording_mb": _mb(memory.recording_bytes(loaded.cfg, n, dtype)),
+            "available_mb_at_start": _mb(room), "rss_after_load_mb": _mb(rss_load),
+            "peak_rss_mb": _mb(_status("VmHWM")), "finite": bool(torch.isfinite(rec.logits).all())}
 
 
 # --------------------------------------------------------------------------- parent
@@ -165,10 +178,13 @@ def run_child(*args) -> dict:
     cmd = [sys.executable, __file__, "--child", json.dumps(args)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_WAIT_POLICY="PASSIVE")
     t = time.perf_counter()
+    load_before = os.getloadavg()[0]  # the machine is shared: every figure carries the load it was taken at
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    load = {"load_avg_before": round(load_before, 1), "load_avg_after": round(os.getloadavg()[0], 1)}
     if p.returncode:
-        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "wall_s": round(time.perf_counter() - t, 1)}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1], "wall_s": round(time.perf_counter() - t, 1),
+                **load}
+    return {**json.loads(p.stdout.strip().splitlines()[-1]), **load}
 
 
 def build(workdir: Path) -> dict:
@@ -193,6 +209,10 @@ def main() -> None:
     ap.add_argument("--workdir")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints (reused by the next run)")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--long-tokens", type=int, default=2048)
+    ap.add_argument("--long-layers", type=int, default=16,
+                    help="blocks of the 7B-width model for 7b_long (32 = the full 7B; its float16 recording at "
+                         "2048 tokens alone is 12.5 GB)")
     ap.add_argument("--child")
     a = ap.parse_args()
     if a.child:
@@ -218,15 +238,31 @@ def main() -> None:
             # converted while loading: 13 GB of private bf16 copies, so 64 tokens only (a 512-token float32
             # recording on top, 6.7 GB, does not fit beside them on this 24 GB machine)
             report["ours_meta_as_bf16"] = run_child("ours", meta, "bfloat16", [64], 1)
-        if "13b" in parts:
+        if "7b_long" in parts:  # record-all of --long-tokens on the 7B width with --long-layers blocks
+            from synth_big import SEVEN_B, file_bytes, write_hf
+
+            folder = workdir / f"hf7b_{a.long_layers}l_bf16"
+            if not (folder / "DONE").exists():
+                write_hf(folder, SEVEN_B, n_layers=a.long_layers)
+                (folder / "DONE").write_text("")
+            report["hf7b_long_file_mb"] = _mb(file_bytes(folder))
+            report[f"ours_7b_{a.long_layers}_layers_record_all_{a.long_tokens}"] = run_child(
+                "record", str(folder), a.long_tokens)
+            if not a.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+        if "13b" in parts:  # written one 4-layer shard at a time, never held in memory
             from synth_big import THIRTEEN_B, file_bytes, write_hf
 
             folder = workdir / "hf13b_bf16"
             if not (folder / "DONE").exists():
+                t = time.perf_counter()
                 write_hf(folder, THIRTEEN_B)
                 (folder / "DONE").write_text("")
+                report["hf13b_write_s"] = round(time.perf_counter() - t)
             report["hf13b_file_mb"] = _mb(file_bytes(folder))
-            report["ours_13b_bf16_16_tokens"] = run_child("13b", str(folder), 16)
+            report["ours_13b_bf16_16_tokens"] = run_child("record", str(folder), 16)
+            if not a.keep:
+                shutil.rmtree(folder, ignore_errors=True)
     finally:
         if not a.keep:
             shutil.rmtree(workdir, ignore_errors=True)

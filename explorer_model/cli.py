@@ -183,7 +183,30 @@ def what_if(loaded, args):
     return ivs, prompt_ids(loaded, args.patch_source, None)
 
 
+def generation_bar(max_new: int):
+    """A layer_progress callback for generation, on stderr: the prompt's pass layer by layer (the long one on a
+    big model), then one step per new token (each is a pass of one token through every layer)."""
+    from .memory import text_progress
+
+    prompt, tokens, passes = text_progress("prompt"), text_progress("tokens"), [0]
+
+    def show(done: int, total: int) -> None:
+        if passes[0] == 0:
+            prompt(done, total)
+        if done == total:
+            passes[0] += 1
+            if passes[0] > 1:
+                tokens(passes[0] - 1, max_new)
+
+    def finish() -> None:  # generation stopped before max_new passes (end of text): end the bar's line
+        if 1 < passes[0] <= max_new:
+            sys.stderr.write("\n")
+    show.finish = finish
+    return show
+
+
 def cmd_generate(args) -> None:
+    from .memory import layer_progress
     from .sampling import generate
 
     if args.max_new_tokens < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
@@ -201,9 +224,12 @@ def cmd_generate(args) -> None:
     # In this process only: a decode step streams the weights through one-row products, which a second
     # thread does not speed up, and with another busy process on the machine its waits halve the speed
     # (bench/bench_decode.py --threads 1 vs 2).
-    with threads(1):
+    bar = generation_bar(args.max_new_tokens) if args.progress or sys.stderr.isatty() else None
+    with threads(1), layer_progress(loaded.model, bar) if bar else contextlib.nullcontext():
         new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                        args.seed, stop_ids={eos} if eos is not None else None)
+    if bar:
+        bar.finish()
     if args.json:
         print(json.dumps({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}, ensure_ascii=False))
     else:
@@ -283,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--progress", action="store_true", help="draw the prompt's pass layer by layer, then the new "
+                   "tokens, on stderr (default: when stderr is a terminal)")
     s.set_defaults(fn=cmd_generate)
 
     # --- train-tiny (issue 4) ---

@@ -7,6 +7,7 @@ construction.
 
     estimate(cfg, torch.bfloat16, n_tokens=512)   weights + runtime, in bytes
     recording_bytes(cfg, 4096, torch.float16)     what `record(...)` of every hook keeps for 4096 tokens
+    forward_flops(cfg, 4096), time_class(seconds) how long a forward will take, roughly
     available_bytes()                             MemAvailable, or the cgroup limit if lower
 """
 from __future__ import annotations
@@ -158,8 +159,26 @@ def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.
     (no `dtype` copy beside them). A block's input is the very tensor the previous hook
     (embedding or previous block's output) already stored, converted once whatever `dtype` is.
     """
+    n = int(n_tokens)
+    names = None if names is None else tuple([names] if isinstance(names, str) else names)
+    fit = _quadratic(cfg, dtype, names, attention)
+    return fit[0] * n + fit[1] * n * n if fit else _recording_bytes(cfg, n, dtype, names, attention)
+
+
+@functools.lru_cache(maxsize=64)
+def _quadratic(cfg: ModelConfig, dtype: torch.dtype, names, attention: str) -> tuple[int, int] | None:
+    """(a, b) with recording_bytes = a·n + b·n²: every hook is [batch, n, …] or [batch, heads, n, n], so three
+    meta forwards at n = 1, 2, 3 give every length (a meta forward at 2048 tokens takes ~2 s, which a page
+    asking the cost of each new prompt cannot wait for). None if n = 3 does not fit, then lengths are run."""
+    one, two, three = (_recording_bytes(cfg, n, dtype, names, attention) for n in (1, 2, 3))
+    b = (two - 2 * one) // 2
+    a = one - b
+    return (a, b) if 3 * a + 9 * b == three else None
+
+
+def _recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype, names, attention: str) -> int:
     shapes = hook_shapes(cfg, n_tokens)
-    selected = meta_model(cfg).select_hooks(names)
+    selected = meta_model(cfg).select_hooks(None if names is None else list(names))
     if "logits" not in selected:
         selected.append("logits")
     size, total = itemsize(dtype), 0
@@ -174,6 +193,28 @@ def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.
         if previous not in chosen:  # else the same tensor (or its one converted copy), stored once
             total += _numel(shapes[name]) * size
     return total + sum(_numel(shapes[name]) * 4 for name in rotated)
+
+
+def forward_flops(cfg: ModelConfig, n_tokens: int) -> int:
+    """Floating-point operations (2 per multiply-add) of a recording's forward over n_tokens, as stable.py runs
+    it: every weight matrix once per row (at least STABLE_ROWS rows; the embedding is a lookup, norms are
+    negligible), and QK^T and pattern·V of each query block of Q_BLOCK rows against the keys up to its end."""
+    from .stable import Q_BLOCK, STABLE_ROWS
+
+    counts, n = param_counts(cfg), int(n_tokens)
+    matrices = counts["attention"] + counts["ffn"] + (counts["embedding"] if cfg.tie_embeddings else counts["output"])
+    blocks = -(-n // Q_BLOCK)
+    pairs = Q_BLOCK * Q_BLOCK * blocks * (blocks + 1) // 2
+    return 2 * max(n, STABLE_ROWS) * matrices + 4 * pairs * cfg.n_heads * cfg.head_dim * cfg.n_layers
+
+
+DEFAULT_FLOPS = 2e10  # until a recording was timed here: SmolLM2 record-all, 4096 tokens: 1.7e12 FLOPs in 61 s
+TIME_CLASSES = ((1.0, "instant"), (10.0, "seconds"), (90.0, "minute"), (float("inf"), "minutes"))
+
+
+def time_class(seconds: float) -> str:
+    """"instant" (< 1 s), "seconds" (< 10 s), "minute" (< 90 s) or "minutes": all an estimate can promise."""
+    return next(name for limit, name in TIME_CLASSES if seconds < limit)
 
 
 def _numel(shape) -> int:

@@ -17,6 +17,7 @@ import streamlit as st
 from app import explorer, plots
 from app.context import ViewContext, plain
 from app.panels import attention_heads, attention_links, attention_scale
+from app.layer_range import layer_range, per_layer
 from app.panels.attention_cells import (WINDOW_DEFAULT, click_overlay, clickable, csv_cells, head_label,
                                         layer_matrices, thinned, window)
 from explorer_model.analysis.attention_math import attention_entropy
@@ -25,12 +26,10 @@ from explorer_model.analysis.lesson import sink_share
 WINDOW_CHOICES = (4, 8, 16, WINDOW_DEFAULT, 32, 48, 64, 128)
 
 
-def overview(rec) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer and head: mean entropy of the query rows (nats) and mean attention to position 0, both without
-    query 0 (it can only read itself)."""
-    entropy = np.stack([attention_entropy(rec.pattern(layer)[0].double().numpy())
-                        for layer in range(rec.cfg.n_layers)])
-    return entropy, sink_share(rec)
+def overview(rec, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per head of one layer: mean entropy of the query rows (nats) and mean attention to position 0, both
+    without query 0 (it can only read itself). One layer at a time: a deep model's grid fills under a bar."""
+    return attention_entropy(rec.pattern(layer)[0].double().numpy()), sink_share(rec, layers=[layer])[0]
 
 
 # --------------------------------------------------------------------------- sections
@@ -138,9 +137,11 @@ def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: i
 def draw_overview(ctx: ViewContext) -> None:
     if not plots.titled(ctx, ctx.t("attention.overview.title"), ctx.t("attention.overview.one_token")):
         return
-    entropy, sink = explorer.derived("attention_overview", ctx.source, ctx.ids, overview)
+    shown = layer_range(ctx, "big_overview_layers")
+    cells = per_layer(ctx, "attention_overview", overview, shown)
+    entropy, sink = np.stack([c[0] for c in cells]), np.stack([c[1] for c in cells])
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
-    layers = [ctx.t("attention.layer_label", layer=layer) for layer in range(ctx.cfg.n_layers)]
+    layers = [ctx.t("attention.layer_label", layer=layer) for layer in shown]
     head_t, layer_t = ctx.t("attention.axis.head"), ctx.t("attention.axis.layer")
     c1, c2 = st.columns(2)
     with c1:
@@ -155,8 +156,8 @@ def draw_overview(ctx: ViewContext) -> None:
         fig.update_layout(meta=dict(id="attn_sink"))
         plots.show(fig, ctx, key="attn_sink", filename="attention_sink", height=620)
     st.caption(ctx.t("attention.overview.caption"))
-    rows = [(layer, h, h // ctx.cfg.n_rep, entropy[layer, h], sink[layer, h])
-            for layer in range(ctx.cfg.n_layers) for h in range(ctx.cfg.n_heads)]
+    rows = [(layer, h, h // ctx.cfg.n_rep, entropy[i, h], sink[i, h])
+            for i, layer in enumerate(shown) for h in range(ctx.cfg.n_heads)]
     label = ctx.t("attention.csv.overview")
     plots.csv_button(ctx, label, label,
                      lambda: plots.to_csv(["layer", "head", "kv_head", "entropy_nats", "attention_to_first"], rows),

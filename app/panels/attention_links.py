@@ -14,6 +14,7 @@ import streamlit as st
 
 from app import explorer, plots
 from app.context import ViewContext, plain
+from app.layer_range import layer_range, per_layer
 from app.panels.attention_cells import click_overlay, clickable, clicked_cell, csv_cells, head_label
 from explorer_model.analysis import lesson
 
@@ -53,12 +54,17 @@ def jump(layer: int, head: int, token: int) -> None:
     st.session_state.layer, st.session_state.head, st.session_state.token = int(layer), int(head), int(token)
 
 
-def _jump_from_map(chart_key: str, token: int):
+def _jump_from_map(chart_key: str, token: int, first_layer: int = 0):
     def go() -> None:
         cell = clicked_cell(st.session_state.get(chart_key))
         if cell is not None:
-            jump(cell[0], cell[1], token)
+            jump(cell[0] + first_layer, cell[1], token)
     return go
+
+
+def _link_row(rec, layer: int, q: int, k: int) -> np.ndarray:
+    """One layer's row of the map (per_layer computes and caches the map a layer at a time)."""
+    return lesson.head_link_map(rec, q, k, layers=[layer])[0]
 
 
 def draw(ctx: ViewContext) -> None:
@@ -72,21 +78,23 @@ def draw(ctx: ViewContext) -> None:
     if k > q:
         st.info(ctx.t("attention.link.future", q=plain(ctx.labels[q]), k=plain(ctx.labels[k])))
         return
-    m = explorer.derived("attention_link", ctx.source, ctx.ids, lesson.head_link_map, q, k)
+    shown = layer_range(ctx, "big_link_layers")  # a deep model: the layers chosen, filled one at a time
+    m = np.stack(per_layer(ctx, "attention_link", _link_row, shown, q, k))
     best = lesson.strongest(m)
+    best["layer"] += shown.start
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
-    layers = [ctx.t("attention.layer_label", layer=layer) for layer in range(ctx.cfg.n_layers)]
+    layers = [ctx.t("attention.layer_label", layer=layer) for layer in shown]
     value = ctx.t("attention.value.pattern")
     fig = plots.heatmap(m, heads, layers, colorscale="Blues", zmin=0, zmax=1, value_name=value,
                         title=ctx.t("attention.link.map_title", q=ctx.labels[q], k=ctx.labels[k]),
                         x_title=ctx.t("attention.axis.head"), y_title=ctx.t("attention.axis.layer"))
     rows, cols = np.indices(m.shape).reshape(2, -1)
     text = [f"{layers[r]}, {heads[c]}<br>{value}: {m[r, c]:.4f}" for r, c in zip(rows, cols)]
-    fig.add_trace(click_overlay(rows, cols, heads, layers, text, selected=(ctx.layer, ctx.head)))
+    fig.add_trace(click_overlay(rows, cols, heads, layers, text, selected=(ctx.layer - shown.start, ctx.head)))
     fig.data[0].hoverinfo = "skip"
     fig.update_layout(meta=dict(id="attn_link", q=q, k=k))
     plots.show(clickable(fig), ctx, key="attn_link_map", filename=f"attention_link_q{q}_k{k}", height=640,
-               on_select=_jump_from_map("attn_link_map", q), selection_mode="points")
+               on_select=_jump_from_map("attn_link_map", q, shown.start), selection_mode="points")
     st.caption(ctx.t("attention.link.strongest", layer=best["layer"], head=head_label(ctx, best["head"]),
                      weight=best["weight"], q=plain(ctx.labels[q]), k=plain(ctx.labels[k])))
     c1, c2 = st.columns([2, 3])

@@ -259,16 +259,18 @@ def draw_sweep(ctx: ViewContext) -> None:
     t, cfg = ctx.t, ctx.cfg
     st.subheader(t("whatif.which_heads_matter_for_this"))
     st.markdown(t("whatif.ablate_every_head_in_turn"))
-    c = st.columns([1, 1, 1])
-    _clamp("whatif_sweep_layers", 1, cfg.n_layers, cfg.n_layers)
-    n = int(c[0].number_input(t("whatif.layers_to_sweep_from_layer"), 1, cfg.n_layers,
-                              key="whatif_sweep_layers"))
-    mean = c[1].radio(t("whatif.ablation"), [False, True], key="whatif_sweep_mode", horizontal=True,
+    c = st.columns([1, 1, 1, 1])
+    _clamp("big_sweep_first", 0, cfg.n_layers - 1, 0)  # a range of layers: at 32 × 32 heads a full sweep is long
+    first = int(c[0].number_input(t("big.sweep_first"), 0, cfg.n_layers - 1, key="big_sweep_first"))
+    _clamp("whatif_sweep_layers", 1, cfg.n_layers - first, cfg.n_layers)
+    n = int(c[1].number_input(t("whatif.layers_to_sweep_from_layer") if first == 0 else
+                              t("big.sweep_count", first=first), 1, cfg.n_layers - first, key="whatif_sweep_layers"))
+    mean = c[2].radio(t("whatif.ablation"), [False, True], key="whatif_sweep_mode", horizontal=True,
                       format_func=lambda m: t("whatif.mean") if m else t("whatif.zero")) or False
-    key = (ctx.source, tuple(ctx.ids), n, bool(mean))
-    if c[2].button(t("whatif.run_the_sweep"), key="whatif_sweep_run"):
+    key = (ctx.source, tuple(ctx.ids), n, bool(mean), first)
+    if c[3].button(t("whatif.run_the_sweep"), key="whatif_sweep_run"):
         bar = st.progress(0.0, text=t("whatif.ablating_heads"))
-        explorer.head_sweep(*key, progress=lambda d, total: bar.progress(
+        explorer.head_sweep(*key[:4], first=first, progress=lambda d, total: bar.progress(
             d / total, text=t("whatif.block_of", d=d, total=total)))
         bar.empty()
         st.session_state["whatif_sweep_key"] = key

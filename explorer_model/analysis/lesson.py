@@ -40,10 +40,11 @@ def _check_pair(rec, q: int, k: int) -> None:
         raise ValueError(f"key {k} is after query {q}: the causal mask gives it weight 0 in every head")
 
 
-def head_link_map(rec, q: int, k: int, batch: int = 0) -> np.ndarray:
-    """[layer, head] attention weight from query position q to key position k (k ≤ q)."""
+def head_link_map(rec, q: int, k: int, batch: int = 0, layers=None) -> np.ndarray:
+    """[layer, head] attention weight from query position q to key position k (k ≤ q), every layer or the given."""
     _check_pair(rec, q, k)
-    return np.stack([_row(rec, layer, q, batch)[:, k] for layer in range(rec.cfg.n_layers)])
+    return np.stack([_row(rec, layer, q, batch)[:, k]
+                     for layer in (range(rec.cfg.n_layers) if layers is None else layers)])
 
 
 def strongest(m: np.ndarray) -> dict:
@@ -124,10 +125,11 @@ def induction_scores(rec, period: int, batch: int = 0) -> np.ndarray:
     return out
 
 
-def sink_share(rec, key: int = 0, batch: int = 0) -> np.ndarray:
-    """[layer, head] mean attention to position `key` over the queries after it (the first-token sink for 0)."""
+def sink_share(rec, key: int = 0, batch: int = 0, layers=None) -> np.ndarray:
+    """[layer, head] mean attention to position `key` over the queries after it (the first-token sink for 0),
+    for every layer or the given ones."""
     n = rec.n_pos
     if not 0 <= key < n - 1:
         raise ValueError(f"need a key position with later queries (0…{n - 2}), got {key}")
     return np.stack([rec.pattern(layer)[batch, :, key + 1:, key].double().mean(-1).numpy()
-                     for layer in range(rec.cfg.n_layers)])
+                     for layer in (range(rec.cfg.n_layers) if layers is None else layers)])

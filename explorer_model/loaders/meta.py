@@ -38,19 +38,42 @@ def _split_dim(key: str) -> int | None:
     return _SPLIT_DIM.get(key.split(".")[-2] if key.count(".") else key)
 
 
-def merge_shards(shards: list[dict[str, torch.Tensor]], folder: Path) -> dict[str, torch.Tensor]:
-    if len(shards) == 1:
-        return shards[0]
+def merged_shapes(shards: list[dict[str, torch.Tensor]], folder: Path) -> dict[str, torch.Tensor]:
+    """The merged state's tensors on the meta device (shapes and dtypes, no data): what the sizes are checked on
+    and the dtype planned from before anything is concatenated."""
     keys = set(shards[0])
     if any(set(s) != keys for s in shards[1:]):
         raise LoadError(f"{folder}: the consolidated.*.pth shards do not hold the same tensors")
+    out = {}
+    for k, first in shards[0].items():
+        dim, shape = _split_dim(k), list(first.shape)
+        if dim is not None and len(shards) > 1:
+            parts = [list(s[k].shape) for s in shards]
+            if dim >= len(shape) or any(len(p) != len(shape) or p[:dim] + p[dim + 1:] != shape[:dim] + shape[dim + 1:]
+                                        for p in parts):
+                raise LoadError(f"{folder}: shards of {k} do not fit together ({[tuple(p) for p in parts]})")
+            shape[dim] = sum(p[dim] for p in parts)
+        out[k] = torch.empty(shape, dtype=first.dtype, device="meta")
+    return out
+
+
+def merge_shards(shards: list[dict[str, torch.Tensor]], folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """One state from the model-parallel shards, every split tensor concatenated straight into `dtype` (the
+    dtype the model runs in), piece by piece into place: the load holds the model once, never a merged copy
+    beside a converted one. One shard is returned as it is (used in place when mapped)."""
+    shapes = merged_shapes(shards, folder)
+    if len(shards) == 1:
+        return shards[0]
     merged = {}
-    for k in shards[0]:
+    for k, like in shapes.items():
         dim = _split_dim(k)
-        try:
-            merged[k] = shards[0][k] if dim is None else torch.cat([s[k] for s in shards], dim=dim)
-        except RuntimeError as e:
-            raise LoadError(f"{folder}: shards of {k} do not fit together ({one_line(e)})") from None
+        if dim is None:
+            merged[k] = shards[0][k]
+            continue
+        merged[k], start = torch.empty(like.shape, dtype=dtype), 0
+        for s in shards:  # copied and converted piece by piece into place: no temporary pieces
+            merged[k].narrow(dim, start, s[k].shape[dim]).copy_(s[k])
+            start += s[k].shape[dim]
     return merged
 
 
@@ -97,12 +120,15 @@ def load_meta(folder: Path, dtype=None):
         raise LoadError(f"{folder}: no tokenizer.model (SentencePiece) next to params.json")
     tokenizer = load_tokenizer(Tokenizer.from_sentencepiece, folder, folder / "tokenizer.model")
 
-    state = rename_blocks(merge_shards([load_torch_file(f) for f in files], folder), "layers.", _BLOCK, _TOP,
-                          skip=_SKIP)
-    cfg = meta_config(folder, params, state, tokenizer.bos_id, tokenizer.eos_id)
-    # One shard is used in place (torch.load mmap); several were concatenated into memory above.
-    check_sizes(cfg, state, folder)  # before plan_dtype's estimate builds the config's model on the meta device
-    dtype = plan_dtype(cfg, dtype, stored_dtype(state), folder, mapped=len(files) == 1)
+    shards = [load_torch_file(f) for f in files]  # each memory-mapped (torch.load mmap=True)
+    shapes = rename_blocks(merged_shapes(shards, folder), "layers.", _BLOCK, _TOP, skip=_SKIP)
+    cfg = meta_config(folder, params, shapes, tokenizer.bos_id, tokenizer.eos_id)
+    check_sizes(cfg, shapes, folder)  # before plan_dtype's estimate builds the config's model on the meta device
+    # One shard is used in place; several are concatenated into memory in the chosen dtype (a copy that cannot
+    # be avoided: each matrix is split across the files).
+    dtype = plan_dtype(cfg, dtype, stored_dtype(shapes), folder, mapped=len(files) == 1)
+    state = rename_blocks(merge_shards(shards, folder, dtype), "layers.", _BLOCK, _TOP, skip=_SKIP)
+    del shards
     model = build_model(cfg, state, folder, dtype)
     shards = f"{len(files)} shards" if len(files) > 1 else "1 shard"
     return model, tokenizer, describe(cfg, model, "Meta", shards)

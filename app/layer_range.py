@@ -1,0 +1,46 @@
+"""Layers × heads grids on deep models (LLaMA-7B: 32 × 32): a layer range chosen in the view, and the grid
+computed one layer at a time, each layer cached on its own, under a progress bar.
+
+Panels call these with their ViewContext; the work itself is explorer.derived (recordings only, no model run).
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import explorer
+
+RANGE_FROM = 12  # a model with more layers than this gets a range control; smaller grids are shown whole
+PROGRESS_FROM = 8  # layers computed in one go from which a bar is worth drawing
+
+
+def layer_range(ctx, key: str) -> range:
+    """The layers a grid shows: all of them, or on a deep model the range chosen with a slider under `key`."""
+    n = ctx.cfg.n_layers
+    if n <= RANGE_FROM:
+        return range(n)
+    def valid(v) -> bool:
+        return isinstance(v, (tuple, list)) and len(v) == 2 and 0 <= v[0] <= v[1] < n
+
+    if key in st.session_state and not valid(st.session_state[key]):
+        del st.session_state[key]  # set for a deeper model: start again from every layer
+    # Streamlit forgets a widget's value while its view is not shown: the range is kept beside it as well.
+    kept = st.session_state.get("_kept_" + key)
+    lo, hi = st.select_slider(ctx.t("big.grid_layers"), options=list(range(n)), key=key,
+                              value=tuple(kept) if valid(kept) else (0, n - 1))
+    st.session_state["_kept_" + key] = (int(lo), int(hi))
+    return range(int(lo), int(hi) + 1)
+
+
+def per_layer(ctx, name: str, fn, layers: range, *args) -> list:
+    """[fn(recording, layer, *args) for layer in layers], each through explorer.derived (cached per layer), with
+    a progress bar while PROGRESS_FROM or more layers are asked for."""
+    bar = st.progress(0.0, text=ctx.t("big.grid_progress", done=0, total=len(layers))) \
+        if len(layers) >= PROGRESS_FROM else None
+    out = []
+    for i, layer in enumerate(layers):
+        out.append(explorer.derived(name, ctx.source, ctx.ids, fn, layer, *args))
+        if bar is not None:
+            bar.progress((i + 1) / len(layers), text=ctx.t("big.grid_progress", done=i + 1, total=len(layers)))
+    if bar is not None:
+        bar.empty()
+    return out
