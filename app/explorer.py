@@ -214,10 +214,16 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
 
     def run():
         rec = recording(source, ids)
-        lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, start:])  # [layer, pos, vocab]
+        # A generation step: the lens of the prompt one token shorter is cached and has the same start, so only the
+        # new position runs; its [layers, 1] rows get the bits they get among all rows (>= 12 rows: stable.py).
+        prefix = result_cache().peek(("lens", _ident(source), ids[:-1], int(start))) if len(ids) - 1 > start else None
+        first = start if prefix is None else len(ids) - 1
+        lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, first:])  # [layer, pos, vocab]
         top, arg = lp.max(-1)
         _forward()
-        return arg.numpy(), top.exp().numpy()
+        if prefix is None:
+            return arg.numpy(), top.exp().numpy()
+        return np.concatenate([prefix[0], arg.numpy()], 1), np.concatenate([prefix[1], top.exp().numpy()], 1)
     return result_cache().get(("lens", _ident(source), ids, int(start)), run, _FORWARD)
 
 

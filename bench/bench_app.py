@@ -2,6 +2,7 @@
 
 - prompt: a new 30-token prompt entered -> recording made and every view drawn once
 - switch: changing layer, head, token or view on an existing recording (no forward pass)
+- generation step: "take the top token" in the Residual view (one KV-cache step, the lens of the new position)
 Usage: .venv/bin/python bench/bench_app.py
 """
 from __future__ import annotations
@@ -32,6 +33,23 @@ PROMPTS = [
 ]
 
 
+def generation_steps(at, state, prompt: str, n: int) -> dict:
+    """Residual view, "take the top token" n times: seconds per click (the page with the longer prompt drawn) and
+    the forward passes each click started (one KV-cache step: the recording, and the lens for the new position)."""
+    at.sidebar.text_area(key="prompt").set_value(prompt).run()
+    at.segmented_control(key="view").set_value("residual").run()
+    times, forwards = [], []
+    for _ in range(n):
+        before = state.FORWARDS["count"]
+        t0 = time.perf_counter()
+        at.button(key="pred_greedy").click().run()
+        times.append(time.perf_counter() - t0)
+        forwards.append(state.FORWARDS["count"] - before)
+    assert not at.exception, [e.value for e in at.exception]
+    return {"median": round(statistics.median(times), 3), "max": round(max(times), 3), "forwards": forwards,
+            "tokens_at_start": len(state._model("smollm2").tokenizer.encode(prompt))}
+
+
 def main() -> None:
     from app import explorer as state
     from app.panels import VIEWS
@@ -60,7 +78,9 @@ def main() -> None:
             switch_times["view"].append(time.perf_counter() - t0)
         assert state.FORWARDS["count"] == before, "switching must not run the model"
         assert not at.exception, [e.value for e in at.exception]
+    steps = generation_steps(at, state, PROMPTS[0], 5)
     report = {
+        "generation_step_s": steps,
         "prompt_tokens": n_tokens,
         "forward_passes_per_prompt": forwards,
         "prompt_to_all_views_s": {"median": round(statistics.median(prompt_times), 3), "all": [round(x, 3) for x in prompt_times]},

@@ -3,6 +3,7 @@ and lab experiments in one worker process that never touches the server's torch 
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,3 +190,20 @@ def test_gateway_extend_reuses_the_cached_prefix_and_equals_a_fresh_recording(mo
     calls.clear()
     explorer.extend(source, ids, 42)  # nothing cached: the longer prompt is recorded whole
     assert calls == []
+
+
+def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(monkeypatch):
+    fresh_cache(monkeypatch, 4096)
+    source = explorer.DEFAULT_SOURCE
+    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
+    explorer.logit_lens(source, ids)
+    rows = []
+    real = explorer.M.lens_logprobs
+    monkeypatch.setattr(explorer.M, "lens_logprobs", lambda m, x: rows.append(x.shape[1]) or real(m, x))
+    explorer.extend(source, ids, 42)
+    top, prob = explorer.logit_lens(source, list(ids) + [42])
+    assert rows == [1]  # the new position only
+    fresh_cache(monkeypatch, 4096)
+    full_top, full_prob = explorer.logit_lens(source, list(ids) + [42])
+    assert rows == [1, len(ids) + 1]
+    assert np.array_equal(top, full_top) and np.array_equal(prob, full_prob)
