@@ -20,7 +20,11 @@ Determinism is checked apart from the server: the same prompt recorded in severa
 `record` calls, and through app.result_cache.ResultCache with a zero budget so each get recomputes), and in
 two separate `llama-explorer record` processes; every tensor must be bit-identical.
 
-Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5]   (prints a JSON report;
+With --processes N (N > 1) the visitors speak to HAProxy configured by docs/haproxy.cfg in front of N server
+processes (each its own model and cache, torch threads = cores / N); memory is then the sum of their trees and
+the bound N times one server's.
+
+Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5] [--processes 1]   (prints a JSON report;
 exit status 0 when there were no errors, memory stayed under the bound and recordings were identical)
 """
 from __future__ import annotations
@@ -47,7 +51,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when loaded from a file path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
+from load_server import (free_port, MemorySampler, rss_kb, start_haproxy, start_server, stop_server,  # noqa: E402
+                         tree_pids, wait_healthy)
 
 # What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
 # libraries (~0.42 GB after the first page), one recording in flight (~1.7 MB per token of SmolLM2: 100 MB
@@ -56,6 +61,7 @@ from load_server import free_port, MemorySampler, rss_kb, start_server, stop_ser
 # 1.3-1.56 GB over five runs; the bound allows 1.75 GB. It grows with the page runs in progress at once,
 # not with the number of visitors connected.
 OVERHEAD_MB = 1792
+BACKENDS: collections.Counter = collections.Counter()  # visitors per server process (--processes > 1)
 ACTIONS = ("open", "new_prompt", "switch_view", "switch_layer", "switch_head")
 
 EN = (["The teacher", "A small robot", "My grandmother", "The old library", "Every student", "The river pilot",
@@ -95,15 +101,30 @@ def percentile(xs: list[float], p: float) -> float:
 class Visitor:
     """One browser tab, reduced to Streamlit's protocol."""
 
-    def __init__(self, port: int, timeout: float):
+    def __init__(self, port: int, timeout: float, sticky: bool = False):
         self.url, self.timeout = f"ws://127.0.0.1:{port}/_stcore/stream", timeout
         self.ws, self.ids, self.query, self.view_labels = None, {}, {}, []
+        self.sticky, self.backend = sticky, None
 
     async def connect(self) -> None:
         import websockets
 
+        headers = {}
+        if self.sticky:  # behind HAProxy a browser first loads the page, and gets the cookie naming its process
+            self.backend = await asyncio.to_thread(self._page_cookie)
+            headers["Cookie"] = f"EXPLORER={self.backend}"
         self.ws = await websockets.connect(self.url, subprotocols=["streamlit"], max_size=None,
-                                           open_timeout=self.timeout)
+                                           open_timeout=self.timeout, additional_headers=headers)
+
+    def _page_cookie(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url.replace("ws://", "http://").replace("/_stcore/stream", "/"),
+                                    timeout=self.timeout) as r:
+            cookie = r.headers.get("Set-Cookie", "")
+        if not cookie.startswith("EXPLORER="):
+            raise RuntimeError(f"no EXPLORER cookie from the load balancer ({cookie!r})")
+        return cookie.split(";", 1)[0].split("=", 1)[1]
 
     async def close(self) -> None:
         if self.ws is not None:
@@ -174,7 +195,7 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
     all_views = [x[0] for x in VIEWS]  # the server's option order
     rng = random.Random(args.seed * 7919 + n)
     await asyncio.sleep(rng.uniform(0, args.ramp))  # a class does not arrive in the same millisecond
-    v = Visitor(port, args.timeout)
+    v = Visitor(port, args.timeout, sticky=args.processes > 1)
     done, action = 0, "open"
     state = {"view": rng.choice(views), "layer": 0, "head": 0}
 
@@ -197,6 +218,8 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
 
     try:
         await v.connect()
+        if v.backend:
+            BACKENDS[v.backend] += 1
         lang = "zh" if n % 3 == 2 else "en"
         await act("open", urlencode({"view": state["view"], "lang": lang}), view=state["view"], lang=lang)
         for text in prompts:
@@ -325,18 +348,29 @@ def run(args) -> dict:
         report["determinism"] = determinism(loaded, args.determinism_prompt)
     del loaded, weights
     cache_mb = args.cache_mb if args.cache_mb else 2048  # app.settings' default
-    port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
-    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log")
-    sampler = MemorySampler(proc.pid)
+    ports = [free_port() for _ in range(args.processes)]
+    threads = max(1, (os.cpu_count() or 1) // args.processes) if args.processes > 1 else None
+    procs = [start_server(p, args.cache_mb, args.max_tokens, tmp / f"server{i}.log", threads)
+             for i, p in enumerate(ports)]
+    balancer = None
+    sampler = MemorySampler([proc.pid for proc in procs])
     sampler.start()
     client_cpu0 = time.process_time()
     try:
-        wait_healthy(port, proc)
-        report["rss_idle_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
+        for p, proc in zip(ports, procs):
+            wait_healthy(p, proc)
+        if args.processes > 1:  # visitors speak to HAProxy (docs/haproxy.cfg), which pins each to one process
+            port = free_port()
+            balancer = start_haproxy(port, ports, tmp)
+            wait_healthy(port, balancer)
+            report["processes"] = {"count": args.processes, "torch_threads_each": threads, "balancer": "haproxy"}
+        else:
+            port = ports[0]
+        report["rss_idle_mb"] = round(rss_kb([q for proc in procs for q in tree_pids(proc.pid)])["VmRSS"] / 1024)
 
-        async def warm_up() -> float:  # the teacher opens the page first: the model loads once
-            v = Visitor(port, args.timeout)
+        async def warm_up(p: int) -> float:  # the teacher opens the page first: each process loads its model once
+            v = Visitor(p, args.timeout)
             await v.connect()
             dt, problems = await v.rerun("view=tokens")
             await v.close()
@@ -344,8 +378,8 @@ def run(args) -> dict:
                 raise RuntimeError(f"the first page failed: {problems}")
             return dt
 
-        report["first_page_s"] = round(asyncio.run(warm_up()), 2)
-        report["rss_after_first_page_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
+        report["first_page_s"] = max(round(asyncio.run(warm_up(p)), 2) for p in ports)
+        report["rss_after_first_page_mb"] = round(rss_kb([q for proc in procs for q in tree_pids(proc.pid)])["VmRSS"] / 1024)
         deadline = t_start + args.max_seconds - 60  # leave a minute to finish the runs in progress
         t0 = time.monotonic()
         times, errors, done = asyncio.run(asyncio.wait_for(run_visitors(port, args, deadline),
@@ -359,10 +393,13 @@ def run(args) -> dict:
     finally:
         report["client_cpu_s"] = round(time.process_time() - client_cpu0, 1)
         sampler.stop()
-        server_alive = proc.poll() is None
-        stop_server(proc)
-    log = (tmp / "server.log").read_text(errors="replace")
-    report["server_log"] = str(tmp / "server.log")
+        server_alive = all(proc.poll() is None for proc in procs)
+        for proc in procs + ([balancer] if balancer else []):
+            stop_server(proc)
+    log = "".join((tmp / f"server{i}.log").read_text(errors="replace") for i in range(len(procs)))
+    report["server_log"] = str(tmp)
+    if BACKENDS:
+        report["processes"]["visitors_each"] = dict(sorted(BACKENDS.items()))
     planned = args.visitors * (1 + (1 if args.prompt_chars else 6) * args.prompts)
     if args.prompt_chars:  # a visitor whose connection the server closed sends nothing more
         report["oversized_prompts"] = {"chars": args.prompt_chars, **outcomes}
@@ -377,13 +414,14 @@ def run(args) -> dict:
     report["errors"] = len(errors)
     report["error_examples"] = errors[:10]
     report["server_log_tracebacks"] = tracebacks
-    bound = model_mb + cache_mb + args.overhead_mb
+    bound = args.processes * (model_mb + cache_mb + args.overhead_mb)  # each process its own model and cache
     peak = sampler.peak
     report["memory_mb"] = {"peak_rss": round(peak["VmRSS"] / 1024), "peak_rss_anon": round(peak["RssAnon"] / 1024),
                            "peak_rss_file": round(peak["RssFile"] / 1024), "samples": sampler.samples,
                            "p50_rss": round(percentile(sampler.history, 50) / 1024) if sampler.history else 0,
                            "p95_rss": round(percentile(sampler.history, 95) / 1024) if sampler.history else 0,
                            "model": round(model_mb), "cache_bound": cache_mb, "overhead": args.overhead_mb,
+                           "processes": args.processes,
                            "bound": round(bound)}
     report["total_seconds"] = round(time.monotonic() - t_start, 1)
     report["ok"] = (not errors and not tracebacks and peak["VmRSS"] / 1024 < bound
@@ -410,6 +448,9 @@ def parse_args(argv=None):
     p.add_argument("--prompt-chars", type=int, default=0,
                    help="pad every prompt to this many characters (a burst of oversized prompts: the server "
                         "must refuse them before tokenizing and stay under its memory bound)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="server processes behind HAProxy (docs/haproxy.cfg), each with its own model and cache "
+                        "and its share of the cores as torch threads")
     p.add_argument("--no-determinism", action="store_true")
     p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
     return p.parse_args(argv)

@@ -1,8 +1,10 @@
-"""The load bench's server side (bench_load.py): start and stop one app server, and read its process tree's memory
-from /proc (peak RSS, sampled)."""
+"""The load bench's server side (bench_load.py): start and stop the app's server processes (one, or several behind
+HAProxy with docs/haproxy.cfg), and read their process trees' memory from /proc (peak RSS, sampled)."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,9 +57,9 @@ def rss_kb(pids: list[int]) -> dict[str, int]:
 class MemorySampler(threading.Thread):
     """Peak RSS of a process tree, sampled from /proc."""
 
-    def __init__(self, pid: int, every: float = 0.2):
+    def __init__(self, pids: list[int], every: float = 0.2):
         super().__init__(daemon=True)
-        self.pid, self.every, self.samples = pid, every, 0
+        self.pids, self.every, self.samples = list(pids), every, 0
         self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
         self.last = dict(self.peak)
         self.history: list[int] = []  # VmRSS of every sample, kB
@@ -65,7 +67,7 @@ class MemorySampler(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            self.last = rss_kb(tree_pids(self.pid))
+            self.last = rss_kb([p for root in self.pids for p in tree_pids(root)])
             self.samples += 1
             self.history.append(self.last["VmRSS"])
             if self.last["VmRSS"] > self.peak["VmRSS"]:
@@ -77,13 +79,38 @@ class MemorySampler(threading.Thread):
         self.join()
 
 
-def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path) -> subprocess.Popen:
+def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path,
+                 torch_threads: int | None = None) -> subprocess.Popen:
     from explorer_model.serve import server_env, streamlit_command
 
     log = open(log_path, "wb")
+    env = server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb)
+    if torch_threads:  # several processes share the cores: each one's torch gets its part (read at startup)
+        env["OMP_NUM_THREADS"] = str(torch_threads)
     return subprocess.Popen(streamlit_command(port, "127.0.0.1"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb),
-                            start_new_session=True)  # its own process group, so stopping it stops only it
+                            env=env, start_new_session=True)  # its own process group, so stopping it stops only it
+
+
+HAPROXY_CFG = ROOT / "docs" / "haproxy.cfg"
+
+
+def haproxy_config(front: int, backends: list[int]) -> str:
+    """docs/haproxy.cfg with these ports: the front address and one `server` line per process."""
+    text = re.sub(r"bind 127\.0\.0\.1:\d+", f"bind 127.0.0.1:{front}", HAPROXY_CFG.read_text())
+    lines = [f"    server p{i + 1} 127.0.0.1:{port} check cookie p{i + 1}" for i, port in enumerate(backends)]
+    head = text[:text.index("    server p1 ")]
+    return head + "\n".join(lines) + "\n"
+
+
+def start_haproxy(front: int, backends: list[int], folder: Path) -> subprocess.Popen:
+    exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(exe).exists():
+        raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")
+    cfg = folder / "haproxy.cfg"
+    cfg.write_text(haproxy_config(front, backends))
+    log = open(folder / "haproxy.log", "wb")
+    return subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
