@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gc
 import io
+import logging
+import threading
 
 import numpy as np
 import streamlit as st
@@ -38,6 +40,8 @@ from explorer_model.recording import extend as extend_recording
 from explorer_model.runtime import release_freed_memory
 
 FORWARDS = {"count": 0}
+log = logging.getLogger("llama_explorer.gateway")
+_WARM_LOCK = threading.Lock()
 # re-entrant (a what-if's KL reads the clean recording, recorded under the same lock); a page run gives up the
 # drawing lane while it waits for it and runs (app/lanes.py)
 _FORWARD = ForwardLock(LANE)
@@ -61,9 +65,18 @@ def _load(source: str, version: tuple | None) -> LoadedModel:
     return loaded
 
 
+_READY: set = set()  # (path, version) of the models this process has loaded
+
+
 def _model(source: str) -> LoadedModel:
     path = resolve_source(source)
-    return _load(path, source_version(path))
+    key = (path, source_version(path))
+    if key in _READY:
+        return _load(*key)
+    with LANE.released():  # a load takes seconds: other visitors' pages draw meanwhile (app/lanes.py)
+        loaded = _load(*key)
+    _READY.add(key)
+    return loaded
 
 
 def try_load(source: str) -> tuple[ModelFacts | None, str | None]:
@@ -289,13 +302,34 @@ def twin_recordings(prompt: str, max_tokens: int) -> tuple[dict | None, str | No
     return out, None
 
 
+_WARM = {"started": False}
+
+
+def warm_up() -> None:
+    """Once per process, in a background thread: the lab's twins loaded and their held-out line recorded, work no
+    visitor's input changes, so the first visitor of the Norm lab does not wait for it (and nobody waits behind)."""
+    from streamlit import runtime
+
+    with _WARM_LOCK:
+        if _WARM["started"] or not runtime.exists():  # a served page, not AppTest (its counts stay its own)
+            return
+        _WARM["started"] = True
+
+    def run() -> None:
+        try:
+            twin_recordings("", 1)
+        except Exception:  # a missing or broken twin: the view says so when a visitor opens it
+            log.info("warm-up of the lab twins failed", exc_info=True)
+    threading.Thread(target=run, daemon=True, name="warm-up").start()
+
+
 __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "facts", "encode_prompt",
            "embedding_rows", "check_interventions", "recording", "extend", "recording_npz", "derived",
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run"]
+           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up"]
 
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices

@@ -121,6 +121,8 @@ def main() -> None:
     page_top()
     facts = side.choose_model()
     if facts is not None:
+        explorer.warm_up()  # once per process: the lab twins, in the background
+    if facts is not None:
         url_ids_once(facts)  # before the prompt box exists: it may set the box's text
     prompt = side.sidebar_prompt(facts)
     if facts is None:
