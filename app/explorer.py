@@ -28,7 +28,7 @@ from app.lanes import LANE, ForwardLock, quick_thread_switches
 from app.result_cache import ResultCache
 from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
                           offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
-                          token_cap)
+                          token_cap, warm_up_enabled)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
@@ -308,10 +308,8 @@ _WARM = {"started": False}
 def warm_up() -> None:
     """Once per process, in a background thread: the lab's twins loaded and their held-out line recorded, work no
     visitor's input changes, so the first visitor of the Norm lab does not wait for it (and nobody waits behind)."""
-    from streamlit import runtime
-
     with _WARM_LOCK:
-        if _WARM["started"] or not runtime.exists():  # a served page, not AppTest (its counts stay its own)
+        if _WARM["started"] or not warm_up_enabled():  # a server `serve` started, not AppTest (its counts stay its own)
             return
         _WARM["started"] = True
 

@@ -92,3 +92,8 @@ def source_version(source: str) -> tuple | None:
     except OSError:
         return ("unreadable",)
     return None if not any(sep in source for sep in "/\\") else ("missing",)
+
+
+def warm_up_enabled() -> bool:
+    """Set by `serve` (explorer_model.serve.server_env): the gateway prepares visitor-independent work at start."""
+    return os.environ.get("LLAMA_EXPLORER_WARM_UP") == "1"

@@ -65,7 +65,7 @@ def lan_addresses() -> list[str]:
 
 def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
                cache_mb: int | None = None, lab: bool = True) -> dict[str, str]:
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), LLAMA_EXPLORER_WARM_UP="1")
     if not lab:
         env["LLAMA_EXPLORER_LAB"] = "0"
     if share:

@@ -207,3 +207,20 @@ def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(mo
     full_top, full_prob = explorer.logit_lens(source, list(ids) + [42])
     assert rows == [1, len(ids) + 1]
     assert np.array_equal(top, full_top) and np.array_equal(prob, full_prob)
+
+
+def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypatch):
+    from explorer_model.lab.corpus import HELDOUT_LINE
+    from explorer_model.serve import server_env
+    assert server_env()["LLAMA_EXPLORER_WARM_UP"] == "1"  # what `serve` starts has it; AppTest does not
+    cache = fresh_cache(monkeypatch, 4096)
+    monkeypatch.setattr(explorer, "_WARM", {"started": False})
+    monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
+    explorer.warm_up()
+    explorer.warm_up()  # once per process
+    threads = [t for t in threading.enumerate() if t.name == "warm-up"]
+    assert len(threads) == 1
+    threads[0].join(60)
+    for source in lab.TWINS:
+        line = explorer._model(source).tokenizer.encode(HELDOUT_LINE, add_bos=True)
+        assert cache.peek(("recording", explorer._ident(source), tuple(line))) is not None, source
