@@ -51,6 +51,16 @@ quick_thread_switches()
 def page_run():
     """Held around a whole page run by app/main.py: one page draws at a time, forward passes run beside it."""
     return LANE.held()
+
+
+def pages_ahead() -> int:
+    """Other visitors' page runs drawing or waiting to draw (what a page about to wait has before it)."""
+    return LANE.pages()
+
+
+def forwards_ahead() -> int:
+    """Forward passes running or waiting, other than this page's."""
+    return _FORWARD.wanted()
 WHATIF_NAMES = ["blocks.*.hook_resid_post", "blocks.*.attn.hook_rot_q", "blocks.*.attn.hook_rot_k"]
 KL_MAX_POS = 32  # the lens KL costs layers × positions × vocab × d_model per run: the last 32 positions
 
@@ -327,7 +337,8 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up"]
+           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead",
+           "forwards_ahead"]
 
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices

@@ -44,6 +44,11 @@ class FifoLock:
         turn.acquire()  # released by the owner before us: the lock is ours, passed on without a gap
         return True
 
+    def queue_length(self) -> int:
+        """The holder and those waiting."""
+        with self._mutex:
+            return int(self._owned) + len(self._waiters)
+
     def release(self) -> None:
         with self._mutex:
             if self._waiters:
@@ -61,6 +66,10 @@ class DrawingLane:
 
     def holding(self) -> bool:
         return getattr(self._local, "held", False)
+
+    def pages(self) -> int:
+        """Page runs drawing or waiting to draw."""
+        return self._lock.queue_length()
 
     @contextmanager
     def held(self):
@@ -98,9 +107,16 @@ class ForwardLock:
         self._lock = threading.RLock()
         self._lane = lane
         self._local = threading.local()
+        self._wanted = 0  # threads running a forward pass or waiting for one
+        self._count_lock = threading.Lock()
+
+    def wanted(self) -> int:
+        return self._wanted
 
     def __enter__(self):
         if getattr(self._local, "depth", 0) == 0:
+            with self._count_lock:
+                self._wanted += 1
             self._local.released = self._lane.released()
             self._local.released.__enter__()
         self._lock.acquire()
@@ -111,6 +127,8 @@ class ForwardLock:
         self._lock.release()
         self._local.depth -= 1
         if self._local.depth == 0:
+            with self._count_lock:
+                self._wanted -= 1
             self._local.released.__exit__(None, None, None)
 
 

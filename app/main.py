@@ -168,5 +168,9 @@ def main() -> None:
         ctx.rec = explorer.RecordingRef(source, tuple(ids))
 
 
+_waiting = st.empty()
+if explorer.pages_ahead():  # a frozen page would look broken: say why it waits
+    _waiting.caption(tr("app.queue_pages", n=explorer.pages_ahead()))
 with explorer.page_run():  # one page draws at a time; forward passes run beside it (app/lanes.py)
+    _waiting.empty()
     main()

@@ -32,7 +32,8 @@ def recording_or_refusal(source: str, ids: list[int]):
                     budget=gb(max(cost["budget"], 0))))
         return None
     if not cost["progress"]:
-        with st.spinner(tr("app.running")):
+        ahead = 0 if cost["cached"] else explorer.forwards_ahead()
+        with st.spinner(tr("app.running_queue", n=ahead) if ahead else tr("app.running")):
             return explorer.recording(source, tuple(ids))
     bar = st.progress(0.0, text=tr("big.progress", done=0, total=cost["layers"]))
 

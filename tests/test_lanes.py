@@ -90,3 +90,32 @@ def test_the_lane_is_handed_over_in_arrival_order():
         th.join(5)
     assert order == [0, 1, 2, 3, 4]
     assert lock.acquire(blocking=False)
+
+
+def test_queue_lengths_that_waiting_visitors_are_shown():
+    lane = DrawingLane()
+    forward = ForwardLock(lane)
+    assert lane.pages() == 0 and forward.wanted() == 0
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_page():
+        with lane.held():
+            with forward:
+                entered.set()
+                leave.wait(5)
+
+    th = threading.Thread(target=other_page)
+    th.start()
+    assert entered.wait(5)
+    assert forward.wanted() == 1 and lane.pages() == 0  # its page gave the lane up while its forward runs
+    with lane.held():
+        assert lane.pages() == 1
+        leave.set()  # its forward ends; it waits for the lane to draw again, behind this page
+        for _ in range(5000):
+            if lane.pages() == 2:
+                break
+            threading.Event().wait(0.001)
+        assert lane.pages() == 2 and forward.wanted() == 0 and th.is_alive()
+    th.join(5)
+    assert not th.is_alive()
+    assert forward.wanted() == 0 and lane.pages() == 0
