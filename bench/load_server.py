@@ -96,7 +96,7 @@ HAPROXY_CFG = ROOT / "docs" / "haproxy.cfg"
 
 def haproxy_config(front: int, backends: list[int]) -> str:
     """docs/haproxy.cfg with these ports: the front address and one `server` line per process."""
-    text = re.sub(r"bind 127\.0\.0\.1:\d+", f"bind 127.0.0.1:{front}", HAPROXY_CFG.read_text())
+    text = re.sub(r"bind \S*:\d+", f"bind 127.0.0.1:{front}", HAPROXY_CFG.read_text())
     lines = [f"    server p{i + 1} 127.0.0.1:{port} check cookie p{i + 1}" for i, port in enumerate(backends)]
     head = text[:text.index("    server p1 ")]
     return head + "\n".join(lines) + "\n"
