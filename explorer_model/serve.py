@@ -3,6 +3,7 @@ shared. The app (app/main.py) runs in the Streamlit subprocess; this module neve
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -39,6 +40,17 @@ def streamlit_command(port: int = 8501, address: str = "127.0.0.1", url_host: st
         # own generational collection still runs; the gateway freezes the objects that live as long as the model.
         "--runner.postScriptGC", "false",
     ]
+
+
+HAPROXY_CFG = Path(__file__).resolve().parents[1] / "docs" / "haproxy.cfg"
+
+
+def haproxy_config(front: int, backends: list[int], address: str = "127.0.0.1") -> str:
+    """docs/haproxy.cfg listening on address:front with one `server` line per process port (README: "More than one
+    process"; bench/bench_load.py --processes and the balancer's browser test run it)."""
+    text = re.sub(r"bind \S*:\d+", f"bind {address}:{front}", HAPROXY_CFG.read_text())
+    head = text[:text.index("    server p1 ")]
+    return head + "".join(f"    server p{i} 127.0.0.1:{port} check cookie p{i}\n" for i, port in enumerate(backends, 1))
 
 
 def lan_addresses() -> list[str]:
