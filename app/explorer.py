@@ -295,3 +295,35 @@ from app.lab_jobs import (LabDisabled, LabJob, lab_init_gradients, lab_queue_len
 from app.lessons import lesson_target, patch_lesson  # noqa: E402
 
 __all__ += ["lesson_target"]
+
+
+# --------------------------------------------------------------------------- compare mode (issue 13): recording B
+# A side of a comparison is (source, ids, specs): specs "" is the plain recording, else the same prompt and model
+# run with what-if interventions (their string form, as in the What-if view and the URL).
+def changed_recording(source: str, ids, specs: str = "") -> Recording:
+    """The full recording of a prompt run with interventions, cached like recording(); specs "" is recording().
+    ValueError (one line) for a spec that does not parse or fit the model; a patch needs a second prompt and is
+    left to the What-if view."""
+    ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
+    if not specs:
+        return recording(source, ids)
+    ivs = check_interventions(source, specs)
+    if any(isinstance(iv, I.Patch) for iv in ivs):
+        raise ValueError("a patch needs a source prompt: use the What-if view for it")
+
+    def run() -> Recording:
+        rec = record(_model(source).model, list(ids), interventions=ivs)
+        _forward()
+        return rec
+    return result_cache().get(("recording", _ident(source), ids, I.format_list(ivs)), run, _FORWARD)
+
+
+def pair_derived(name: str, sides, fn, *args):
+    """fn(recording of each side, *args) cached under (name, each side's identity, args): compare-mode data worth
+    keeping between switches (per-layer curves, difference maps); no model runs. sides: (source, ids, specs)."""
+    keys = tuple((_ident(s), tuple(int(i) for i in ids), (sp or "").strip()) for s, ids, sp in sides)
+    return result_cache().get((f"pair:{name}", keys, args),
+                              lambda: fn(*[changed_recording(*side) for side in sides], *args))
+
+
+__all__ += ["changed_recording", "pair_derived"]
