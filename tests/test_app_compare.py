@@ -76,6 +76,40 @@ def test_every_view_draws_a_and_b(view, twins):
         assert [list(t.value["id"]) for t in at.dataframe[:2]] == [ids_a, ids_b]
 
 
+OTHER_PAIRS = {  # two lengths on one model (aligned positions), two model shapes (curves only)
+    "aligned": dict(model="tiny-pre", prompt="The bank of the river", cmp="prompt", cmp_prompt="The bank approved the loan"),
+    "curves": dict(model="tiny-pre", prompt=LINE, cmp="model", cmp_model="smollm2", layer=5, head=7),
+}
+
+
+@pytest.mark.parametrize("pair", list(OTHER_PAIRS))
+@pytest.mark.parametrize("view", [v[0] for v in VIEWS])
+def test_every_view_draws_other_kinds_of_pairs(view, pair):
+    at = run_app(view=view, **OTHER_PAIRS[pair])
+    assert not at.exception and not at.error and not at.warning
+    figs = figures(at)
+    assert view == "tokens" or {"A", "B"} <= {str(t.get("meta")).split(":")[0] for f in figs for t in f["data"]}
+    if pair == "curves":  # nothing per position across two shapes: no B − A anywhere
+        assert not any(t.get("meta") == "B-A" for f in figs for t in f["data"])
+
+
+def test_aligned_difference_is_the_aligned_sub_matrix():
+    """Prompts of other lengths: B − A on the positions of the common prefix and suffix (found here by hand)."""
+    (ia, ra), (ib, rb) = recorded("tiny-pre", "The bank of the river"), recorded("tiny-pre", "The bank of the long river")
+    pre = next(i for i, (x, y) in enumerate(zip(ia, ib)) if x != y)
+    suf = next(k for k in range(min(len(ia), len(ib))) if ia[-1 - k] != ib[-1 - k])
+    pa = list(range(pre)) + list(range(len(ia) - suf, len(ia)))
+    pb = list(range(pre)) + list(range(len(ib) - suf, len(ib)))
+    at = run_app(view="attention", model="tiny-pre", prompt="The bank of the river", cmp="prompt",
+                 cmp_prompt="The bank of the long river", layer=3, head=1)
+    d = decode(trace(by_id(at, "compare_attention"), "B-A")["z"])
+    A, B = ra.pattern(3)[0, 1].double().numpy(), rb.pattern(3)[0, 1].double().numpy()
+    expected = B[np.ix_(pb, pb)] - A[np.ix_(pa, pa)]
+    low = np.tril(np.ones_like(expected, dtype=bool))
+    assert len(ia) != len(ib) and suf > 0 and d.shape == expected.shape
+    np.testing.assert_allclose(d[low], expected[low], atol=1e-6)
+
+
 def test_attention_a_b_and_the_difference_are_the_recordings(twins):
     at = run_app(view="attention", **TWINS)
     (_, ra), (_, rb) = twins

@@ -43,7 +43,6 @@ def pair_heatmaps(fig_id: str, panels: Sequence[tuple[str, str, np.ndarray, Sequ
         xa, ya = ("x", "y") if k == 0 else (f"x{k + 1}", f"y{k + 1}")
         fig.add_trace(go.Heatmap(z=z, x=list(x), y=list(y), xaxis=xa, yaxis=ya, coloraxis="coloraxis", meta=meta,
                                  hoverongaps=False, hovertemplate=HOVER))
-    colorbar_x = 1.0
     if diff is not None:
         _, dz, dx, dy = diff
         k = len(panels)
@@ -51,12 +50,11 @@ def pair_heatmaps(fig_id: str, panels: Sequence[tuple[str, str, np.ndarray, Sequ
         fig.add_trace(go.Heatmap(z=dz, x=list(dx), y=list(dy), xaxis=f"x{k + 1}", yaxis=f"y{k + 1}",
                                  coloraxis="coloraxis2", meta="B-A", hoverongaps=False, hovertemplate=HOVER))
         fig.update_layout(coloraxis2=dict(colorscale="RdBu_r", cmid=0, cmin=-(m or 1.0), cmax=m or 1.0,
-                                          colorbar=dict(x=1.0, len=0.9, thickness=12)))
-        last = "xaxis" if len(panels) == 1 else f"xaxis{len(panels)}"
-        colorbar_x = lay[last]["domain"][1] + 0.005  # A and B's scale between them and B − A's
+                                          colorbar=dict(x=1.1, len=0.9, thickness=12, title="B − A")))
+    # both colour bars right of the last panel: between panels they would cover the next panel's labels
     fig.update_layout(**lay, coloraxis=dict(colorscale=colorscale, cmin=zmin, cmax=zmax,
-                                            colorbar=dict(x=colorbar_x, len=0.9, thickness=12)),
-                      meta={"id": fig_id}, height=height, margin=dict(l=60, r=60, t=40, b=80))
+                                            colorbar=dict(x=1.01, len=0.9, thickness=12, title="A · B")),
+                      meta={"id": fig_id}, height=height, margin=dict(l=60, r=130 if diff is not None else 60, t=40, b=80))
     fig.update_xaxes(type="category", tickangle=-90)
     fig.update_yaxes(type="category", autorange="reversed")
     return fig
@@ -115,10 +113,10 @@ def change_map_figure(fig_id: str, ratio: np.ndarray, depth: np.ndarray, labels:
                       *, title: str, x_title: str, y_title: str) -> go.Figure:
     """Minimal pairs: ‖Δ resid‖ / ‖resid‖ over (blocks passed, compared position); the most-changed columns framed."""
     y = [f"{k}" for k in range(len(depth))]
-    fig = go.Figure(go.Heatmap(z=ratio, x=list(labels), y=y, colorscale="Magma", meta="change", zmin=0,
+    fig = go.Figure(go.Heatmap(z=ratio, x=list(labels), y=y, colorscale="Reds", meta="change", zmin=0,
                                hovertemplate=HOVER, customdata=np.broadcast_to(depth[:, None], ratio.shape)))
     for i in top:
-        fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=-0.5, y1=len(y) - 0.5, line=dict(color="cyan", width=3))
+        fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=-0.5, y1=len(y) - 0.5, line=dict(color=A_COLOR, width=3))
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, meta={"id": fig_id, "top": list(top)},
                       height=max(320, 40 + 18 * len(y)), margin=dict(t=50, b=80))
     fig.update_xaxes(type="category", tickangle=-90)

@@ -151,7 +151,7 @@ def draw_whatif(pair: Pair) -> None:
     if pair.positions and pair.same_layers:
         js = pair.cached("head_js", head_js, pair.pairs)
         fig = plots.heatmap(js, [str(h) for h in range(js.shape[1])], [f"L{l}" for l in range(js.shape[0])],
-                            title=t("compare.heads_title"), colorscale="Magma", zmin=0, x_title=t("compare.head"),
+                            title=t("compare.heads_title"), colorscale="Reds", zmin=0, x_title=t("compare.head"),
                             y_title=t("compare.layer"), value_name="JS (nats)")
         fig.update_layout(meta={"id": "compare_heads"})
         plots.show(fig, pair.a, key="compare_heads")

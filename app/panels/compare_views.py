@@ -72,7 +72,7 @@ def _matrix_figure(pair: Pair, kind: str, fig_id: str):
     labels = pair.diff_labels() if m["diff"] is not None else []
     diff = None if m["diff"] is None else (t("compare.diff_title"), m["diff"], labels, labels)
     fig = F.pair_heatmaps(fig_id, panels, diff, zmin=0.0 if kind == "pattern" else None,
-                          zmax=1.0 if kind == "pattern" else None)
+                          zmax=1.0 if kind == "pattern" else None, colorscale="Blues" if kind == "pattern" else "Viridis")
     plots.show(fig, pair.a, key=fig_id)
     return m
 
