@@ -88,6 +88,28 @@ def chooser(source: str) -> dict | None:
             "prompt": value if mode == "prompt" else ss.get("prompt") or "", "specs": value if mode == "whatif" else ""}
 
 
+LESSONS = {"compare_bank": "preset.compare_bank_lesson", "compare_twins": "preset.compare_twins_lesson",
+           "compare_rope": "preset.compare_rope_lesson"}
+
+
+def apply_lesson(preset, ids: list[int], pieces: list[str]) -> None:
+    """A comparison preset's lesson (app/main.py's apply_lesson hands it here): while A and B are still the preset's,
+    on its first run put the selection where its point shows (found by the gateway on the two recordings), and say
+    in one sentence what to look for."""
+    ss = st.session_state
+    if any(str(ss.get(k if k != "model_pick" else "active_model")) != v for k, v in preset.args):
+        ss.pop("lesson", None)  # the visitor changed B (or the model): the sentence would describe another pair
+        return
+    target = explorer.compare_lesson(ss.active_model, preset.key, tuple(ids))
+    if ss.pop("_lesson_pending", False):
+        ss.update(view=target["view"], layer=target["layer"], head=target["head"], token=target["token"],
+                  _token_auto=False)
+    values = dict(target["values"])
+    if "top" in values:
+        values["top"] = pieces[values["top"]]
+    st.info(tr(LESSONS[preset.key], **{k: plain(v) if isinstance(v, str) else v for k, v in values.items()}))
+
+
 def _ids_b(spec: dict, ctx: ViewContext, facts_b) -> list[int]:
     """B's token ids: the same ids for an intervention; else B's prompt as B's model reads it (with the page's BOS
     choice where the app adds BOS)."""

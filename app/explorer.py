@@ -327,3 +327,38 @@ def pair_derived(name: str, sides, fn, *args):
 
 
 __all__ += ["changed_recording", "pair_derived"]
+
+
+def compare_lesson(source: str, preset_key: str, ids) -> dict:
+    """Where a comparison preset's point shows (app/presets.py, kind "compare"), found on A and the preset's B
+    (cached): {"view", "layer", "head", "token", "values": placeholders of its catalog sentence}."""
+    from app.presets import BY_KEY
+    from explorer_model.analysis import compare as C
+    preset, ids = BY_KEY[preset_key], tuple(int(i) for i in ids)
+    args = dict(preset.args)
+
+    def find() -> dict:
+        a, src_b = recording(source, ids), args.get("cmp_model", source)
+        ids_b = ids if args["cmp"] == "whatif" else tuple(
+            encode_prompt(src_b, args.get("cmp_prompt", preset.prompt), DEFAULT_MAX_TOKENS)[0])
+        b = changed_recording(src_b, ids_b, args.get("cmp_iv", ""))
+        out = {"view": preset.view, "layer": 0, "head": 0, "token": len(ids) - 1, "values": {}}
+        if args["cmp"] == "whatif":  # the head whose attention the change moves most
+            js = C.attention_js(a, b)["js"].mean(-1)
+            layer, head = (int(x) for x in np.unravel_index(int(np.argmax(js)), js.shape))
+            out.update(layer=layer, head=head, values={"layer": layer, "head": head, "js": float(js[layer, head])})
+        elif args["cmp"] == "prompt":  # the shared prefix reads alike; where the later words move the stream most
+            align = C.align_minimal_pair(ids, ids_b)
+            ratio = C.resid_change_map(a, b, align)["ratio"]
+            k = int(np.argmax(ratio[-1]))
+            out.update(token=int(align.pairs[k][0]), values={"prefix": align.prefix, "top": int(align.pairs[k][0]),
+                                                             "ratio": float(ratio[-1, k])})
+        else:  # Pre vs Post: the residual stream's RMS after every block
+            ca, cb = C.layer_curves(a, attention=False), C.layer_curves(b, attention=False)
+            out["values"] = {"pre_first": float(ca.stream_rms[0]), "pre_last": float(ca.stream_rms[-1]),
+                             "post_min": float(cb.stream_rms[1:].min()), "post_max": float(cb.stream_rms[1:].max())}
+        return out
+    return result_cache().get(("compare_lesson", _ident(source), preset_key, ids), find)
+
+
+__all__ += ["compare_lesson"]

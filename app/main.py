@@ -79,6 +79,8 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
     if preset is None or st.session_state.get("prompt") != preset.prompt:
         st.session_state.pop("lesson", None)
         return
+    if preset.kind == "compare":  # a comparison's lesson is found on A and its B (app/compare.py)
+        return compare.apply_lesson(preset, ids, pieces)
     try:
         target = explorer.lesson_target(st.session_state.active_model, key, tuple(ids))
     except ValueError as e:
@@ -90,8 +92,6 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
     values = dict(target["values"])
     if preset.kind == "link":
         values.update(query=preset.args[0], other=preset.args[1])
-    if preset.kind == "compare":  # compare mode says what its pair teaches
-        return
     if "top_id" in values:
         values["piece"] = display_piece(facts.piece(int(values.pop("top_id"))))
     if "key" in target and preset.kind != "link":

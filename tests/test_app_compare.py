@@ -296,9 +296,34 @@ def test_a_view_of_a_below_keeps_its_downloads(twins):
     ("compare_twins", "tiny-pre", "norm", ("cmp_model", "tiny-post")),
     ("compare_rope", "smollm2", "attention", ("cmp_iv", "no-rope")),
 ])
-def test_compare_presets(key, model, view, b):
+def test_compare_presets_land_on_their_lesson(key, model, view, b):
+    """Each comparison preset sets A, B and the view, and says what to look for with numbers found on the pair,
+    checked here against the two recordings."""
+    from app.presets import BY_KEY
+
     at = run_app()
     at.sidebar.selectbox(key="preset").set_value(key).run()
     assert not at.exception and not at.error
-    assert at.query_params["model"] == model and at.query_params["view"] == view and at.query_params[b[0]] == b[1]
+    q = at.query_params
+    assert q["model"] == model and q["view"] == view and q[b[0]] == b[1] and q["prompt"] == BY_KEY[key].prompt
     assert at.get("plotly_chart") and "Compare" in all_text(at)
+    lesson = at.info[0].value
+    if key == "compare_rope":  # the head whose rows move most without RoPE, over every layer and head
+        (_, ra), (_, rb) = recorded(model, BY_KEY[key].prompt), recorded(model, BY_KEY[key].prompt, ["no-rope"])
+        js = np.array([[js_rows(ra.pattern(l)[0, h].double().numpy(), rb.pattern(l)[0, h].double().numpy()).mean()
+                        for h in range(ra.cfg.n_heads)] for l in range(ra.cfg.n_layers)])
+        layer, head = np.unravel_index(np.argmax(js), js.shape)
+        assert (int(q["layer"]), int(q["head"])) == (layer, head)
+        assert f"layer {layer}, head {head} (Jensen–Shannon {js[layer, head]:.3f} nats" in lesson
+    elif key == "compare_twins":
+        rms_a, rms_b = stream_rms(recorded("tiny-pre", LINE)[1]), stream_rms(recorded("tiny-post", LINE)[1])
+        assert f"from {rms_a[0]:.2f} to {rms_a[-1]:.2f}" in lesson
+        assert f"between {rms_b[1:].min():.2f} and {rms_b[1:].max():.2f}" in lesson
+    else:  # the bank pair swaps the last three tokens: the prefix reads alike, the largest change is found
+        (ia, ra), (ib, rb) = recorded(model, BANK_A), recorded(model, BANK_B)
+        prefix = next(i for i, (x, y) in enumerate(zip(ia, ib)) if x != y)
+        L = ra.cfg.n_layers
+        last = lambda r: r[f"blocks.{L - 1}.hook_resid_post"][0].double()
+        ratio = ((last(rb) - last(ra)).norm(dim=-1) / last(ra).norm(dim=-1)).numpy()
+        assert int(q["token"]) == int(np.argmax(ratio)) and ratio[:prefix].max() < 1e-6
+        assert f"The first {prefix} tokens" in lesson and f"= {ratio.max():.2f} after the last block" in lesson
