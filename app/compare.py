@@ -59,9 +59,10 @@ def chooser(source: str) -> dict | None:
     if ss.get("cmp") not in MODES:
         ss["cmp"] = ""
     sb.divider()
-    ss["_w_cmp"] = ss.get("cmp") or ""
-    mode = sb.selectbox(tr("compare.mode"), MODES, key="_w_cmp", on_change=_copy, args=("cmp",),
-                        format_func=lambda m: tr(MODE_KEYS[m]), help=tr("compare.mode_help"))
+    ss["_w_cmp"] = ss.get("cmp") or None  # off is no choice (cleared with the box's ×), as for the presets
+    mode = sb.selectbox(tr("compare.mode"), MODES[1:], key="_w_cmp", on_change=_copy, args=("cmp",), index=None,
+                        format_func=lambda m: tr(MODE_KEYS[m]), help=tr("compare.mode_help"),
+                        placeholder=tr(MODE_KEYS[""])) or ""
     for other in set(VALUE_OF.values()) - {VALUE_OF.get(mode)}:  # the link holds the mode and its one value
         ss.pop(other, None)
     if not mode:

@@ -253,7 +253,7 @@ def test_the_url_holds_b_and_a_link_reopens_it(twins):
     at.sidebar.selectbox(key="_w_cmp").set_value("whatif").run()
     at.sidebar.text_input(key="_w_cmp_iv").input("gate-off").run()
     assert at.query_params["cmp_iv"] == "gate-off" and "gate-off" in all_text(run_app(**dict(at.query_params)))
-    at.sidebar.selectbox(key="_w_cmp").set_value("").run()
+    at.sidebar.selectbox(key="_w_cmp").set_value(None).run()
     assert not any(k.startswith("cmp") for k in at.query_params)
 
 
