@@ -8,6 +8,7 @@ so switching view, layer, head or token runs no forward pass; a new B costs one 
 State (st.session_state, and the URL through app/main.py's URL_KEYS, so a shared link opens the same comparison):
   cmp         "" (off) | "prompt" | "model" | "whatif"
   cmp_prompt  B's prompt (mode "prompt"); cmp_model  B's model (mode "model"); cmp_iv  B's interventions ("whatif")
+  cmp_align   positions paired by hand, "i-j, …" (mode "prompt"; empty: common prefix and suffix)
 The sidebar's widgets have their own keys (a widget's state is dropped while it is not shown), copied to these.
 What each view draws is in app/panels/compare_views.py (HOOKS) and compare_stream.py.
 """
@@ -22,7 +23,7 @@ from app.panels.compare_common import Pair, map_layer, partner
 from app.panels.compare_views import HOOKS
 from explorer_model.analysis import compare as C
 
-URL_KEYS = ("cmp", "cmp_prompt", "cmp_model", "cmp_iv")
+URL_KEYS = ("cmp", "cmp_prompt", "cmp_model", "cmp_iv", "cmp_align")
 MODES = ("", "prompt", "model", "whatif")
 VALUE_OF = {"prompt": "cmp_prompt", "model": "cmp_model", "whatif": "cmp_iv"}  # the one value each mode needs
 DEFAULT_IV = "no-rope"
@@ -63,7 +64,8 @@ def chooser(source: str) -> dict | None:
     mode = sb.selectbox(tr("compare.mode"), MODES[1:], key="_w_cmp", on_change=_copy, args=("cmp",), index=None,
                         format_func=lambda m: tr(MODE_KEYS[m]), help=tr("compare.mode_help"),
                         placeholder=tr(MODE_KEYS[""])) or ""
-    for other in set(VALUE_OF.values()) - {VALUE_OF.get(mode)}:  # the link holds the mode and its one value
+    kept = {VALUE_OF.get(mode)} | ({"cmp_align"} if mode == "prompt" else set())
+    for other in (set(VALUE_OF.values()) | {"cmp_align"}) - kept:  # the link holds the mode and its values
         ss.pop(other, None)
     if not mode:
         return None
@@ -74,6 +76,9 @@ def chooser(source: str) -> dict | None:
     if mode == "prompt":
         sb.text_area(tr("compare.prompt_b"), key="_w_cmp_prompt", on_change=_copy, args=("cmp_prompt",), height=80,
                      max_chars=explorer.prompt_char_limit())
+        ss["_w_cmp_align"] = ss.get("cmp_align") or ""
+        sb.text_input(tr("compare.align"), key="_w_cmp_align", on_change=_copy, args=("cmp_align",),
+                      help=tr("compare.align_help"))
     elif mode == "model":
         offered = explorer.offered_models()
         if ss[key] not in offered:  # a link may name a model this server does not offer
@@ -86,7 +91,8 @@ def chooser(source: str) -> dict | None:
     sb.toggle(tr("compare.full_view"), key="cmp_full")
     value = ss[key]
     return {"mode": mode, "source": value if mode == "model" else source,
-            "prompt": value if mode == "prompt" else ss.get("prompt") or "", "specs": value if mode == "whatif" else ""}
+            "prompt": value if mode == "prompt" else ss.get("prompt") or "", "specs": value if mode == "whatif" else "",
+            "align": ss.get("cmp_align") or ""}
 
 
 LESSONS = {"compare_bank": "preset.compare_bank_lesson", "compare_twins": "preset.compare_twins_lesson",
@@ -141,8 +147,13 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
     same_vocab = spec["source"] == ctx.source or C.shares_vocabulary(
         ctx.facts.piece, facts_b.piece, ctx.cfg.vocab_size, facts_b.cfg.vocab_size)
     level = C.comparable(rec_a, rec_b)
-    align = None
-    if same_vocab and list(ids_b) != list(ctx.ids) and level.positions:
+    align, by_hand = None, bool(spec.get("align", "").strip())
+    if by_hand:
+        try:
+            align = C.alignment_from_pairs(parse_pairs(spec["align"]), len(ctx.ids), len(ids_b), ctx.ids, ids_b)
+        except C.CompareError as e:
+            return None, tr("compare.bad_align", error=plain(e))
+    elif same_vocab and list(ids_b) != list(ctx.ids) and level.positions:
         align = C.align_minimal_pair(ctx.ids, ids_b)
     lesson = C.lesson_key(rec_a, rec_b, source_a=ctx.source, source_b=spec["source"],
                           prompt_a=st.session_state.get("prompt") or "", prompt_b=spec["prompt"],
@@ -154,7 +165,19 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
                         token=partner(align, ctx.token, len(ctx.ids), len(ids_b)),
                         lang=ctx.lang, presenter=ctx.presenter, extras={"source": spec["source"]})
     return Pair(a=ctx, b=ctx_b, specs_b=spec["specs"], level=level, align=align, lesson=lesson,
-                same_vocab=same_vocab), None
+                same_vocab=same_vocab, by_hand=by_hand), None
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """"0-0, 3-5" -> [("0", "0"), ("3", "5")]; alignment_from_pairs checks the numbers and says what is wrong."""
+    out = []
+    for part in (p.strip() for p in text.replace(";", ",").split(",")):
+        if part:
+            i, sep, j = part.replace(":", "-").partition("-")
+            if not sep:
+                raise C.CompareError(f"{part!r} is not a pair i-j")
+            out.append((i.strip(), j.strip()))
+    return out
 
 
 def describe(pair: Pair, spec: dict) -> str:

@@ -110,6 +110,26 @@ def test_aligned_difference_is_the_aligned_sub_matrix():
     np.testing.assert_allclose(d[low], expected[low], atol=1e-6)
 
 
+def test_positions_paired_by_hand():
+    """A visitor's alignment (in the link): B − A and the change map on exactly those pairs."""
+    (ia, ra), (ib, rb) = recorded("tiny-pre", "The bank of the river"), recorded("tiny-pre", "The bank approved the loan")
+    pairs = [(0, 0), (1, 1), (2, 2), (3, 3), (5, 7), (7, 9)]  # <s> The ban k, " the" with " the", last with last
+    q = dict(model="tiny-pre", prompt="The bank of the river", cmp="prompt", cmp_prompt="The bank approved the loan",
+             cmp_align=", ".join(f"{i}-{j}" for i, j in pairs), layer=4, head=6)
+    at = run_app(view="attention", **q)
+    assert not at.exception and at.query_params["cmp_align"] == q["cmp_align"]
+    pa, pb = [i for i, _ in pairs], [j for _, j in pairs]
+    A, B = ra.pattern(4)[0, 6].double().numpy(), rb.pattern(4)[0, 6].double().numpy()
+    expected = B[np.ix_(pb, pb)] - A[np.ix_(pa, pa)]
+    low = np.tril(np.ones_like(expected, dtype=bool))
+    np.testing.assert_allclose(decode(trace(by_id(at, "compare_attention"), "B-A")["z"])[low], expected[low], atol=1e-6)
+    z = decode(by_id(run_app(view="residual", **q), "compare_change_map")["data"][0]["z"])
+    xa, xb = ra["blocks.5.hook_resid_post"][0, pa].double(), rb["blocks.5.hook_resid_post"][0, pb].double()
+    np.testing.assert_allclose(z[-1], ((xb - xa).norm(dim=-1) / xa.norm(dim=-1)).numpy(), rtol=1e-6)
+    bad = run_app(view="attention", **{**q, "cmp_align": "0-0, 1-1, 1-2"})
+    assert not bad.exception and "aligned twice" in bad.warning[0].value
+
+
 def test_attention_a_b_and_the_difference_are_the_recordings(twins):
     at = run_app(view="attention", **TWINS)
     (_, ra), (_, rb) = twins

@@ -27,6 +27,7 @@ class Pair:
     align: C.Alignment | None  # minimal-pair alignment of two different prompts (None: the same prompt)
     lesson: str  # compare.LESSON_KEYS
     same_vocab: bool  # the two tokenizers spell every id alike
+    by_hand: bool = False  # `align` holds pairs the visitor picked (compared even where the lengths agree)
 
     def t(self, key: str, **values) -> str:
         return self.a.t(key, **values)
@@ -46,12 +47,12 @@ class Pair:
     @property
     def pairs(self):
         """What hook_difference & co. take: None (position i with i) or the alignment."""
-        return None if self.level.tensors else self.align
+        return self.align if self.by_hand else None if self.level.tensors else self.align
 
     @property
     def positions(self) -> bool:
         """Per-position differences can be drawn: one model shape, and the same length or an alignment with pairs."""
-        if self.level.tensors:
+        if self.level.tensors and not self.by_hand:
             return True
         return self.level.positions and self.align is not None and bool(self.align.pairs)
 
@@ -61,7 +62,7 @@ class Pair:
 
     def index(self) -> tuple[np.ndarray, np.ndarray]:
         """Positions of A and of B compared with each other."""
-        if self.level.tensors:
+        if self.pairs is None:
             return np.arange(len(self.a.ids)), np.arange(len(self.b.ids))
         return self.align.index()
 
