@@ -130,6 +130,24 @@ def test_positions_paired_by_hand():
     assert not bad.exception and "aligned twice" in bad.warning[0].value
 
 
+def test_a_long_prompt_shows_a_window_around_the_token():
+    text = " ".join([LINE] * 8)
+    (ids, ra), (_, rb) = recorded("tiny-pre", text), recorded("tiny-pre", text, ["no-rope"])
+    n, token = len(ids), 40
+    assert n > 2 * 24 + 1
+    at = run_app(view="attention", model="tiny-pre", prompt=text, cmp="whatif", cmp_iv="no-rope", layer=1, head=0,
+                 token=token)
+    fig = by_id(at, "compare_attention")
+    lo, hi = token - 24, token + 25
+    A, B = ra.pattern(1)[0, 0].double().numpy()[lo:hi, lo:hi], rb.pattern(1)[0, 0].double().numpy()[lo:hi, lo:hi]
+    low = np.tril(np.ones_like(A, dtype=bool))
+    for meta, expected in (("A", A), ("B", B), ("B-A", B - A)):
+        z = decode(trace(fig, meta)["z"])
+        assert z.shape == (49, 49)
+        np.testing.assert_allclose(z[low], expected[low], atol=1e-6)
+    assert trace(fig, "A")["x"][24].startswith(f"{token}:") and f"{n}-token prompt" in all_text(at)
+
+
 def test_attention_a_b_and_the_difference_are_the_recordings(twins):
     at = run_app(view="attention", **TWINS)
     (_, ra), (_, rb) = twins

@@ -10,6 +10,7 @@ import streamlit as st
 from app import plots
 from app.panels import compare_figs as F
 from app.panels import compare_stream as S
+from app.panels.attention_cells import WINDOW_DEFAULT, window
 from app.panels.compare_common import CURVE_KEYS, Pair, curves, ffn_change, gate_closed, pattern, scores, side_rows
 from explorer_model.analysis import compare as C
 
@@ -65,12 +66,25 @@ def matrices(pair: Pair, kind: str) -> dict:
     return out
 
 
+def _cut(z, labels, token: int):
+    """The WINDOW_DEFAULT tokens either side of `token` (as the Attention view shows a long prompt)."""
+    lo, hi = window(len(labels), token, WINDOW_DEFAULT)
+    return z[lo:hi, lo:hi], list(labels)[lo:hi], (lo, hi)
+
+
 def _matrix_figure(pair: Pair, kind: str, fig_id: str):
     m, a, b, t = matrices(pair, kind), pair.a, pair.b, pair.t
-    panels = [("A", t("compare.head_title", side="A", layer=a.layer, head=a.head), m["a"], a.labels, a.labels),
-              ("B", t("compare.head_title", side="B", layer=b.layer, head=b.head), m["b"], b.labels, b.labels)]
-    labels = pair.diff_labels() if m["diff"] is not None else []
-    diff = None if m["diff"] is None else (t("compare.diff_title"), m["diff"], labels, labels)
+    (za, la, wa), (zb, lb, _) = _cut(m["a"], a.labels, a.token), _cut(m["b"], b.labels, b.token)
+    panels = [("A", t("compare.head_title", side="A", layer=a.layer, head=a.head), za, la, la),
+              ("B", t("compare.head_title", side="B", layer=b.layer, head=b.head), zb, lb, lb)]
+    diff = None
+    if m["diff"] is not None:
+        ia = pair.index()[0]
+        k = int(np.argmin(np.abs(ia - a.token)))  # the compared position nearest A's token
+        zd, ld, _ = _cut(m["diff"], pair.diff_labels(), k)
+        diff = (t("compare.diff_title"), zd, ld, ld)
+    if wa[1] - wa[0] < len(a.ids):
+        st.caption(t("compare.window", half=WINDOW_DEFAULT, n=len(a.ids)))
     fig = F.pair_heatmaps(fig_id, panels, diff, zmin=0.0 if kind == "pattern" else None,
                           zmax=1.0 if kind == "pattern" else None, colorscale="Blues" if kind == "pattern" else "Viridis")
     plots.show(fig, pair.a, key=fig_id)
