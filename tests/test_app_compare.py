@@ -65,6 +65,21 @@ def stream_rms(rec) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- every view
+VIEW_CSVS = {"tokens": ["tokens"], "attention": ["attention"], "norm": ["norm_stream", "norm"], "rope": ["rope"],
+             "swiglu": ["swiglu"], "residual": ["residual_stream", "next", "change_map"], "block": ["block"],
+             "whatif": ["next", "heads"], "normlab": ["normlab_stream"]}
+
+
+@pytest.mark.parametrize("view", [v[0] for v in VIEWS])
+def test_every_views_csv_holds_both_sides(view):
+    at = run_app(view=view, **TWINS)
+    files = capture_downloads(at, [f"compare_{name}.csv" for name in VIEW_CSVS[view]])
+    for name, text in files.items():
+        rows = list(csv.DictReader(io.StringIO(text)))
+        sides = {r["side"] for r in rows}
+        assert sides == ({"B-A"} if name in ("compare_change_map.csv", "compare_heads.csv") else {"A", "B"}), name
+
+
 @pytest.mark.parametrize("view", [v[0] for v in VIEWS])
 def test_every_view_draws_a_and_b(view, twins):
     at = run_app(view=view, **TWINS)

@@ -155,6 +155,8 @@ def draw_whatif(pair: Pair) -> None:
                             y_title=t("compare.layer"), value_name="JS (nats)")
         fig.update_layout(meta={"id": "compare_heads"})
         plots.show(fig, pair.a, key="compare_heads")
+        rows = [["B-A", l, h, float(js[l, h])] for l in range(js.shape[0]) for h in range(js.shape[1])]
+        _csv(pair, "heads", ["layer", "head", "js_nats"], rows)
 
 
 def draw_normlab(pair: Pair) -> None:
