@@ -107,7 +107,11 @@ def apply_lesson(preset, ids: list[int], pieces: list[str]) -> None:
     if any(str(ss.get(k if k != "model_pick" else "active_model")) != v for k, v in preset.args):
         ss.pop("lesson", None)  # the visitor changed B (or the model): the sentence would describe another pair
         return
-    target = explorer.compare_lesson(ss.active_model, preset.key, tuple(ids))
+    try:
+        target = explorer.compare_lesson(ss.active_model, preset.key, tuple(ids))
+    except ValueError as e:  # e.g. a model on which the pair has no positions to compare
+        st.info(tr("app.lesson_failed", error=plain(e)))
+        return
     if ss.pop("_lesson_pending", False):
         ss.update(view=target["view"], layer=target["layer"], head=target["head"], token=target["token"],
                   _token_auto=False)

@@ -23,7 +23,7 @@ LINE = "Shall I compare thee to a summer's day?"
 TWINS = dict(model="tiny-pre", prompt=LINE, cmp="model", cmp_model="tiny-post", layer=2, head=3)
 BANK_A, BANK_B = "The bank of the river", "The bank approved the loan"
 VIEW_FIGURES = {  # the figures each view draws for the twins (same shape and length: B − A everywhere)
-    "tokens": set(), "attention": {"compare_attention", "compare_attention_js"},
+    "tokens": set(), "attention": {"compare_attention", "compare_attention_js", "compare_attention_curves"},
     "norm": {"compare_norm_stream", "compare_norm", "compare_norm_curves"}, "rope": {"compare_rope"},
     "swiglu": {"compare_swiglu", "compare_swiglu_change", "compare_swiglu_curves"},
     "residual": {"compare_residual_stream", "compare_next", "compare_change_map"}, "block": {"compare_block"},
@@ -233,6 +233,12 @@ def test_swiglu_and_block_curves(twins):
         ln1 = [float(r[f"blocks.{l}.ln1.hook_scale"][0].double().mean()) for l in range(6)]
         np.testing.assert_allclose(decode(trace(block, f"{meta}:0")["y"]), ln1, rtol=1e-6)
         np.testing.assert_allclose(decode(trace(block, f"{meta}:5")["y"]), stream_rms(r), rtol=1e-9)
+        rows = [r.pattern(l)[0, :, 1:].double() for l in range(6)]  # query rows ≥ 1; 0 · log 0 = 0
+        entropy = [float(-(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1).mean()) for p in rows]
+        np.testing.assert_allclose(decode(trace(block, f"{meta}:2")["y"]), entropy, rtol=1e-5)
+        attn = by_id(run_app(view="attention", **TWINS), "compare_attention_curves")
+        np.testing.assert_allclose(decode(trace(attn, f"{meta}:0")["y"]), entropy, rtol=1e-5)
+        np.testing.assert_allclose(decode(trace(attn, f"{meta}:1")["y"]), [float(p[..., 0].mean()) for p in rows], rtol=1e-5)
 
 
 def test_next_token_distributions_and_distance(twins):

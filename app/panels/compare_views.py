@@ -110,8 +110,7 @@ def draw_attention(pair: Pair) -> None:
         plots.show(F.bars_figure("compare_attention_js", pair.diff_labels(), [("js", t("compare.js_name"), js)],
                                  title=t("compare.js_title", layer=a.layer, head=a.head), y_title="nats",
                                  highlight=sorted(pair.changed())), a, key="compare_attention_js")
-    elif not pair.positions or not pair.same_layers:
-        S.draw_curve_panels(pair, ("attn_entropy", "sink_share"), "compare_attention_curves")
+    S.draw_curve_panels(pair, ("attn_entropy", "sink_share"), "compare_attention_curves")  # every layer, any shapes
     _csv(pair, "attention", ["layer", "head", "query", "key", "weight"], rows)
 
 
