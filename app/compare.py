@@ -203,6 +203,10 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
     if pair is None:
         st.warning(err)
         return False
+    source_b, ids_b, specs_b = pair.b.source, tuple(int(i) for i in pair.b.ids), pair.specs_b
+    st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime="application/octet-stream",
+                               data=lambda: explorer.changed_recording_npz(source_b, ids_b, specs_b),
+                               file_name="recording_B.npz", on_click="ignore")  # called after the run: plain values only
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))
     st.caption(describe(pair, spec))
     st.caption(tr(LESSON_KEYS[pair.lesson], specs=plain(spec["specs"]), model_b=plain(spec["source"])))

@@ -326,7 +326,20 @@ def pair_derived(name: str, sides, fn, *args):
                               lambda: fn(*[changed_recording(*side) for side in sides], *args))
 
 
-__all__ += ["changed_recording", "pair_derived"]
+def changed_recording_npz(source: str, ids, specs: str = "") -> bytes:
+    """B's recording as .npz (the sidebar's download in compare mode), cached like recording_npz."""
+    ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
+    if not specs:
+        return recording_npz(source, ids)
+
+    def pack() -> bytes:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **changed_recording(source, ids, specs).to_numpy())
+        return buf.getvalue()
+    return result_cache().get(("npz", _ident(source), ids, specs), pack)
+
+
+__all__ += ["changed_recording", "pair_derived", "changed_recording_npz"]
 
 
 def compare_lesson(source: str, preset_key: str, ids) -> dict:

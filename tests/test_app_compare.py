@@ -341,6 +341,17 @@ def test_a_bad_b_leaves_a_on_the_page():
     assert not at.exception and "not offered" in at.sidebar.warning[0].value
 
 
+def test_b_recording_downloads_as_npz():
+    """The sidebar's B download: the what-if run's tensors, equal to a recording made here with the intervention."""
+    text = "on cat the sat The mat."
+    _, rb = recorded("tiny-pre", text, ["no-rope"])
+    at = run_app(view="rope", model="tiny-pre", prompt=text, cmp="whatif", cmp_iv="no-rope")
+    data = capture_downloads(at, ["recording_B.npz"])["recording_B.npz"]
+    with np.load(io.BytesIO(data)) as z:
+        np.testing.assert_allclose(z["blocks.1.attn.hook_rot_q"], rb["blocks.1.attn.hook_rot_q"].numpy(), atol=1e-6)
+        np.testing.assert_array_equal(z["blocks.1.attn.hook_rot_q"], z["blocks.1.attn.hook_q"])  # not rotated
+
+
 def test_a_view_of_a_below_keeps_its_downloads(twins):
     at = run_app(view="attention", **TWINS)
     at.sidebar.toggle(key="cmp_full").set_value(True).run()
