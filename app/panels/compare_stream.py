@@ -9,6 +9,7 @@ import streamlit as st
 from app import plots
 from app.context import display_piece, plain
 from app.panels import compare_figs as F
+from app.panels.generation import candidate_label
 from app.panels.compare_common import CURVE_KEYS, Pair, curves, divisor_difference, divisors, most_changed, side_rows
 from explorer_model.analysis import compare as C
 
@@ -91,11 +92,26 @@ def next_token(a, b, same_vocab: bool, piece_a, piece_b, pos_a: int, pos_b: int)
                                 pos_a=pos_a, pos_b=pos_b, k=10)
 
 
+def candidate_labels(pair: Pair, texts) -> list[str]:
+    """Each candidate's text as a person reads it (generation.candidate_label: a piece of a character shows the
+    character it completes), through an id that spells it among A's (else B's) most likely tokens."""
+    spelled = []
+    for ctx in (pair.a, pair.b):
+        top = ctx.rec.logits[0, ctx.token].topk(min(64, ctx.cfg.vocab_size)).indices.tolist()
+        spelled.append((ctx, {ctx.facts.piece(int(i)): int(i) for i in reversed(top)}))  # the likeliest id wins
+    out = []
+    for text in texts:
+        hit = next(((ctx, ids[text]) for ctx, ids in spelled if text in ids), None)
+        label = display_piece(text) if hit is None else candidate_label(hit[0].facts, hit[0].ids[:hit[0].token + 1], hit[1])
+        out.append(label if label not in out else f"{label} ({len(out)})")  # categories must stay distinct
+    return out
+
+
 def draw_next_token(pair: Pair) -> dict:
     a, b, t = pair.a, pair.b, pair.t
     res = pair.cached("next", next_token, pair.same_vocab, a.facts.piece, b.facts.piece, a.token, b.token)
     rows = res["top_k"]["rows"]
-    labels = [display_piece(r["text"]) for r in rows]
+    labels = candidate_labels(pair, [r["text"] for r in rows])
     fig = F.bars_figure("compare_next", labels, [("A", "A", [r["p_a"] for r in rows]), ("B", "B", [r["p_b"] for r in rows])],
                         title=t("compare.next_title", token_a=a.token, piece_a=a.pieces[a.token], token_b=b.token,
                                 piece_b=b.pieces[b.token]), y_title=t("compare.probability"))
