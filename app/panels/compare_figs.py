@@ -87,10 +87,11 @@ def curves_grid(fig_id: str, panels: Sequence[tuple[str, Sequence[tuple[str, str
             fig.add_trace(go.Scatter(x=np.asarray(x, dtype=float), y=np.asarray(y, dtype=float), mode="lines+markers",
                                      name=name, meta=f"{meta}:{k}", xaxis=xa, yaxis=ya, showlegend=k == 0,
                                      line=dict(color=A_COLOR if meta == "A" else B_COLOR)))
-    fig.update_layout(meta={"id": fig_id}, height=height, margin=dict(t=40, b=40),
-                      legend=dict(orientation="h", y=-0.08))
+    fig.update_layout(meta={"id": fig_id}, height=height, margin=dict(t=40, b=90),
+                      legend=dict(orientation="h", x=0, y=-0.1, yanchor="top"))
     fig.update_xaxes(range=[-0.05, 1.05])
-    fig.add_annotation(text=x_title, x=0.5, y=-0.06, xref="paper", yref="paper", showarrow=False)
+    fig.add_annotation(text=x_title, x=1, y=-0.1, xref="paper", yref="paper", showarrow=False, xanchor="right",
+                       yanchor="top")  # below the tick labels, right of the legend
     return fig
 
 
