@@ -53,8 +53,8 @@ def draw_stream(pair: Pair, field: str, fig_id: str) -> None:
     Pre vs Post sentence under it when the pair is one of each."""
     ca, cb = pair_curves(pair)
     t = pair.t
-    fig = F.curves_figure(fig_id, [("A", t("compare.stream_side", side="A", kind=ca.norm_placement), ca.stream_depth, getattr(ca, field)),
-                                   ("B", t("compare.stream_side", side="B", kind=cb.norm_placement), cb.stream_depth, getattr(cb, field))],
+    fig = F.curves_figure(fig_id, [("A", t("compare.stream_side", side="A", kind=ca.norm_placement.capitalize()), ca.stream_depth, getattr(ca, field)),
+                                   ("B", t("compare.stream_side", side="B", kind=cb.norm_placement.capitalize()), cb.stream_depth, getattr(cb, field))],
                           title=t(STREAM_KEYS[field][0]), x_title=t("compare.stream_depth"),
                           y_title=t(STREAM_KEYS[field][1]), log_y=True)
     plots.show(fig, pair.a, key=fig_id)
