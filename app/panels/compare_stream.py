@@ -53,8 +53,9 @@ def draw_stream(pair: Pair, field: str, fig_id: str) -> None:
     Pre vs Post sentence under it when the pair is one of each."""
     ca, cb = pair_curves(pair)
     t = pair.t
-    fig = F.curves_figure(fig_id, [("A", t("compare.stream_side", side="A", kind=ca.norm_placement.capitalize()), ca.stream_depth, getattr(ca, field)),
-                                   ("B", t("compare.stream_side", side="B", kind=cb.norm_placement.capitalize()), cb.stream_depth, getattr(cb, field))],
+    series = [(side, t("compare.stream_side", side=side, kind=c.norm_placement.capitalize()), c.stream_depth,
+               getattr(c, field)) for side, c in (("A", ca), ("B", cb))]
+    fig = F.curves_figure(fig_id, series,
                           title=t(STREAM_KEYS[field][0]), x_title=t("compare.stream_depth"),
                           y_title=t(STREAM_KEYS[field][1]), log_y=True)
     plots.show(fig, pair.a, key=fig_id)
