@@ -13,7 +13,7 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import explorer, prompt_cost
+from app import compare, explorer, prompt_cost
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -21,7 +21,7 @@ from app.presets import BY_KEY
 from app.sidebar import tr
 
 log = logging.getLogger("llama_explorer.app")
-URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt", "whatif", "whatif_source")
+URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt", "whatif", "whatif_source") + compare.URL_KEYS
 URL_FLAGS = ("presenter", "bos")  # written as 1 when on, left out when off
 
 # presenter mode folds the sidebar away on a projector; no page icon (an emoji renders as a box without its font)
@@ -79,6 +79,8 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
     if preset is None or st.session_state.get("prompt") != preset.prompt:
         st.session_state.pop("lesson", None)
         return
+    if preset.kind == "compare":  # a comparison's lesson is found on A and its B (app/compare.py)
+        return compare.apply_lesson(preset, ids, pieces)
     try:
         target = explorer.lesson_target(st.session_state.active_model, key, tuple(ids))
     except ValueError as e:
@@ -131,6 +133,7 @@ def main() -> None:
         st.info(tr("app.empty_prompt"))
         return
     source = st.session_state.active_model
+    cmp_spec = compare.chooser(source)  # B, or None (compare mode off)
     try:
         ids, body, n_total = side.prompt_ids(facts, source, prompt, int(st.session_state.max_tokens))
     except explorer.PromptError:  # too long for this server, or not text: one line, nothing run
@@ -160,7 +163,8 @@ def main() -> None:
     write_url(side.url_ids(source, prompt, body))
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     try:
-        draw(ctx)
+        if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
+            draw(ctx)
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
         st.error(tr("app.view_failed", error=plain(e)))

@@ -16,8 +16,8 @@ class Preset:
     key: str
     prompt: str
     view: str  # the view that shows the point
-    kind: str  # how the target is found: link | induction | sink | split | lens | special
-    args: tuple = field(default=())  # link: (query word, key word)
+    kind: str  # how the target is found: link | induction | sink | split | lens | special | compare
+    args: tuple = field(default=())  # link: (query word, key word); compare: (state key, value) pairs (B, model)
 
 
 PRESETS: list[Preset] = [
@@ -33,6 +33,16 @@ PRESETS: list[Preset] = [
     Preset("fact", "The capital of France is", "residual", "lens"),
     Preset("zh_sentence", "\u4eca\u5929\u5929\u6c14\u5f88\u597d\uff0c\u6211\u4eec\u53bb\u516c\u56ed\u6563\u6b65\u3002", "tokens", "split"),
     Preset("chat", "<|im_start|>user\nWhat is RoPE?<|im_end|>\n<|im_start|>assistant\n", "tokens", "special"),
+]
+
+# Comparisons (compare mode, app/compare.py): the preset's prompt is A; args set B (and the model where it matters).
+PRESETS += [
+    Preset("compare_bank", "The bank of the river", "residual", "compare",
+           (("cmp", "prompt"), ("cmp_prompt", "The bank approved the loan"))),
+    Preset("compare_twins", "Shall I compare thee to a summer's day?", "norm", "compare",
+           (("model_pick", "tiny-pre"), ("cmp", "model"), ("cmp_model", "tiny-post"))),
+    # word order scrambled (the last word kept): without RoPE only the causal mask still tells positions apart
+    Preset("compare_rope", "on cat the sat The mat.", "attention", "compare", (("cmp", "whatif"), ("cmp_iv", "no-rope"))),
 ]
 
 BY_KEY = {p.key: p for p in PRESETS}

@@ -135,6 +135,8 @@ def _choose_preset() -> None:
     if key in BY_KEY:
         replace_prompt(BY_KEY[key].prompt)
         st.session_state["_pending"].update(bos=False)  # lessons are found on the prompt as the model reads it
+        if BY_KEY[key].kind == "compare":  # a comparison brings its B (and, for the twins, the model)
+            st.session_state["_pending"].update(dict(BY_KEY[key].args))
         st.session_state["lesson"], st.session_state["_lesson_pending"] = key, True
     st.session_state["preset"] = None
 

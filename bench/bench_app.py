@@ -3,7 +3,8 @@
 - prompt: a new 30-token prompt entered -> recording made and every view drawn once
 - switch: changing layer, head, token or view on an existing recording (no forward pass)
 - generation step: "take the top token" in the Residual view (one KV-cache step, the lens of the new position)
-Usage: .venv/bin/python bench/bench_app.py
+- --compare: switch times in compare mode (B = a minimal pair of A) against single mode, interleaved in one run
+Usage: .venv/bin/python bench/bench_app.py [--compare]
 """
 from __future__ import annotations
 
@@ -89,5 +90,49 @@ def main() -> None:
     print(json.dumps(report, indent=2))
 
 
+# --------------------------------------------------------------------------- compare mode (issue 13)
+def compare_switches(rounds: int = 3) -> dict:
+    """View / layer / head switches with compare mode on (B = the same prompt with one word changed, so every view
+    draws A, B and B − A; alone, and with A's own view below) against the same switches in single mode,
+    interleaved switch by switch in one process, after every view was visited once in each (what a visitor who
+    looked around has cached)."""
+    from app import explorer as state
+    from app.panels import VIEWS
+
+    text = PROMPTS[2]
+    b = dict(cmp="prompt", cmp_prompt=text.replace("river", "road"))
+    pages = {"single": run_app(view="tokens", prompt=text), "compare": run_app(view="tokens", prompt=text, **b),
+             "compare_and_a_view": run_app(view="tokens", prompt=text, **b)}
+    pages["compare_and_a_view"].sidebar.toggle(key="cmp_full").set_value(True).run()  # A's own view drawn below too
+    views = [v[0] for v in VIEWS]
+    for at in pages.values():
+        for v in views:
+            at.segmented_control(key="view").set_value(v).run()
+    times = {mode: {"view": [], "layer": [], "head": []} for mode in pages}
+    before, step = state.FORWARDS["count"], 0
+    for _ in range(rounds):
+        for v in views:
+            step += 1
+            for mode, at in pages.items():
+                t0 = time.perf_counter()
+                at.segmented_control(key="view").set_value(v).run()
+                times[mode]["view"].append(time.perf_counter() - t0)
+                for key, value in (("layer", (7, 20)[step % 2]), ("head", (5, 2)[step % 2])):
+                    t0 = time.perf_counter()
+                    at.sidebar.slider(key=key).set_value(value).run()
+                    times[mode][key].append(time.perf_counter() - t0)
+                assert not at.exception, [e.value for e in at.exception]
+    med = {mode: {k: statistics.median(v) for k, v in t.items()} for mode, t in times.items()}
+    return {"compare_switch_s": {m: {k: round(v, 3) for k, v in d.items()} for m, d in med.items()},
+            "over_single": {m: {k: round(med[m][k] / med["single"][k], 2) for k in med["single"]} for m in med if m != "single"},
+            "forward_passes_on_switches": state.FORWARDS["count"] - before,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--compare" in sys.argv[1:]:
+        print(json.dumps(compare_switches(), indent=2))
+    else:
+        main()

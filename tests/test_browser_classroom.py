@@ -462,5 +462,8 @@ def test_preset_lands_on_its_lesson(server, page, preset):
     elif preset.kind == "special":
         piece = sidebar_token_piece(page)
         assert re.fullmatch(r"<\|[a-z_]+\|>", piece), f"chat: the selected token {piece!r} is no special token"
+    elif preset.kind == "compare":  # A and B side by side: B in the link, the view's compare figures drawn
+        assert q.get("cmp"), f"{preset.key}: no B in the link: {q}"
+        assert any(str((f["layout"].get("meta") or {}).get("id", "")).startswith("compare_") for f in figures(page))
     else:
         pytest.fail(f"{preset.key}: no check for lesson kind {preset.kind!r}")
