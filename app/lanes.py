@@ -1,17 +1,17 @@
 """Part of the gateway: who runs Python at the same time in the server process.
 
 Every page run is a thread of this one process, and Python lets one thread at a time run Python code (the GIL).
-A forward pass is ~1,000 torch calls; each gives the GIL up and must win it back. When page runs draw figures
-meanwhile, each of those calls waits out a drawing thread's time slice: with four threads drawing, recording a
-30-token prompt took 23 s instead of 0.18 s here (bench/bench_gil.py), and a classroom's new prompts queued
-behind each other for seconds. So:
+A forward pass is a few thousand torch calls; each gives the GIL up and must win it back, waiting out the time
+slice of whichever thread runs Python meanwhile. Recording 35 tokens took 0.16 s alone, 8.7 s beside ONE thread
+drawing figures at Python's default 5 ms slice, and 115 s beside four (bench/bench_gil.py); a classroom's new
+prompts queued behind each other for seconds. So:
   - one page run draws at a time (the drawing lane, held for a whole page run, handed over in arrival order:
     a plain lock lets the thread that just released it take it again, and a page waiting to start a forward
     pass waited seconds); drawing is Python, which runs one thread at a time anyway;
   - a page run gives the lane up while it waits for or runs a forward pass, or waits for a lab experiment,
     so other visitors' pages draw meanwhile, and the forward pass competes with one drawing thread at most;
-  - the interpreter switches threads every millisecond instead of every 5 ms, so the forward pass wins the
-    GIL back quickly from that one drawing thread.
+  - the interpreter switches threads every 0.1 ms instead of every 5 ms: beside one drawing thread that
+    recording took 0.39 s instead of 8.7 s (at 1 ms: 1.6 s), and the drawing thread lost 12 % of its speed.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 
-SWITCH_INTERVAL_S = 0.001
+SWITCH_INTERVAL_S = 0.0001
 
 
 class FifoLock:

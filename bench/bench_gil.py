@@ -1,10 +1,11 @@
 """Why the server has a drawing lane (app/lanes.py): a forward pass beside page runs that draw.
 
-Records a prompt on the default model (a) alone, (b) while N threads run Python the way page runs draw figures,
-as the server did before the lane, and (c) with those threads taking turns through the drawing lane while the
-recording runs under the gateway's ForwardLock, with the 1 ms thread switch interval the gateway sets. Each
-drawing "page run" is --page-ms of pure Python. Reports seconds per recording and the ratio to (a), and how many
-page runs the drawers finished meanwhile (the lane must not starve them).
+Records a prompt on the default model (a) alone, (b) beside one thread running Python (one page drawing) at
+Python's default 5 ms switch interval and at the gateway's (app/lanes.py), (c) while N threads run Python the way
+page runs draw figures, as the server did before the lane, and (d) with those threads taking turns through the
+drawing lane while the recording runs under the gateway's ForwardLock, at the gateway's interval. Each drawing
+"page run" is --page-ms of pure Python. Reports seconds per recording and the ratio to (a), and how many page runs
+the drawers finished meanwhile (the lane must not starve them).
 
 Usage: .venv/bin/python bench/bench_gil.py [--drawers 4] [--tokens 30] [--repeats 3]
 """
@@ -72,16 +73,24 @@ def main() -> None:
     ids = list(range(1000, 1000 + a.tokens))
     record(model, ids)  # warm up
     default_interval = sys.getswitchinterval()
-    alone = measure(lambda: record(model, ids), 0, a.page_ms, a.repeats)
-    before = measure(lambda: record(model, ids), a.drawers, a.page_ms, a.repeats)
+    rec_once = lambda: record(model, ids)  # noqa: E731
+    alone = measure(rec_once, 0, a.page_ms, a.repeats)
+    one_default = measure(rec_once, 1, a.page_ms, a.repeats)
+    before = measure(rec_once, a.drawers, a.page_ms, a.repeats)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    one_gateway = measure(rec_once, 1, a.page_ms, a.repeats)
     lane = DrawingLane()
-    after = measure(lambda: record(model, ids), a.drawers, a.page_ms, a.repeats, lane, ForwardLock(lane))
+    after = measure(rec_once, a.drawers, a.page_ms, a.repeats, lane, ForwardLock(lane))
     sys.setswitchinterval(default_interval)
+
+    def ratio(r: dict) -> float:
+        return round(r["s_per_recording"] / alone["s_per_recording"], 1)
     out = {"tokens": a.tokens, "drawers": a.drawers, "page_ms": a.page_ms, "loadavg": os.getloadavg()[0],
-           "alone": alone, "free_drawers_5ms_switch": before, "lane_1ms_switch": after,
-           "slowdown_before": round(before["s_per_recording"] / alone["s_per_recording"], 1),
-           "slowdown_after": round(after["s_per_recording"] / alone["s_per_recording"], 1)}
+           "switch_interval_ms": {"default": default_interval * 1000, "gateway": SWITCH_INTERVAL_S * 1000},
+           "alone": alone, "one_drawer_default_interval": one_default, "one_drawer_gateway_interval": one_gateway,
+           "free_drawers_default_interval": before, "lane_gateway_interval": after,
+           "slowdown": {"one_drawer_default": ratio(one_default), "one_drawer_gateway": ratio(one_gateway),
+                        "free_drawers_default": ratio(before), "lane_gateway": ratio(after)}}
     print(json.dumps(out, indent=1))
 
 
