@@ -28,7 +28,7 @@ from app.lanes import LANE, ForwardLock, quick_thread_switches
 from app.result_cache import ResultCache
 from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
                           offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
-                          token_cap, warm_up_enabled)
+                          token_cap, warm_up_enabled, public_port)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
@@ -337,7 +337,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
-           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead",
+           "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead", "public_port",
            "forwards_ahead"]
 
 

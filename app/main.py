@@ -114,7 +114,7 @@ def page_top() -> None:
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     st.title(tr("app.title"))
     if explorer.shared():
-        side.share_box(int(st.get_option("server.port")))
+        side.share_box(explorer.public_port() or int(st.get_option("server.port")))
 
 
 def main() -> None:

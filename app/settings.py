@@ -97,3 +97,9 @@ def source_version(source: str) -> tuple | None:
 def warm_up_enabled() -> bool:
     """Set by `serve` (explorer_model.serve.server_env): the gateway prepares visitor-independent work at start."""
     return os.environ.get("LLAMA_EXPLORER_WARM_UP") == "1"
+
+
+def public_port() -> int | None:
+    """The port visitors open when this process serves behind `serve --processes` (the balancer's), else None."""
+    value = os.environ.get("LLAMA_EXPLORER_PUBLIC_PORT", "")
+    return int(value) if value.isdigit() else None

@@ -20,9 +20,9 @@ Determinism is checked apart from the server: the same prompt recorded in severa
 `record` calls, and through app.result_cache.ResultCache with a zero budget so each get recomputes), and in
 two separate `llama-explorer record` processes; every tensor must be bit-identical.
 
-With --processes N (N > 1) the visitors speak to HAProxy configured by docs/haproxy.cfg in front of N server
-processes (each its own model and cache, torch threads = cores / N); memory is then the sum of their trees and
-the bound N times one server's.
+With --processes N (N > 1) the server is `llama-explorer serve --share --processes N`: HAProxy with docs/haproxy.cfg
+in front of N app processes (each its own model and cache, torch threads = cores / N); the visitors load the page
+first to get the balancer's cookie, memory is the whole process tree's and the bound N times one server's.
 
 Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5] [--processes 1]   (prints a JSON report;
 exit status 0 when there were no errors, memory stayed under the bound and recordings were identical)
@@ -51,8 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when loaded from a file path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from load_server import (free_port, MemorySampler, rss_kb, start_haproxy, start_server, stop_server,  # noqa: E402
-                         tree_pids, wait_healthy)
+from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
 
 # What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
 # libraries (~0.42 GB after the first page), one recording in flight (~1.7 MB per token of SmolLM2: 100 MB
@@ -349,37 +348,34 @@ def run(args) -> dict:
     del loaded, weights
     cache_mb = args.cache_mb if args.cache_mb else 2048  # app.settings' default
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
-    ports = [free_port() for _ in range(args.processes)]
-    threads = max(1, (os.cpu_count() or 1) // args.processes) if args.processes > 1 else None
-    procs = [start_server(p, args.cache_mb, args.max_tokens, tmp / f"server{i}.log", threads)
-             for i, p in enumerate(ports)]
-    balancer = None
-    sampler = MemorySampler([proc.pid for proc in procs])
+    port = free_port()
+    # one server, or `serve --processes N`: N servers behind HAProxy (docs/haproxy.cfg) pinning each visitor to one
+    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes)
+    sampler = MemorySampler([proc.pid])
     sampler.start()
     client_cpu0 = time.process_time()
     try:
-        for p, proc in zip(ports, procs):
-            wait_healthy(p, proc)
-        if args.processes > 1:  # visitors speak to HAProxy (docs/haproxy.cfg), which pins each to one process
-            port = free_port()
-            balancer = start_haproxy(port, ports, tmp)
-            wait_healthy(port, balancer)
-            report["processes"] = {"count": args.processes, "torch_threads_each": threads, "balancer": "haproxy"}
-        else:
-            port = ports[0]
-        report["rss_idle_mb"] = round(rss_kb([q for proc in procs for q in tree_pids(proc.pid)])["VmRSS"] / 1024)
+        wait_healthy(port, proc)
+        if args.processes > 1:
+            report["processes"] = {"count": args.processes, "balancer": "haproxy",
+                                   "torch_threads_each": max(1, (os.cpu_count() or 1) // args.processes)}
+        report["rss_idle_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
 
-        async def warm_up(p: int) -> float:  # the teacher opens the page first: each process loads its model once
-            v = Visitor(p, args.timeout)
-            await v.connect()
-            dt, problems = await v.rerun("view=tokens")
-            await v.close()
-            if problems:
-                raise RuntimeError(f"the first page failed: {problems}")
-            return dt
+        async def warm_up() -> float:  # the teacher opens the page first: each process loads its model once
+            pages = [Visitor(port, args.timeout, sticky=args.processes > 1) for _ in range(args.processes)]
+            slowest = 0.0
+            for v in pages:  # each stays connected, so the balancer sends the next to another process
+                await v.connect()
+                dt, problems = await v.rerun("view=tokens")
+                if problems:
+                    raise RuntimeError(f"the first page failed: {problems}")
+                slowest = max(slowest, dt)
+            for v in pages:
+                await v.close()
+            return slowest
 
-        report["first_page_s"] = max(round(asyncio.run(warm_up(p)), 2) for p in ports)
-        report["rss_after_first_page_mb"] = round(rss_kb([q for proc in procs for q in tree_pids(proc.pid)])["VmRSS"] / 1024)
+        report["first_page_s"] = round(asyncio.run(warm_up()), 2)
+        report["rss_after_first_page_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
         deadline = t_start + args.max_seconds - 60  # leave a minute to finish the runs in progress
         t0 = time.monotonic()
         times, errors, done = asyncio.run(asyncio.wait_for(run_visitors(port, args, deadline),
@@ -393,11 +389,10 @@ def run(args) -> dict:
     finally:
         report["client_cpu_s"] = round(time.process_time() - client_cpu0, 1)
         sampler.stop()
-        server_alive = all(proc.poll() is None for proc in procs)
-        for proc in procs + ([balancer] if balancer else []):
-            stop_server(proc)
-    log = "".join((tmp / f"server{i}.log").read_text(errors="replace") for i in range(len(procs)))
-    report["server_log"] = str(tmp)
+        server_alive = proc.poll() is None
+        stop_server(proc)
+    log = (tmp / "server.log").read_text(errors="replace")
+    report["server_log"] = str(tmp / "server.log")
     if BACKENDS:
         report["processes"]["visitors_each"] = dict(sorted(BACKENDS.items()))
     planned = args.visitors * (1 + (1 if args.prompt_chars else 6) * args.prompts)

@@ -1,9 +1,9 @@
-"""The load bench's server side (bench_load.py): start and stop the app's server processes (one, or several behind
-HAProxy with docs/haproxy.cfg), and read their process trees' memory from /proc (peak RSS, sampled)."""
+"""The load bench's server side (bench_load.py): start and stop the app's server (one process, or `serve
+--processes N` behind HAProxy), and read its process tree's memory from /proc (peak RSS, sampled)."""
 from __future__ import annotations
 
 import os
-import shutil
+import sys
 import signal
 import socket
 import subprocess
@@ -79,28 +79,20 @@ class MemorySampler(threading.Thread):
 
 
 def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path,
-                 torch_threads: int | None = None) -> subprocess.Popen:
+                 processes: int = 1) -> subprocess.Popen:
+    """One shared server as `serve --share` runs it, or with processes > 1 the `serve --share --processes N` command
+    itself (app servers behind HAProxy); in its own process group, so stopping it stops all of it."""
     from explorer_model.serve import server_env, streamlit_command
 
     log = open(log_path, "wb")
-    env = server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb)
-    if torch_threads:  # several processes share the cores: each one's torch gets its part (read at startup)
-        env["OMP_NUM_THREADS"] = str(torch_threads)
-    return subprocess.Popen(streamlit_command(port, "127.0.0.1"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)  # its own process group, so stopping it stops only it
-
-
-def start_haproxy(front: int, backends: list[int], folder: Path) -> subprocess.Popen:
-    from explorer_model.serve import haproxy_config
-
-    exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not Path(exe).exists():
-        raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")
-    cfg = folder / "haproxy.cfg"
-    cfg.write_text(haproxy_config(front, backends))
-    log = open(folder / "haproxy.log", "wb")
-    return subprocess.Popen([exe, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    if processes > 1:
+        cmd = [sys.executable, "-m", "explorer_model.cli", "serve", "--share", "--processes", str(processes),
+               "--port", str(port)] + (["--cache-mb", str(cache_mb)] if cache_mb else []) + \
+              (["--max-tokens", str(max_tokens)] if max_tokens else [])
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    else:
+        cmd, env = streamlit_command(port, "127.0.0.1"), server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

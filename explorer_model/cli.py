@@ -256,7 +256,7 @@ def cmd_train_tiny(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from .serve import serve
+    from .serve import haproxy_path, serve
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
@@ -264,8 +264,12 @@ def cmd_serve(args) -> None:
         from .memory import DTYPE_ENV
 
         os.environ[DTYPE_ENV] = args.dtype
+    if args.processes < 1:
+        raise CliError(f"--processes {args.processes}: at least 1")
+    if args.processes > 1 and haproxy_path() is None:
+        raise CliError("--processes needs HAProxy (Debian: apt install haproxy)")
     serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
-          max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab)
+          max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -335,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-mb", type=int, help="memory for cached recordings (default 2048)")
     s.add_argument("--no-lab", action="store_true",
                    help="switch off the norm lab's training races and gradient probes (computed results still show)")
+    s.add_argument("--processes", type=int, default=1,
+                   help="app server processes behind HAProxy on --port (each its own model and cache; needs haproxy)")
     s.set_defaults(fn=cmd_serve)
     for name in ("info", "tokenize", "record", "generate", "serve"):
         sub.choices[name].add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP)

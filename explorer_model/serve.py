@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"  # run as a script: never imported here
@@ -92,7 +96,7 @@ def server_env(share: bool = False, models_dir: str | None = None, max_tokens: i
 
 
 def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models_dir: str | None = None,
-          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True) -> None:
+          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1) -> None:
     address = "0.0.0.0" if share else "127.0.0.1"
     query = "" if source == "smollm2" else f"?model={source}"
     hosts = (lan_addresses() if share else []) or ["127.0.0.1"]
@@ -103,8 +107,51 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
             print("No network interface with an address was found: only this machine can open the page.", flush=True)
         print("Shared mode: visitors choose from the default model, the shipped teaching models"
               + (f" and the models in {models_dir}" if models_dir else "") + "; they cannot load paths.", flush=True)
+    env = server_env(share, models_dir, max_tokens, cache_mb, lab)
     try:
-        subprocess.run(streamlit_command(port, address, hosts[0]),
-                       env=server_env(share, models_dir, max_tokens, cache_mb, lab), check=False)
+        if processes > 1:
+            serve_processes(port, address, hosts[0], env, processes)
+        else:
+            subprocess.run(streamlit_command(port, address, hosts[0]), env=env, check=False)
     except KeyboardInterrupt:
         pass
+
+
+def haproxy_path() -> str | None:
+    exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    return exe if Path(exe).exists() else None
+
+
+def serve_processes(port: int, address: str, url_host: str, env: dict, processes: int) -> None:
+    """`serve --processes N`: N app servers on loopback ports, each with its own model, cache and lab worker and
+    cores // N torch threads, behind HAProxy on address:port with docs/haproxy.cfg (a visitor stays with one
+    process). One process has one GIL: a second one draws and runs the model beside it (README, "Serving a
+    classroom")."""
+    exe = haproxy_path()
+    if exe is None:
+        raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")
+    ports = []
+    for _ in range(processes):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    each = dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // processes)),
+                LLAMA_EXPLORER_PUBLIC_PORT=str(port))  # the share box shows the balancer's port, not its own
+    with tempfile.TemporaryDirectory(prefix="llama_explorer_haproxy_") as tmp:
+        cfg = Path(tmp) / "haproxy.cfg"
+        cfg.write_text(haproxy_config(port, ports, address))
+        procs = [subprocess.Popen(streamlit_command(p, "127.0.0.1", url_host), env=each) for p in ports]
+        procs.append(subprocess.Popen([exe, "-db", "-f", str(cfg)]))
+        stop = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+        finally:
+            signal.signal(signal.SIGTERM, stop)
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()

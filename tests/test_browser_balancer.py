@@ -1,9 +1,11 @@
-"""Several server processes behind HAProxy (docs/haproxy.cfg, README "More than one process"), in Chromium: each
+"""`llama-explorer serve --processes 2`: two app processes behind HAProxy (docs/haproxy.cfg), in Chromium. Each
 visitor is pinned to one process by the balancer's cookie, new visitors go to the least busy process, and the
-recording download (a file the visitor's own process serves) arrives through the balancer."""
+recording download (a file the visitor's own process serves) arrives through the balancer. Stopping the command
+stops every process it started."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import tempfile
@@ -34,32 +36,32 @@ def healthy(url: str, procs, seconds: float = 180) -> None:
     pytest.fail(f"{url} did not become healthy")
 
 
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
 @pytest.fixture(scope="module")
 def fleet():
-    """Two `serve --share` processes (one torch thread each) and HAProxy in front, with the documented config."""
-    from explorer_model.serve import haproxy_config, server_env, streamlit_command
+    """`serve --processes 2` on a free port; on the way out, SIGTERM to the command must end its processes too."""
+    import sys
 
-    tmp = Path(tempfile.mkdtemp(prefix="balancer_"))
-    ports, front = [free_port(), free_port()], free_port()
-    env = dict(server_env(share=True), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(streamlit_command(p, "127.0.0.1"), cwd=ROOT, env=env, stderr=subprocess.STDOUT,
-                              stdout=open(tmp / f"server{i}.log", "wb")) for i, p in enumerate(ports)]
-    (tmp / "haproxy.cfg").write_text(haproxy_config(front, ports))
-    procs.append(subprocess.Popen([HAPROXY, "-db", "-f", str(tmp / "haproxy.cfg")],
-                                  stdout=open(tmp / "haproxy.log", "wb"), stderr=subprocess.STDOUT))
+    front = free_port()
+    log = tempfile.TemporaryFile()
+    cli = subprocess.Popen([sys.executable, "-m", "explorer_model.cli", "serve", "--processes", "2", "--port",
+                            str(front)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                           env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     try:
-        for p in ports:
-            healthy(f"http://127.0.0.1:{p}", procs)
-        healthy(f"http://127.0.0.1:{front}", procs)
+        healthy(f"http://127.0.0.1:{front}", [cli])
+        started = children(cli.pid)
+        assert len(started) == 3, started  # two app servers and HAProxy
         yield f"http://127.0.0.1:{front}"
     finally:
-        for p in procs:
-            p.terminate()
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        cli.terminate()
+        cli.wait(30)
+    time.sleep(1)
+    alive = [p for p in started if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()]
+    assert not alive, f"processes left running after the command stopped: {alive}"
 
 
 def process_of(pg) -> str:
