@@ -46,8 +46,9 @@ def diff_figure(cmp: dict, labels, changed: int, selected: int, layer: int, t) -
 def _choose(ctx: ViewContext) -> tuple[int, int | None, str]:
     """(position to change, replacement token id or None, what was typed)."""
     t, T = ctx.t, len(ctx.ids)
-    # after the selected token by default: its FFN input stays the same, so must its output
-    default = T - 1 if ctx.token < T - 1 else T // 2
+    # the middle of the prompt by default, whatever token is selected: a view, layer or token switch never needs a
+    # new changed recording (the tokens before it keep their FFN input, so must keep their output)
+    default = T // 2
     st.session_state["swiglu_pw_pos"] = min(int(st.session_state.get("swiglu_pw_pos", default)), T - 1)
     st.session_state.setdefault("swiglu_pw_word", DEFAULT_WORD)
     c1, c2 = st.columns(2)

@@ -1,0 +1,69 @@
+"""A generation step as a person sees it: in Debian's Chromium, the Residual view, "Take the top token" clicked
+--steps times; seconds from the click until the page has settled (Streamlit's script state back to not running),
+i.e. the extended recording, its lens and the whole view redrawn and shown.
+
+Usage: .venv/bin/python bench/bench_browser_step.py [--steps 5]   (needs /usr/bin/chromium and playwright)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
+
+PROMPT = "In the morning the teacher wrote three equations on the board and asked the class to explain"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    proc = start_server(port, None, None, Path(tempfile.mkdtemp()) / "server.log")
+    try:
+        wait_healthy(port, proc)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.set_default_timeout(120_000)
+            page.goto(f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"view": "residual", "prompt": PROMPT}))
+            button = page.get_by_role("button", name="Take the top token")
+            button.wait_for()
+            page.wait_for_function(f"() => {STATE} !== 'running'")
+            times = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                button.click()
+                page.wait_for_function(f"() => {STATE} === 'running'", timeout=5_000)
+                page.wait_for_function(f"() => {STATE} !== 'running'")
+                times.append(time.perf_counter() - t0)
+                button.wait_for()
+            tokens = page.locator('[data-testid="stSidebar"] textarea').first.input_value()
+            browser.close()
+    finally:
+        stop_server(proc)
+    print(json.dumps({"prompt_chars": len(PROMPT), "steps": args.steps, "seconds": [round(t, 3) for t in times],
+                      "median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3),
+                      "prompt_after": tokens[-60:], "loadavg": round(os.getloadavg()[0], 2)}, ensure_ascii=False,
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
