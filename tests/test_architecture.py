@@ -2,7 +2,8 @@
 
 - panels (app/panels/*.py) see data, not the model: no torch, no explorer_model.model / .loaders, no app.state,
   nothing of the gateway (app.explorer) but its public API (`__all__`);
-- in the app, only the gateway (app/explorer.py) imports explorer_model.loaders or runs `record`/`recorder`.
+- in the app, only the gateway (app/explorer.py and the parts it imports and re-exports, app/gateway_*.py) imports
+  explorer_model.loaders or runs `record`/`recorder`.
 The checker itself is tested on snippets, so a broken checker cannot pass silently.
 """
 from __future__ import annotations
@@ -97,9 +98,26 @@ def test_panels_see_data_not_the_model(path):
     assert panel_violations(path.read_text(encoding="utf-8"), gateway_api()) == []
 
 
-@pytest.mark.parametrize("path", [p for p in app_files() if p.name != "explorer.py"], ids=lambda p: str(p.relative_to(ROOT)))
+def is_gateway(path: Path) -> bool:
+    return path.name == "explorer.py" or path.name.startswith("gateway_")
+
+
+@pytest.mark.parametrize("path", [p for p in app_files() if not is_gateway(p)], ids=lambda p: str(p.relative_to(ROOT)))
 def test_only_the_gateway_loads_and_records(path):
     assert app_violations(path.read_text(encoding="utf-8")) == []
+
+
+def test_gateway_parts_are_imported_and_re_exported_by_the_gateway():
+    parts = sorted(p.stem for p in (ROOT / "app").glob("gateway_*.py"))
+    assert parts  # the cost and compare parts exist
+    tree = ast.parse((ROOT / "app" / "explorer.py").read_text(encoding="utf-8"))
+    imported_from = {node.module: [a.name for a in node.names] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module}
+    api = gateway_api()
+    for part in parts:
+        names = imported_from.get(f"app.{part}")
+        assert names, f"app/explorer.py does not import app/{part}.py"
+        assert {n for n in names if not n.startswith("_")} <= api, part
 
 
 def test_the_gateway_is_the_one_that_does():

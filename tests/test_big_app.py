@@ -10,7 +10,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from apptest_util import by_id, decode, fig_with, run_app
 
-from app import explorer
+from app import explorer, gateway_costs
 from app.i18n import t
 from explorer_model import memory
 from explorer_model.analysis import measures as M
@@ -100,7 +100,7 @@ def test_recording_progress_comes_through_the_gateway_once_per_layer(deep):
 
 def test_a_big_models_recording_shows_a_bar_per_layer(deep, monkeypatch, progress_calls):
     folder, _ = deep
-    monkeypatch.setattr(explorer, "BIG_WIDTH", 128)  # this model's width counts as big: the bar must show
+    monkeypatch.setattr(gateway_costs, "BIG_WIDTH", 128)  # this model's width counts as big: the bar must show
     at = run_app(model=folder, prompt="A small model can still show how", view="tokens")
     assert not at.exception
     texts = [text for _, text in progress_calls]
