@@ -80,13 +80,14 @@ class ResultCache:
             return hit
         if lock is None:
             value = compute()
-        else:
-            with lock:
-                hit = self.peek(key)  # another visitor may have computed it while we waited
-                if hit is not None:
-                    return hit
-                value = compute()
-        self.put(key, value)
+            self.put(key, value)
+            return value
+        with lock:
+            hit = self.peek(key)  # another visitor may have computed it while we waited
+            if hit is not None:
+                return hit
+            value = compute()
+            self.put(key, value)  # before the lock opens: the next waiter must find it
         return value
 
     def put(self, key: tuple, value) -> None:

@@ -119,3 +119,32 @@ def test_queue_lengths_that_waiting_visitors_are_shown():
     th.join(5)
     assert not th.is_alive()
     assert forward.wanted() == 0 and lane.pages() == 0
+
+
+def test_a_waiter_on_the_forward_lock_finds_the_result_it_waited_for():
+    """The result is stored before the lock opens: a visitor who waited never computes it a second time, even when
+    storing it takes a while (here: a slow put)."""
+    import time
+
+    from app.result_cache import ResultCache
+
+    cache, lock, computed = ResultCache(2**30), threading.RLock(), []
+    real_put = cache.put
+
+    def slow_put(key, value):
+        time.sleep(0.1)
+        real_put(key, value)
+    cache.put = slow_put
+
+    def compute():
+        computed.append(1)
+        time.sleep(0.05)
+        return [len(computed)]
+
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(cache.get(("k",), compute, lock))) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(5)
+    assert computed == [1] and all(o is out[0] for o in out) and len(out) == 4
