@@ -125,10 +125,11 @@ def wait_idle(pg, timeout=RUN_TIMEOUT, started_within: int = 5_000):
     """Wait for the script run an action started to finish (stApp's data-test-script-state; the status widget is
     hidden by --client.toolbarMode minimal). On a busy machine the rerun may begin late: first wait up to
     `started_within` ms for it to start (a run that already finished is not waited for again)."""
-    try:
-        pg.wait_for_function(f"() => {SCRIPT_STATE} === 'running'", timeout=started_within)
-    except sync_api.TimeoutError:
-        pass
+    if started_within:  # 0: the caller knows the run has started (its output is on the page)
+        try:
+            pg.wait_for_function(f"() => {SCRIPT_STATE} === 'running'", timeout=started_within)
+        except sync_api.TimeoutError:
+            pass
     pg.wait_for_function(f"() => {SCRIPT_STATE} !== 'running' && "
                          "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
     pg.wait_for_timeout(300)
@@ -139,7 +140,7 @@ def open_app(pg, server: str, **params) -> None:
     pg.goto(server + "/?" + urllib.parse.urlencode(params), wait_until="domcontentloaded")
     pg.wait_for_selector('[data-testid="stSidebar"] textarea, [data-testid="stMain"] .js-plotly-plot',
                          state="attached", timeout=RUN_TIMEOUT)
-    wait_idle(pg)
+    wait_idle(pg, started_within=0)  # the first run's output is on the page: it has started
 
 
 def set_prompt(pg, text: str) -> None:

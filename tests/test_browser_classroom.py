@@ -382,13 +382,12 @@ def choose_preset(pg, label: str, prompt: str) -> None:
         has_text=t("sidebar.preset", "en"))
     box.first.click()
     pg.get_by_role("option", name=label, exact=True).click()
-    wait_idle(pg)
-    try:
+    try:  # the preset's run writes its prompt to the URL before it draws the view
         pg.wait_for_function("p => new URLSearchParams(location.search).get('prompt') === p", arg=prompt,
                              timeout=60_000)
     except sync_api.TimeoutError:
         return
-    wait_idle(pg)
+    wait_idle(pg, started_within=0)
     settle_figures(pg)
 
 
