@@ -87,10 +87,14 @@ class ResultCache:
             if hit is not None:
                 return hit
             value = compute()
-            self.put(key, value)  # before the lock opens: the next waiter must find it
+            evicted = self.put(key, value, notify=False)  # before the lock opens: the next waiter must find it
+        if evicted and self._on_evict:  # returning freed memory to the system need not hold up the next forward
+            self._on_evict()
         return value
 
-    def put(self, key: tuple, value) -> None:
+    def put(self, key: tuple, value, notify: bool = True) -> int:
+        """Store value (evicting the oldest while over budget); the number evicted. notify=False leaves calling
+        on_evict to the caller."""
         size = nbytes(value)
         evicted = []
         with self._lock:
@@ -101,10 +105,11 @@ class ResultCache:
                 self._bytes.pop(old)
                 evicted.append(gone)
             self.evictions += len(evicted)
-        if evicted:
-            del evicted  # (a visitor still drawing one keeps its own reference until done)
-            if self._on_evict:
-                self._on_evict()
+        count = len(evicted)
+        del evicted  # (a visitor still drawing one keeps its own reference until done)
+        if count and notify and self._on_evict:
+            self._on_evict()
+        return count
 
     def stored_bytes(self) -> int:
         with self._lock:

@@ -131,9 +131,9 @@ def test_a_waiter_on_the_forward_lock_finds_the_result_it_waited_for():
     cache, lock, computed = ResultCache(2**30), threading.RLock(), []
     real_put = cache.put
 
-    def slow_put(key, value):
+    def slow_put(key, value, **kw):
         time.sleep(0.1)
-        real_put(key, value)
+        return real_put(key, value, **kw)
     cache.put = slow_put
 
     def compute():
