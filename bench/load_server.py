@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -14,11 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from explorer_model.serve import free_port  # noqa: E402,F401  (bench_load and bench_browser_step import it from here)
 
 
 def tree_pids(root: int) -> list[int]:

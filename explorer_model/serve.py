@@ -117,6 +117,13 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
         pass
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on now (for `--processes`, the load bench and the browser tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def haproxy_path() -> str | None:
     exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
     return exe if Path(exe).exists() else None
@@ -130,11 +137,7 @@ def serve_processes(port: int, address: str, url_host: str, env: dict, processes
     exe = haproxy_path()
     if exe is None:
         raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")
-    ports = []
-    for _ in range(processes):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = [free_port() for _ in range(processes)]
     each = dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // processes)),
                 LLAMA_EXPLORER_PUBLIC_PORT=str(port))  # the share box shows the balancer's port, not its own
     with tempfile.TemporaryDirectory(prefix="llama_explorer_haproxy_") as tmp:

@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -18,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from explorer_model.serve import free_port  # noqa: F401  (the test modules import it from here)
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,12 +30,6 @@ RUN_TIMEOUT = 180_000
 if not Path(CHROMIUM).exists():
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from explorer_model.serve import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HOOK = textwrap.dedent("""
@@ -39,12 +41,6 @@ HOOK = textwrap.dedent("""
 
     sys.addaudithook(_hook)
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def foreign_origin_websocket(port: int) -> bytes:
