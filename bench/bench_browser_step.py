@@ -1,6 +1,7 @@
 """A generation step as a person sees it: in Debian's Chromium, the Residual view, "Take the top token" clicked
---steps times; seconds from the click until the page has settled (Streamlit's script state back to not running),
-i.e. the extended recording, its lens and the whole view redrawn and shown.
+--steps times; seconds from the click (the page's click event) until the page has settled: Streamlit's script state back to not running
+(the extended recording, its lens and the whole view sent) and the browser done drawing it (the end of the last
+long task, > 50 ms, on the page's main thread: Plotly keeps drawing after the script state changes).
 
 Usage: .venv/bin/python bench/bench_browser_step.py [--steps 5]   (needs /usr/bin/chromium and playwright)
 """
@@ -27,6 +28,13 @@ PROMPT = "In the morning the teacher wrote three equations on the board and aske
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]
 STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+# Keeps the end (performance.now() ms) of the page's last long task; a step's drawing ends there.
+LONG_TASKS = """() => { window.__lastLongTask = 0;
+  new PerformanceObserver(list => { for (const e of list.getEntries())
+    window.__lastLongTask = Math.max(window.__lastLongTask, e.startTime + e.duration); })
+  .observe({type: 'longtask', buffered: true});
+  document.addEventListener('click', () => { window.__clickAt = performance.now(); }, true); }"""
+QUIET_S = 1.0  # a step counts as drawn when no long task started for this long after the script state settled
 
 
 def main() -> None:
@@ -44,23 +52,30 @@ def main() -> None:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(120_000)
             page.goto(f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"view": "residual", "prompt": PROMPT}))
+            page.evaluate(LONG_TASKS)
             button = page.get_by_role("button", name="Take the top token")
             button.wait_for()
             page.wait_for_function(f"() => {STATE} !== 'running'")
-            times = []
+            sent, drawn = [], []
             for _ in range(args.steps):
-                t0 = time.perf_counter()
+                time.sleep(QUIET_S)
                 button.click()
                 page.wait_for_function(f"() => {STATE} === 'running'", timeout=5_000)
                 page.wait_for_function(f"() => {STATE} !== 'running'")
-                times.append(time.perf_counter() - t0)
+                t1 = page.evaluate("performance.now()")
+                time.sleep(QUIET_S)
+                t0, last = page.evaluate("[window.__clickAt, window.__lastLongTask]")
+                sent.append((t1 - t0) / 1000)
+                drawn.append((max(t1, last) - t0) / 1000)
                 button.wait_for()
             tokens = page.locator('[data-testid="stSidebar"] textarea').first.input_value()
             browser.close()
     finally:
         stop_server(proc)
-    print(json.dumps({"prompt_chars": len(PROMPT), "steps": args.steps, "seconds": [round(t, 3) for t in times],
-                      "median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3),
+    print(json.dumps({"prompt_chars": len(PROMPT), "steps": args.steps,
+                      "script_done_s": [round(t, 3) for t in sent], "drawn_s": [round(t, 3) for t in drawn],
+                      "median_script_done_s": round(statistics.median(sent), 3),
+                      "median_drawn_s": round(statistics.median(drawn), 3), "max_drawn_s": round(max(drawn), 3),
                       "prompt_after": tokens[-60:], "loadavg": round(os.getloadavg()[0], 2)}, ensure_ascii=False,
                      indent=1))
 
