@@ -2,7 +2,7 @@
 
 - prompt: a new 30-token prompt entered -> recording made and every view drawn once
 - switch: changing layer, head, token or view on an existing recording (no forward pass)
-- generation step: "take the top token" in the Residual view (one KV-cache step, the lens of the new position)
+- generation step: "take the top token" in the Next token view (one KV-cache step)
 - --compare: switch times in compare mode (B = a minimal pair of A) against single mode, interleaved in one run
 Usage: .venv/bin/python bench/bench_app.py [--compare]
 """
@@ -35,10 +35,10 @@ PROMPTS = [
 
 
 def generation_steps(at, state, prompt: str, n: int) -> dict:
-    """Residual view, "take the top token" n times: seconds per click (the page with the longer prompt drawn) and
-    the forward passes each click started (one KV-cache step: the recording, and the lens for the new position)."""
+    """Next token view, "take the top token" n times: seconds per click (the page with the longer prompt drawn) and
+    the forward passes each click started (one KV-cache step of the recording)."""
     at.sidebar.text_area(key="prompt").set_value(prompt).run()
-    at.segmented_control(key="view").set_value("residual").run()
+    at.segmented_control(key="view").set_value("predict").run()
     times, forwards = [], []
     for _ in range(n):
         before = state.FORWARDS["count"]

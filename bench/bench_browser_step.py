@@ -1,4 +1,4 @@
-"""A generation step as a person sees it: in Debian's Chromium, the Residual view, "Take the top token" clicked
+"""A generation step as a person sees it: in Debian's Chromium, the Next token view, "Take the top token" clicked
 --steps times; seconds from the click (the page's click event) until the page has settled: Streamlit's script state back to not running
 (the extended recording, its lens and the whole view sent) and the browser done drawing it (the end of the last
 long task, > 50 ms, on the page's main thread: Plotly keeps drawing after the script state changes).
@@ -51,7 +51,7 @@ def main() -> None:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(120_000)
-            page.goto(f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"view": "residual", "prompt": PROMPT}))
+            page.goto(f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"view": "predict", "prompt": PROMPT}))
             page.evaluate(LONG_TASKS)
             button = page.get_by_role("button", name="Take the top token")
             button.wait_for()

@@ -21,7 +21,8 @@ VIEW_FIGURES = {  # the figures each view draws for the twins (same shape and le
     "tokens": set(), "attention": {"compare_attention", "compare_attention_js", "compare_attention_curves"},
     "norm": {"compare_norm_stream", "compare_norm", "compare_norm_curves"}, "rope": {"compare_rope"},
     "swiglu": {"compare_swiglu", "compare_swiglu_change", "compare_swiglu_curves"},
-    "residual": {"compare_residual_stream", "compare_next", "compare_change_map"}, "block": {"compare_block"},
+    "residual": {"compare_residual_stream", "compare_change_map"}, "predict": {"compare_next"},
+    "block": {"compare_block"},
     "whatif": {"compare_next", "compare_heads"}, "normlab": {"compare_normlab_stream", "compare_normlab_curves"},
 }
 
@@ -168,7 +169,7 @@ def test_swiglu_and_block_curves(twins):
 
 
 def test_next_token_distributions_and_distance(twins):
-    at = run_app(view="residual", **TWINS)
+    at = run_app(view="predict", **TWINS)
     (ids, ra), (_, rb) = twins
     p, q = (torch.softmax(r.logits[0, -1].double(), -1).numpy() for r in (ra, rb))
     fig = by_id(at, "compare_next")
@@ -200,7 +201,7 @@ def test_next_token_candidates_are_named_as_the_app_reads_them(loaded):
         except UnicodeDecodeError:
             return True
     pieces = [i for i in top if fragment(i)]
-    x = trace(by_id(run_app(view="residual", prompt=text_a, cmp="prompt", cmp_prompt=text_b), "compare_next"), "A")["x"]
+    x = trace(by_id(run_app(view="predict", prompt=text_a, cmp="prompt", cmp_prompt=text_b), "compare_next"), "A")["x"]
     assert pieces and all(candidate_label(facts, ids, i) in x for i in pieces)
     assert not any("\ufffd" in label for label in x)
 

@@ -18,7 +18,8 @@ from app.panels import VIEWS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VIEW_CSVS = {"tokens": ["tokens"], "attention": ["attention"], "norm": ["norm_stream", "norm"], "rope": ["rope"],
-             "swiglu": ["swiglu"], "residual": ["residual_stream", "next", "change_map"], "block": ["block"],
+             "swiglu": ["swiglu"], "residual": ["residual_stream", "change_map"], "predict": ["next"],
+             "block": ["block"],
              "whatif": ["next", "heads"], "normlab": ["normlab_stream"]}
 
 

@@ -1,5 +1,5 @@
-"""The Residual & prediction view: per-position loss, next-token steps, generation by ids, norms and the logit lens,
-each compared with the recording or an independent computation."""
+"""The Next token view (per-position loss, next-token steps, generation by ids) and the Residual stream view (norms,
+contributions, the logit lens), each compared with the recording or an independent computation."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +19,7 @@ PROMPT = "The animal didn't cross the street because it was too tired."
 
 def test_loss_strip_is_the_cross_entropy(loaded):
     ids, rec = record_prompt(loaded, PROMPT)
-    at = run_app(view="residual", prompt=PROMPT)
+    at = run_app(view="predict", prompt=PROMPT)
     assert not at.exception
     strip = by_id(at, "residual_loss_strip")
     z = decode(strip["data"][0]["z"])[0]
@@ -56,6 +56,9 @@ def test_residual_matches_recording(loaded):
     np.testing.assert_allclose(decode(lens["z"])[-1], torch.softmax(rec.logits[0], -1).max(-1).values.numpy(),
                                rtol=1e-4)
 
+    at = run_app(view="predict", prompt=PROMPT, layer=3, token=2)
+    assert not at.exception
+
     def check_steps(temp, k, p):
         bars = by_id(at, "residual_steps")["data"]
         s = filter_steps(rec.logits[0, -1], temp, k, p)
@@ -80,7 +83,7 @@ def test_residual_matches_recording(loaded):
 def test_take_top_token_and_undo_through_text(loaded):
     """The shell without id callables: a whole-word token goes through the prompt text."""
     prompt = "The capital of France is"
-    at = run_app(view="residual", prompt=prompt)
+    at = run_app(view="predict", prompt=prompt)
     assert not at.exception
     at.button(key="pred_greedy").click().run()
     assert not at.exception
@@ -88,7 +91,7 @@ def test_take_top_token_and_undo_through_text(loaded):
     tok = loaded.tokenizer
     hist = at.session_state["pred_history"]
     assert [h["id"] for h in hist] == tok.encode(" Paris") and 0 < hist[0]["p_raw"] <= 1
-    assert len(fig_with(at, "Logit lens")["data"][0]["x"]) == len(tok.encode(prompt)) + 1
+    assert len(by_id(at, "residual_loss_strip")["data"][0]["x"]) == len(tok.encode(prompt))  # T - 1 positions
     at.button(key="pred_undo").click().run()
     assert at.session_state["prompt"] == prompt and not at.session_state["pred_history"]
     # sampling is reproducible: the same seed and prompt give the same token
@@ -104,7 +107,7 @@ IDS_SHELL = '''
 import streamlit as st
 from app import explorer
 from app.context import ViewContext, display_piece
-from app.panels import residual
+from app.panels import predict
 from explorer_model.tokenizer.labels import fragment_labels
 
 SOURCE = explorer.DEFAULT_SOURCE
@@ -125,7 +128,7 @@ ids = list(st.session_state.ids)
 rec = explorer.recording(SOURCE, tuple(ids))
 ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=[display_piece(p) for p in fragment_labels([facts.token_bytes(i) for i in ids])], layer=0, head=0,
                   token=len(ids) - 1, lang="zh", extras={"source": SOURCE, "append_token": append_token, "undo": undo})
-residual.draw(ctx)
+predict.draw(ctx)
 '''
 
 
@@ -161,7 +164,7 @@ def test_generation_by_ids_keeps_fragments_and_undo_restores(loaded):
 
 def test_fragment_never_reaches_the_prompt_text():
     """Without id callables, a token that is half a character cannot be appended as text."""
-    at = run_app(view="residual", prompt="深度学习很", lang="zh")
+    at = run_app(view="predict", prompt="深度学习很", lang="zh")
     assert not at.exception
     for _ in range(3):
         b = at.button(key="pred_greedy")
@@ -172,12 +175,15 @@ def test_fragment_never_reaches_the_prompt_text():
     assert "\ufffd" not in at.session_state["prompt"] and "\ufffd" not in all_text(at)
 
 
-def test_residual_chinese():
+def test_residual_and_predict_chinese():
     at = run_app(view="residual", prompt="深度学习很", lang="zh")
     assert not at.exception
-    text = all_text(at)
-    assert "残差流" in text and "除以" in text and "去除" not in text
+    assert "残差流" in all_text(at)
     assert fig_with(at, "每一层会预测")
+    at = run_app(view="predict", prompt="深度学习很", lang="zh")
+    assert not at.exception
+    text = all_text(at)
+    assert "下一个 token" in text and "除以" in text and "去除" not in text
     assert any(b.label == "撤销" for b in at.button)
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.browser
 PROMPT = "The animal didn't cross the street because it was too tired."
 ZH_PROMPT = "\u6df1\u5ea6\u5b66\u4e60\u5f88"  # 深度学习很: 10 SmolLM2 tokens, 9 of them parts of a character
 # views whose main figure must be on a projector's first screen (the labs start from a button)
-CORE_VIEWS = ("tokens", "attention", "norm", "rope", "swiglu", "residual", "block")
+CORE_VIEWS = ("tokens", "attention", "norm", "rope", "swiglu", "residual", "predict", "block")
 EXPANDERS = '[data-testid="stMain"] [data-testid="stExpander"] details:not([open]) > summary'
 
 

@@ -152,8 +152,11 @@ def draw_change_map(pair: Pair) -> None:
 
 def draw_residual(pair: Pair) -> None:
     draw_stream(pair, "stream_norm", "compare_residual_stream")
-    draw_next_token(pair)
     draw_change_map(pair)
+
+
+def draw_predict(pair: Pair) -> None:
+    draw_next_token(pair)
 
 
 # --------------------------------------------------------------------------- What-if and the norm lab

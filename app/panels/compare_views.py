@@ -164,5 +164,6 @@ def draw_block(pair: Pair) -> None:
 
 
 HOOKS = {"tokens": draw_tokens, "attention": draw_attention, "norm": S.draw_norm, "rope": draw_rope,
-         "swiglu": draw_swiglu, "residual": S.draw_residual, "block": draw_block, "whatif": S.draw_whatif,
+         "swiglu": draw_swiglu, "residual": S.draw_residual,
+         "predict": S.draw_predict, "block": draw_block, "whatif": S.draw_whatif,
          "normlab": S.draw_normlab}

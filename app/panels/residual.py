@@ -1,5 +1,5 @@
-"""Residual stream and prediction view: the per-position loss and the generation loop first (app/panels/generation.py),
-then the stream's norms, what each sub-layer adds, and a logit lens.
+"""Residual stream view: the stream's norms, what each sub-layer adds, and a logit lens (the per-position loss and the
+generation loop are the Next token view, app/panels/predict.py).
 
 Drawing reads only the recording; the logit lens is asked of the gateway (cached).
 """
@@ -67,11 +67,9 @@ def logit_lens_figure(top_probs, text, labels, t) -> go.Figure:
 # ----------------------------------------------------------------------------- drawing
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("residual.title"))
-    generation.draw_loss_strip(ctx)  # the main figure: the training objective on this prompt
-    generation.draw_prediction(ctx)
+    draw_norms(ctx)  # the main figure
     with plots.explainer(ctx, ctx.t("residual.stream_expander")):
         draw_intro(ctx)
-    draw_norms(ctx)
     draw_contributions(ctx)
     draw_lens(ctx)
 
@@ -80,8 +78,7 @@ def draw_intro(ctx: ViewContext) -> None:
     t = ctx.t
     st.markdown(t("residual.think_of_the_residual_stream"))
     st.latex(r"h_l = x_l + \mathrm{Attn}(\mathrm{RMSNorm}(x_l)),\quad x_{l+1} = h_l + \mathrm{FFN}(\mathrm{RMSNorm}(h_l))")
-    st.latex(r"\text{logits} = W_\text{out}\,\mathrm{RMSNorm}(x_L),\qquad p = \mathrm{softmax}(\text{logits}/T)")
-    st.latex(r"\mathcal{L}=\frac{1}{T-1}\sum_{t=0}^{T-2}-\ln p(x_{t+1}\mid x_{\le t})")
+    st.latex(r"\mathrm{lens}_l = \mathrm{softmax}\big(W_\text{out}\,\mathrm{RMSNorm}(x_{l+1})\big)")
 
 
 def draw_norms(ctx: ViewContext) -> None:
