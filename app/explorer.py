@@ -236,17 +236,21 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
     ids = tuple(ids)
 
     def run():
-        rec = recording(source, ids)
-        # A generation step: the lens of the prompt one token shorter is cached and has the same start, so only the
-        # new position runs; its [layers, 1] rows get the bits they get among all rows (>= 12 rows: stable.py).
-        prefix = result_cache().peek(("lens", _ident(source), ids[:-1], int(start))) if len(ids) - 1 > start else None
-        first = start if prefix is None else len(ids) - 1
-        lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, first:])  # [layer, pos, vocab]
+        rec, cache, ident, n = recording(source, ids), result_cache(), _ident(source), len(ids)
+        # Only positions no cached lens holds run; a position's [layers] rows get the bits they get among any rows
+        # (>= 12 rows: stable.py), so the pieces join into exactly the lens computed at once. Cached pieces:
+        # the prompt one token shorter with the same start (a generation step: the new position runs), or this
+        # prompt with a narrower window (a wider one asked for: the positions left of it run).
+        left = cache.peek(("lens", ident, ids[:-1], int(start))) if n - 1 > start else None
+        right = None if left else next((hit for s in range(int(start) + 1, n)
+                                        if (hit := cache.peek(("lens", ident, ids, s))) is not None), None)
+        first = n - 1 if left else int(start)
+        last = n - right[0].shape[1] if right else n
+        lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, first:last])  # [layer, pos, vocab]
         top, arg = lp.max(-1)
         _forward()
-        if prefix is None:
-            return arg.numpy(), top.exp().numpy()
-        return np.concatenate([prefix[0], arg.numpy()], 1), np.concatenate([prefix[1], top.exp().numpy()], 1)
+        parts = [p for p in (left, (arg.numpy(), top.exp().numpy()), right) if p is not None]
+        return np.concatenate([p[0] for p in parts], 1), np.concatenate([p[1] for p in parts], 1)
     return result_cache().get(("lens", _ident(source), ids, int(start)), run, _FORWARD)
 
 

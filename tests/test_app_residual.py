@@ -197,3 +197,26 @@ def test_candidate_label_names_fragments():
     assert candidate_label(facts, [4], 3) == "‹E6 B7…›"  # starts a character the next token must finish
     assert candidate_label(facts, [4], 4) == "␣cat"
     assert candidate_label(facts, [1], 5) == "→很"  # completes 很, and starts another character
+
+
+def test_lens_window_shows_the_last_positions_and_widens_on_request(loaded):
+    """A prompt longer than the default window: the last 16 positions, then 24 when asked, each cell the top token
+    and probability of final norm + unembedding applied here to the recorded resid_post."""
+    from app.panels.residual import LENS_POS
+    text = ("One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
+            " eighteen nineteen twenty twenty-one twenty-two")
+    ids, rec = record_prompt(loaded, text)
+    assert len(ids) > 24
+    m = loaded.model
+    with torch.no_grad():
+        resid = torch.stack([rec[f"blocks.{l}.hook_resid_post"][0] for l in range(m.cfg.n_layers)])
+        probs = torch.softmax(F.linear(m.ln_final(resid), m.unembed.weight), -1).max(-1).values.numpy()
+    at = run_app(view="residual", prompt=text)
+    assert not at.exception
+    for n in (LENS_POS, 24):
+        if n != LENS_POS:
+            at.slider(key="lens_positions").set_value(n).run()
+            assert not at.exception
+        lens = fig_with(at, "Logit lens")["data"][0]
+        assert len(lens["x"]) == n
+        np.testing.assert_allclose(decode(lens["z"]), probs[:, -n:], rtol=1e-4, atol=1e-6)

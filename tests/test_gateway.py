@@ -224,3 +224,21 @@ def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypa
     for source in lab.TWINS:
         line = explorer._model(source).tokenizer.encode(HELDOUT_LINE, add_bos=True)
         assert cache.peek(("recording", explorer._ident(source), tuple(line))) is not None, source
+
+
+def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(monkeypatch):
+    fresh_cache(monkeypatch, 4096)
+    source = explorer.DEFAULT_SOURCE
+    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
+    n = len(ids)
+    rows = []
+    real = explorer.M.lens_logprobs
+    monkeypatch.setattr(explorer.M, "lens_logprobs", lambda m, x: rows.append(x.shape[1]) or real(m, x))
+    narrow = explorer.logit_lens(source, ids, n - 4)
+    wide = explorer.logit_lens(source, ids, n - 9)
+    assert rows == [4, 5]  # the last 4 positions, then the 5 left of them
+    assert narrow[0].shape[1] == 4 and wide[0].shape[1] == 9
+    fresh_cache(monkeypatch, 4096)
+    at_once = explorer.logit_lens(source, ids, n - 9)
+    assert rows == [4, 5, 9]
+    assert np.array_equal(wide[0], at_once[0]) and np.array_equal(wide[1], at_once[1])

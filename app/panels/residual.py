@@ -14,7 +14,10 @@ from app.context import ViewContext
 from app.panels import generation
 from explorer_model.analysis import views_data as V
 
-LENS_MAX_POS = 40  # the logit lens costs layers × positions × d_model × vocab; show the last 40 positions
+# The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2: 0.9 s for 40 positions on two
+# cores, four times a recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
+# default, up to LENS_MAX_POS on request (only the added positions run: explorer.logit_lens).
+LENS_POS, LENS_MAX_POS = 16, 64
 
 
 # ----------------------------------------------------------------------------- pure data / figures
@@ -107,10 +110,20 @@ def draw_contributions(ctx: ViewContext) -> None:
     plots.show(fig, ctx, key="residual_contrib", height=420)
 
 
+def lens_positions(ctx: ViewContext) -> int:
+    """How many of the last positions the lens shows: LENS_POS, or what the visitor chose (kept within the prompt)."""
+    T = len(ctx.ids)
+    if T <= LENS_POS:
+        return T
+    top = min(T, LENS_MAX_POS)
+    st.session_state["lens_positions"] = min(int(st.session_state.get("lens_positions", LENS_POS)), top)
+    return int(st.slider(ctx.t("residual.lens_positions"), 1, top, key="lens_positions"))
+
+
 def draw_lens(ctx: ViewContext) -> None:
     t, T = ctx.t, len(ctx.ids)
     st.subheader(t("residual.logit_lens"))
-    start = max(0, T - LENS_MAX_POS)
+    start = T - lens_positions(ctx)
     with st.spinner(t("residual.applying_the_output_layer_to")):
         top_ids, top_probs = explorer.logit_lens(ctx.source, ctx.ids, start)
     ids = [int(i) for i in ctx.ids]
@@ -118,7 +131,7 @@ def draw_lens(ctx: ViewContext) -> None:
             for row in top_ids]
     fig = logit_lens_figure(top_probs, text, ctx.labels[start:], t)
     plots.show(fig, ctx, key="residual_lens", height=min(1000, 160 + 22 * top_ids.shape[0]))
-    st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=LENS_MAX_POS) if start else ""))
+    st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=T - start) if start else ""))
 
     def csv() -> str:
         rows = ([l, start + p, ctx.pieces[start + p], int(top_ids[l, p]), text[l][p], float(top_probs[l, p])]
