@@ -14,8 +14,8 @@ from app.context import ViewContext
 from app.panels import generation
 from explorer_model.analysis import views_data as V
 
-# The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2: 0.9 s for 40 positions on two
-# cores, four times a recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
+# The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2 at 40 positions: 68 GFLOP, several
+# times its whole recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
 # default, up to LENS_MAX_POS on request (only the added positions run: explorer.logit_lens).
 LENS_POS, LENS_MAX_POS = 16, 64
 
