@@ -38,6 +38,7 @@ from explorer_model.loaders import LoadedModel, LoadError, load
 from explorer_model.recording import Recording, record
 from explorer_model.recording import extend as extend_recording
 from explorer_model.runtime import release_freed_memory
+from explorer_model.sampling import generate
 
 FORWARDS = {"count": 0}
 log = logging.getLogger("llama_explorer.gateway")
@@ -188,6 +189,25 @@ def extend(source: str, ids, new_id: int) -> Recording:
     return result_cache().get(("recording", _ident(source), longer), run, _FORWARD)
 
 
+def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0) -> list[int]:
+    """Up to n new token ids after ids, decoded with the KV cache and nothing recorded (explorer_model.sampling
+    .generate: greedy at temperature 0, else the filtered distribution drawn with `seed`); stops after the
+    model's end-of-text token. Cached: the same request gives the same tokens without running again."""
+    ids = tuple(int(i) for i in ids)
+    n = max(0, min(int(n), _model(source).model.cfg.max_seq_len - len(ids)))
+
+    def run() -> list[int]:
+        loaded = _model(source)
+        eos = loaded.tokenizer.eos_id
+        new = generate(loaded.model, list(ids), n, float(temperature), int(top_k), float(top_p), int(seed),
+                       stop_ids={eos} if eos is not None else None)
+        _forward()
+        return new
+    key = ("continuation", _ident(source), ids, n, float(temperature), int(top_k), float(top_p), int(seed))
+    return result_cache().get(key, run, _FORWARD) if n else []
+
+
 def recording_npz(source: str, ids) -> bytes:
     ids = tuple(ids)
 
@@ -336,7 +356,7 @@ def warm_up() -> None:
 
 
 __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "facts", "encode_prompt",
-           "embedding_rows", "check_interventions", "recording", "extend", "recording_npz", "derived",
+           "embedding_rows", "check_interventions", "recording", "extend", "continuation", "recording_npz", "derived",
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",

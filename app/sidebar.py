@@ -100,11 +100,14 @@ def _state() -> dict:
 def step_api(facts: ModelFacts, body: list[int]) -> dict:
     """The ViewContext extras for step generation (see app/context.py). body: the prompt's ids without an
     app-prepended BOS."""
-    def append_token(new_id: int) -> None:
+    def append_tokens(new_ids) -> None:
         st.session_state["ids_history"] = [*(st.session_state.get("ids_history") or []), _state()]
-        ids = list(body) + [int(new_id)]
+        ids = list(body) + [int(i) for i in new_ids]
         text = clean_text(facts, ids)
         st.session_state["_pending"] = {"prompt": text, "ids": ids, "ids_text": text}
+
+    def append_token(new_id: int) -> None:
+        append_tokens([new_id])
 
     def undo() -> None:
         hist = list(st.session_state.get("ids_history") or [])
@@ -112,7 +115,7 @@ def step_api(facts: ModelFacts, body: list[int]) -> dict:
             st.session_state["_pending"] = hist.pop()
             st.session_state["ids_history"] = hist
 
-    return {"append_token": append_token, "undo": undo, "can_undo": bool(st.session_state.get("ids_history")),
+    return {"append_token": append_token, "append_tokens": append_tokens, "undo": undo, "can_undo": bool(st.session_state.get("ids_history")),
             "replace_prompt": replace_prompt}
 
 

@@ -3,6 +3,7 @@
 - prompt: a new 30-token prompt entered -> recording made and every view drawn once
 - switch: changing layer, head, token or view on an existing recording (no forward pass)
 - generation step: "take the top token" in the Next token view (one KV-cache step)
+- continuation: "top token × 48" in the Next token view: decoding alone (tokens/s through the gateway) and the click
 - --compare: switch times in compare mode (B = a minimal pair of A) against single mode, interleaved in one run
 Usage: .venv/bin/python bench/bench_app.py [--compare]
 """
@@ -51,6 +52,25 @@ def generation_steps(at, state, prompt: str, n: int) -> dict:
             "tokens_at_start": len(state._model("smollm2").tokenizer.encode(prompt))}
 
 
+def continuation(at, state, prompt: str, n: int) -> dict:
+    """"Top token × n" in the Next token view: the decoding alone (the gateway, tokens/s) and the click as a whole
+    (decoding, then the longer prompt recorded and the view drawn)."""
+    at.sidebar.text_area(key="prompt").set_value(prompt).run()
+    at.segmented_control(key="view").set_value("predict").run()
+    ids = state.encode_prompt("smollm2", prompt, 256)[0]
+    t0 = time.perf_counter()
+    new = state.continuation("smollm2", ids, n)
+    decode_s = time.perf_counter() - t0
+    state.result_cache().clear()  # the click decodes again
+    at.number_input(key="pred_continue_n").set_value(n).run()
+    t0 = time.perf_counter()
+    at.button(key="pred_continue_greedy").click().run()
+    click_s = time.perf_counter() - t0
+    assert not at.exception, [e.value for e in at.exception]
+    return {"new_tokens": len(new), "decode_tokens_per_s": round(len(new) / decode_s, 1),
+            "click_s": round(click_s, 3)}
+
+
 def main() -> None:
     from app import explorer as state
     from app.panels import VIEWS
@@ -82,6 +102,7 @@ def main() -> None:
     steps = generation_steps(at, state, PROMPTS[0], 5)
     report = {
         "generation_step_s": steps,
+        "continuation": continuation(at, state, PROMPTS[1], 48),
         "prompt_tokens": n_tokens,
         "forward_passes_per_prompt": forwards,
         "prompt_to_all_views_s": {"median": round(statistics.median(prompt_times), 3), "all": [round(x, 3) for x in prompt_times]},

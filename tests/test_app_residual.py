@@ -220,3 +220,48 @@ def test_lens_window_shows_the_last_positions_and_widens_on_request(loaded):
         lens = fig_with(at, "Logit lens")["data"][0]
         assert len(lens["x"]) == n
         np.testing.assert_allclose(decode(lens["z"]), probs[:, -n:], rtol=1e-4, atol=1e-6)
+
+
+def test_continue_adds_the_greedy_tokens_as_one_step_and_undo_removes_them(loaded):
+    """"Top token × n": the ids greedy decoding gives (sampling.generate, the hooked model's own forward is the
+    oracle here: argmax of recording the prompt again after each token), appended as one step, one undo back."""
+    prompt = "The capital of France is"
+    at = run_app(view="predict", prompt=prompt)
+    assert not at.exception
+    start = list(at.session_state["ids"]) if "ids" in at.session_state else None
+    at.number_input(key="pred_continue_n").set_value(4).run()
+    at.button(key="pred_continue_greedy").click().run()
+    assert not at.exception
+    tok = loaded.tokenizer
+    ids = tok.encode(prompt)
+    for _ in range(4):  # independent: a fresh full forward per token
+        with torch.no_grad():
+            ids.append(int(loaded.model(torch.tensor([ids]))[0, -1].argmax()))
+    assert at.session_state["prompt"] == tok.decode(ids)
+    hist = at.session_state["pred_history"]
+    assert len(hist) == 1 and hist[0]["n"] == 4 and hist[0]["how"] == "greedy"
+    assert "× 4" in " ".join(str(v) for v in at.dataframe[-1].value.iloc[:, 2])
+    at.button(key="pred_undo").click().run()
+    assert at.session_state["prompt"] == prompt and not at.session_state["pred_history"]
+    if start is not None:
+        assert list(at.session_state["ids"]) == start
+
+
+def test_continue_by_sampling_is_reproducible_and_draws_with_the_views_settings(loaded):
+    """The sampled run is the one generate() draws with the view's temperature, top-k, top-p and seed (the
+    plumbing under test: the page's settings reach the decoder), and the same click gives the same tokens."""
+    from explorer_model.sampling import generate
+    prompt = "Once upon a time"
+    at = run_app(view="predict", prompt=prompt)
+    at.number_input(key="pred_continue_n").set_value(6).run()
+    at.slider(key="pred_temperature").set_value(1.5).run()
+    at.number_input(key="pred_top_k").set_value(40).run()
+    at.button(key="pred_continue_sampled").click().run()
+    first = at.session_state["prompt"]
+    ids = loaded.tokenizer.encode(prompt)
+    new = generate(loaded.model, ids, 6, 1.5, 40, 0.9, 0 * 7919 + len(ids), stop_ids={loaded.tokenizer.eos_id})
+    assert first == loaded.tokenizer.decode(ids + new)
+    at.button(key="pred_undo").click().run()
+    at.button(key="pred_continue_sampled").click().run()
+    assert at.session_state["prompt"] == first != prompt
+    assert at.session_state["pred_history"][-1]["how"] == "sampled"

@@ -17,9 +17,10 @@ from app import explorer, plots
 from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
-from explorer_model.tokenizer.labels import completion
+from explorer_model.tokenizer.labels import completion, fragment_labels
 
 N_DIST = 15
+CONTINUE_MAX = 256  # tokens a "continue" click may add, within the visitor's token limit and the model's context
 STEP_KEYS = ("residual.step_raw", "residual.temperature", "residual.step_top_k", "residual.step_top_p")
 
 
@@ -101,6 +102,18 @@ def _step(source: str, ids: tuple, new: int, entry: dict, append) -> None:
     append(new)
 
 
+def _continue(source: str, ids: tuple, n: int, sampling: tuple, how: str, facts, append_many) -> None:
+    """Up to n tokens at once, decoded without recording (explorer.continuation), appended as one step."""
+    new = explorer.continuation(source, ids, n, *sampling)
+    if not new:
+        return
+    labels = fragment_labels([facts.token_bytes(int(i)) for i in [*ids, *new]])[-len(new):]
+    st.session_state.setdefault("pred_history", []).append(
+        {"ids": [*ids, *new], "id": new[0], "n": len(new), "how": how, "p_raw": None, "p_final": None,
+         "label": "".join(display_piece(piece) for piece in labels)})
+    append_many(new)
+
+
 def _undo(undo) -> None:
     hist = st.session_state.get("pred_history") or []
     if hist:
@@ -171,10 +184,25 @@ def draw_prediction(ctx: ViewContext) -> None:
     b3.button(t("residual.undo"), key="pred_undo", on_click=_undo, args=(undo,), disabled=not hist)
     if not by_ids and (blocked(greedy) or blocked(sampled)):
         st.caption(t("residual.fragment_needs_ids"))
+    many = ctx.extras.get("append_tokens")
+    limit = min(int(st.session_state.get("max_tokens") or ctx.cfg.max_seq_len), ctx.cfg.max_seq_len)
+    room = min(CONTINUE_MAX, limit - len(ids))
+    if by_ids and many is not None and room > 0:  # several tokens per click: decoded, not recorded
+        c1, c2, c3 = st.columns(3)
+        st.session_state["pred_continue_n"] = min(int(st.session_state.get("pred_continue_n", 20)), room)
+        n = int(c1.number_input(t("residual.continue_n"), 1, room, key="pred_continue_n"))
+        run_seed = seed * 7919 + len(ids)  # reproducible, and another draw after every step
+        c2.button(t("residual.continue_top", n=n), key="pred_continue_greedy", on_click=_continue,
+                  args=(ctx.source, tuple(ids), n, (0.0, 0, 1.0, 0), "greedy", tok, many))
+        c3.button(t("residual.continue_sampled", n=n), key="pred_continue_sampled", on_click=_continue,
+                  args=(ctx.source, tuple(ids), n, (temp, top_k, top_p, run_seed), "sampled", tok, many))
     if hist:
+        def how(h: dict) -> str:
+            kind = t("residual.top") if h["how"] == "greedy" else t("residual.sampled")
+            return kind if "n" not in h else t("residual.continued", kind=kind, n=h["n"])
         st.dataframe({t("residual.step"): list(range(1, len(hist) + 1)),
                       t("residual.token"): [h["label"] for h in hist],
-                      t("residual.how"): [t("residual.top") if h["how"] == "greedy" else t("residual.sampled") for h in hist],
+                      t("residual.how"): [how(h) for h in hist],
                       t("residual.p_raw"): [h["p_raw"] for h in hist],
                       t("residual.p_after_filters"): [h["p_final"] for h in hist]}, hide_index=True)
     with plots.explainer(ctx, t("residual.how_sampling_works")):
