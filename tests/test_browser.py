@@ -1,4 +1,4 @@
-"""End to end in Debian's Chromium: start the server, type a prompt, browse views, save screenshots.
+"""End to end in Debian's Chromium: start the server, type a prompt, browse views, save screenshots, generate.
 
 Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); the README's come from
 `SCREENSHOT_DIR=docs/screenshots pytest -m browser tests/test_browser.py tests/test_browser_classroom.py`
@@ -8,8 +8,9 @@ presenter.png, tokens_zh.png, and w768_*.png, which are not kept in docs/).
 from __future__ import annotations
 
 import pytest
+import torch
 
-from browser_util import browser, page, pick_view, server, shots_dir, wait_idle  # noqa: F401 (fixtures)
+from browser_util import browser, open_app, page, pick_view, query, server, shots_dir, wait_idle  # noqa: F401
 
 pytestmark = pytest.mark.browser
 
@@ -59,3 +60,43 @@ def test_copied_link_opens_the_same_picture(server, page):
     assert "RMSNorm" in text
     assert page.locator('[data-testid="stSidebar"] textarea').input_value() == "The bank approved the loan."
     page.screenshot(path=str(shots_dir() / "rmsnorm.png"))
+
+
+# Step-by-step generation in the Next token view: one top token, then several at once, undo; the prompt box and the
+# link follow (the browser keeps no state the server did not set).
+PROMPT = "The capital of France is"
+
+
+def prompt_box(pg) -> str:
+    return pg.locator('[data-testid="stSidebar"] textarea').first.input_value()
+
+
+def test_step_continue_and_undo_in_the_browser(page, server):
+    from explorer_model.loaders import load
+    loaded = load("smollm2")
+    tok = loaded.tokenizer
+    ids = tok.encode(PROMPT)
+    expected = list(ids)
+    for _ in range(6):  # independent oracle: a full forward per token, its argmax appended
+        with torch.no_grad():
+            expected.append(int(loaded.model(torch.tensor([expected]))[0, -1].argmax()))
+
+    open_app(page, server, view="predict", prompt=PROMPT, lang="en")
+    page.get_by_role("button", name="Take the top token").click()
+    wait_idle(page)
+    assert prompt_box(page) == tok.decode(expected[:len(ids) + 1])
+    page.locator('[data-testid="stNumberInput"] input[aria-label="Tokens to add"]').fill("5")
+    page.keyboard.press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name="Top token × 5").click()
+    wait_idle(page)
+    assert prompt_box(page) == tok.decode(expected)
+    assert query(page).get("prompt") == tok.decode(expected)
+    table = page.locator('[data-testid="stMain"] [data-testid="stDataFrame"]').last
+    assert table.is_visible()
+    page.get_by_role("button", name="Undo").click()
+    wait_idle(page)
+    assert prompt_box(page) == tok.decode(expected[:len(ids) + 1])
+    page.get_by_role("button", name="Undo").click()
+    wait_idle(page)
+    assert prompt_box(page) == PROMPT
