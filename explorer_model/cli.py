@@ -206,7 +206,6 @@ def generation_bar(max_new: int):
 
 
 def cmd_generate(args) -> None:
-    from .memory import layer_progress
     from .sampling import generate
 
     if args.max_new_tokens < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
@@ -225,9 +224,9 @@ def cmd_generate(args) -> None:
     # thread does not speed up, and with another busy process on the machine its waits halve the speed
     # (bench/bench_decode.py --threads 1 vs 2).
     bar = generation_bar(args.max_new_tokens) if args.progress or sys.stderr.isatty() else None
-    with threads(1), layer_progress(loaded.model, bar) if bar else contextlib.nullcontext():
+    with threads(1):
         new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                       args.seed, stop_ids={eos} if eos is not None else None)
+                       args.seed, stop_ids={eos} if eos is not None else None, progress=bar)
     if bar:
         bar.finish()
     if args.json:

@@ -1,0 +1,114 @@
+"""The lean decode step (explorer_model/decode.py) against the hooked forward it replaces.
+
+Compared with torch.equal, not a tolerance: the lean step runs the very kernels of the unhooked forward in the
+same order (stacking projection rows changes no bit of a one-row product), so any difference is a bug, and equal
+logits make equal greedy tokens certain rather than likely. Checked at positions > 0 (a cache already filled by
+a prompt), on 1 and 2 threads, on a tiny GQA model with biases and odd widths and on SmolLM2.
+"""
+import pytest
+import torch
+
+from explorer_model import KVCache
+from explorer_model.decode import fuse_rows, lean_applies, lean_step
+from explorer_model.recording import record
+from explorer_model.runtime import threads
+from explorer_model.sampling import generate
+from test_model import tiny_model
+
+
+def lean_against_hooked(model, prompt: list[int], steps: int) -> list[int]:
+    """Decode greedily with both paths side by side, asserting equal logits at every step; the tokens."""
+    hooked, lean = KVCache(model.cfg.n_layers), KVCache(model.cfg.n_layers)
+    tokens = []
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), hooked)[0, -1]
+        assert torch.equal(logits, model(torch.tensor([prompt]), lean)[0, -1])
+        for _ in range(steps):
+            token = int(logits.argmax())
+            tokens.append(token)
+            assert lean_applies(model, lean, 1)
+            logits = model(torch.tensor([[token]]), hooked)[0, -1]
+            fast = lean_step(model, token, lean)
+            assert torch.equal(fast, logits), f"position {lean.length - 1}: {(fast - logits).abs().max()}"
+    for layer in range(model.cfg.n_layers):  # the cache holds the same keys and values as the hooked pass wrote
+        n = hooked.layer_length(layer)
+        assert n == lean.layer_length(layer) == len(prompt) + steps
+        assert torch.equal(hooked.k[layer][:, :n], lean.k[layer][:, :n])
+        assert torch.equal(hooked.v[layer][:, :n], lean.v[layer][:, :n])
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def biased():
+    # GQA (6 query heads, 2 KV heads), biases on every projection, widths off the SIMD block (d_model 48, d_ff 80)
+    model = tiny_model(attention_bias=True, mlp_bias=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_lean_step_equals_hooked_forward_tiny_gqa(biased, n_threads):
+    with threads(n_threads):
+        lean_against_hooked(biased, [3, 14, 15, 92, 65], 20)
+
+
+def test_generate_takes_the_lean_path_with_the_same_tokens(biased):
+    prompt = [5, 6, 7]
+    tokens = lean_against_hooked(biased, prompt, 15)
+    assert generate(biased, prompt, 15) == tokens
+    # A hook anywhere sends the steps through the hooked forward: it fires once per step, tokens unchanged.
+    seen = []
+    with biased.hooks([("blocks.1.attn.hook_z", lambda x, hp: seen.append(x.shape[1]))]):
+        assert not lean_applies(biased, KVCache(biased.cfg.n_layers), 1)
+        assert generate(biased, prompt, 15) == tokens
+    assert seen == [len(prompt)] + [1] * 14  # the last token is chosen, not run
+    assert lean_applies(biased, KVCache(biased.cfg.n_layers), 1)  # the hook is gone again
+
+
+def test_generate_reports_progress(biased):
+    calls = []
+    generate(biased, [5, 6, 7], 4, progress=lambda done, total: calls.append((done, total)))
+    n = biased.cfg.n_layers
+    assert calls == [(i + 1, n) for i in range(n)] + [(n, n)] * 4  # prompt layer by layer, then per token
+
+
+def test_lean_path_does_not_apply_where_it_would_differ(biased):
+    cache = KVCache(biased.cfg.n_layers)
+    assert not lean_applies(biased, cache, 2)  # several tokens: the model's forward
+    assert not lean_applies(biased, KVCache(biased.cfg.n_layers, stable=True), 1)  # recordings stay prefix-stable
+    trained = tiny_model().requires_grad_(True)
+    with torch.no_grad():
+        assert lean_applies(trained, cache, 1)
+    assert not lean_applies(trained, cache, 1)  # training: gradients flow through the model's forward only
+    assert not lean_applies(tiny_model().half(), cache, 1)  # 16-bit weights: the one-row kernel is float32's
+    assert not lean_applies(tiny_model(norm_placement="post"), cache, 1)
+    assert not lean_applies(tiny_model(ffn_type="relu"), cache, 1)
+
+
+def test_stacked_rows_are_views_and_recordings_are_unchanged():
+    model = tiny_model()
+    ids = [3, 14, 15, 92, 65, 35, 89]
+    before = record(model, ids)
+    attn = model.blocks[0].attn
+    q, k, v = (lin.weight.clone() for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+    fused, bias = fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj])
+    assert bias is None and torch.equal(fused, torch.cat([q, k, v]))
+    for lin, w in zip((attn.q_proj, attn.k_proj, attn.v_proj), (q, k, v)):
+        assert torch.equal(lin.weight, w) and lin.weight.shape == w.shape and lin.weight.is_contiguous()
+        assert lin.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()  # no second copy
+    with torch.no_grad():
+        lean_step(model, 4, KVCache(model.cfg.n_layers))  # stacks every layer's rows
+    after = record(model, ids)  # the prefix-stable recorder reads the views with their original shapes
+    assert [n for n in before.names if not torch.equal(before[n], after[n])] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_lean_step_equals_hooked_forward_smollm2(loaded, n_threads):
+    prompt = loaded.tokenizer.encode("The history of the printing press begins")
+    with threads(n_threads):
+        tokens = lean_against_hooked(loaded.model, prompt, 24)
+        assert generate(loaded.model, prompt, 24) == tokens
