@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_core import hf_twin  # noqa: E402
+from explorer_model.decode import pack_for_decode  # noqa: E402
 from explorer_model.loaders import load  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
 from explorer_model.sampling import generate  # noqa: E402
@@ -51,6 +52,7 @@ def main() -> None:
     loaded = load("smollm2")
     model, ids = loaded.model, loaded.tokenizer.encode(PROMPT)
     hf = hf_twin(model)
+    pack_for_decode(model)  # as `llama-explorer generate` does
     hf.generation_config.eos_token_id = None  # run the full length, as ours does without stop ids
     hf.generation_config.pad_token_id = 0
     prompt = torch.tensor([ids])

@@ -218,7 +218,10 @@ def cmd_generate(args) -> None:
     loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
+    from .decode import pack_for_decode
     from .runtime import threads
+
+    pack_for_decode(loaded.model)  # this process owns its memory: the weights move to huge pages, same bits
 
     # In this process only: a decode step streams the weights through one-row products, which a second
     # thread does not speed up, and with another busy process on the machine its waits halve the speed

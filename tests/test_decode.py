@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from explorer_model import KVCache
-from explorer_model.decode import fuse_rows, lean_applies, lean_step
+from explorer_model.decode import _Layer, lean_applies, lean_step, pack_for_decode
 from explorer_model.recording import record
 from explorer_model.runtime import threads
 from explorer_model.sampling import generate
@@ -88,27 +88,39 @@ def test_lean_path_does_not_apply_where_it_would_differ(biased):
     assert not lean_applies(tiny_model(ffn_type="relu"), cache, 1)
 
 
-def test_stacked_rows_are_views_and_recordings_are_unchanged():
-    model = tiny_model()
+def test_packing_keeps_every_value_stacks_rows_and_leaves_recordings_unchanged():
+    model = tiny_model(attention_bias=True, mlp_bias=True)
     ids = [3, 14, 15, 92, 65, 35, 89]
     before = record(model, ids)
-    attn = model.blocks[0].attn
-    q, k, v = (lin.weight.clone() for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
-    fused, bias = fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj])
-    assert bias is None and torch.equal(fused, torch.cat([q, k, v]))
-    for lin, w in zip((attn.q_proj, attn.k_proj, attn.v_proj), (q, k, v)):
-        assert torch.equal(lin.weight, w) and lin.weight.shape == w.shape and lin.weight.is_contiguous()
-        assert lin.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()  # no second copy
-    with torch.no_grad():
-        lean_step(model, 4, KVCache(model.cfg.n_layers))  # stacks every layer's rows
-    after = record(model, ids)  # the prefix-stable recorder reads the views with their original shapes
-    assert [n for n in before.names if not torch.equal(before[n], after[n])] == []
+    values = {name: p.clone() for name, p in model.named_parameters()}
+    unpacked = _Layer(model.blocks[0])
+    assert len(unpacked.qkv) == 3 and len(unpacked.gate_up) == 2  # separate products before packing
+    pack_for_decode(model)
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(storages) == 1  # one mapping holds every weight: no second copy anywhere
+    for name, p in model.named_parameters():
+        assert torch.equal(p, values[name]) and p.shape == values[name].shape and p.is_contiguous(), name
+        inside_a_stack = any(f"{n}_proj" in name for n in ("k", "v", "up"))
+        assert inside_a_stack or p.data_ptr() % 64 == 0, name  # aligned as torch aligns its own tensors
+    layer, attn = _Layer(model.blocks[1]), model.blocks[1].attn
+    (qkv, qkv_bias), = layer.qkv
+    assert torch.equal(qkv, torch.cat([values[f"blocks.1.attn.{n}.weight"] for n in ("q_proj", "k_proj", "v_proj")]))
+    assert torch.equal(qkv_bias, torch.cat([values[f"blocks.1.attn.{n}.bias"] for n in ("q_proj", "k_proj", "v_proj")]))
+    assert qkv.data_ptr() == attn.q_proj.weight.data_ptr() and len(layer.gate_up) == 1
+    assert [n for n in before.names if not torch.equal(before[n], record(model, ids)[n])] == []  # recorder: same bits
+    lean_against_hooked(model, ids, 10)  # the stacked products
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n_threads", [1, 2])
-def test_lean_step_equals_hooked_forward_smollm2(loaded, n_threads):
-    prompt = loaded.tokenizer.encode("The history of the printing press begins")
-    with threads(n_threads):
-        tokens = lean_against_hooked(loaded.model, prompt, 24)
-        assert generate(loaded.model, prompt, 24) == tokens
+def test_lean_step_equals_hooked_forward_smollm2(loaded):
+    """Unpacked (separate products, as a caller that does not pack gets), then packed on 1 and 2 threads."""
+    prompt, model = loaded.tokenizer.encode("The history of the printing press begins"), loaded.model
+    with threads(1):
+        tokens = lean_against_hooked(model, prompt, 24)
+        assert generate(model, prompt, 24) == tokens
+        pack_for_decode(model)
+        assert len(_Layer(model.blocks[0]).qkv) == 1
+        assert lean_against_hooked(model, prompt, 24) == tokens  # packing changes no token
+        assert generate(model, prompt, 24) == tokens
+    with threads(2):
+        lean_against_hooked(model, prompt, 24)
