@@ -5,6 +5,8 @@ same order (stacking projection rows changes no bit of a one-row product), so an
 logits make equal greedy tokens certain rather than likely. Checked at positions > 0 (a cache already filled by
 a prompt), on 1 and 2 threads, on a tiny GQA model with biases and odd widths and on SmolLM2.
 """
+import json
+
 import pytest
 import torch
 
@@ -109,6 +111,23 @@ def test_packing_keeps_every_value_stacks_rows_and_leaves_recordings_unchanged()
     assert qkv.data_ptr() == attn.q_proj.weight.data_ptr() and len(layer.gate_up) == 1
     assert [n for n in before.names if not torch.equal(before[n], record(model, ids)[n])] == []  # recorder: same bits
     lean_against_hooked(model, ids, 10)  # the stacked products
+
+
+@pytest.mark.parametrize("n_threads", ["1", "2"])
+def test_cli_generate_packs_and_keeps_the_hooked_forwards_tokens(tmp_path, capsys, n_threads):
+    from conftest import hf_model, save_hf
+    from explorer_model.cli import main
+    from explorer_model.loaders import load
+
+    folder = save_hf(hf_model("gqa"), tmp_path / "gqa")
+    assert main(["generate", str(folder), "--prompt", "The capital of", "--max-new-tokens", "8", "--json",
+                 "--threads", n_threads]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model, seq = load(folder).model, list(out["prompt_ids"])
+    with threads(int(n_threads)), torch.no_grad():  # the hooked forward over the whole sequence, no cache
+        for _ in out["new_ids"]:
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    assert out["new_ids"] == seq[len(out["prompt_ids"]):] and len(out["new_ids"]) >= 1
 
 
 @pytest.mark.slow
