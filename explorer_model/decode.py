@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .export import available_memory
 from .model import KVCache, LlamaModel
 from .rope import apply_rope
 from .stable import _ONE_ROW
@@ -58,7 +59,9 @@ def _groups(model: LlamaModel) -> list[list[str]]:
 
 
 def pack_for_decode(model: LlamaModel) -> LlamaModel:
-    """Move every float32 parameter into one huge-page-advised mapping (see above); values and shapes unchanged."""
+    """Move every float32 parameter into one huge-page-advised mapping (see above); values and shapes unchanged.
+
+    Only when twice the weights fit in available memory: the copy is anonymous memory, the file mapping was not."""
     if model.dtype != torch.float32 or any(p.requires_grad for p in model.parameters()):
         return model  # the lean step runs float32 only; a model in training keeps its tensors
     params = dict(model.named_parameters())
@@ -68,6 +71,9 @@ def pack_for_decode(model: LlamaModel) -> LlamaModel:
         for name in group:
             plan.append((name, size))
             size += params[name].numel()
+    free = available_memory()
+    if free is None or 2 * size * 4 > free:
+        return model  # the copy must fit with room to spare: a big model stays memory-mapped and pageable
     memory = mmap.mmap(-1, max(size, 1) * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE)

@@ -113,6 +113,20 @@ def test_packing_keeps_every_value_stacks_rows_and_leaves_recordings_unchanged()
     lean_against_hooked(model, ids, 10)  # the stacked products
 
 
+def test_packing_leaves_a_model_that_does_not_fit_twice_as_it_is(monkeypatch):
+    import explorer_model.decode as decode
+
+    model = tiny_model()
+    before = [p for p in model.parameters()]
+    weight_bytes = sum(p.numel() * 4 for p in before)
+    monkeypatch.setattr(decode, "available_memory", lambda: 2 * weight_bytes - 1)
+    pack_for_decode(model)
+    assert all(a is b for a, b in zip(before, model.parameters()))
+    monkeypatch.setattr(decode, "available_memory", lambda: 4 * weight_bytes)
+    pack_for_decode(model)
+    assert len({p.untyped_storage().data_ptr() for p in model.parameters()}) == 1
+
+
 @pytest.mark.parametrize("n_threads", ["1", "2"])
 def test_cli_generate_packs_and_keeps_the_hooked_forwards_tokens(tmp_path, capsys, n_threads):
     from conftest import hf_model, save_hf
