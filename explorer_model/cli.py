@@ -220,10 +220,12 @@ def cmd_generate(args) -> None:
     loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
-    from .decode import pack_for_decode
+    from .decode import pack_for_decode, packing_for
     from .runtime import threads
 
-    pack_for_decode(loaded.model)  # this process owns its memory: the weights move to huge pages, same bits
+    packing = packing_for(args.max_new_tokens)  # this process owns its memory (see decode.py); same bits
+    if packing != "none":
+        pack_for_decode(loaded.model, huge_pages=packing == "huge")
     # In this process only. A second thread makes a step ~1.3x faster when a core is free for it, and up to
     # twice slower when another process keeps that core busy (each of a step's ~150 parallel products waits
     # for it; bench/bench_decode.py --threads 1 vs 2 on this 2-core machine). So: two only with cores to spare.

@@ -90,14 +90,15 @@ def test_lean_path_does_not_apply_where_it_would_differ(biased):
     assert not lean_applies(tiny_model(ffn_type="relu"), cache, 1)
 
 
-def test_packing_keeps_every_value_stacks_rows_and_leaves_recordings_unchanged():
+@pytest.mark.parametrize("huge_pages", [False, True])
+def test_packing_keeps_every_value_stacks_rows_and_leaves_recordings_unchanged(huge_pages):
     model = tiny_model(attention_bias=True, mlp_bias=True)
     ids = [3, 14, 15, 92, 65, 35, 89]
     before = record(model, ids)
     values = {name: p.clone() for name, p in model.named_parameters()}
     unpacked = _Layer(model.blocks[0])
     assert len(unpacked.qkv) == 3 and len(unpacked.gate_up) == 2  # separate products before packing
-    pack_for_decode(model)
+    pack_for_decode(model, huge_pages)
     storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert len(storages) == 1  # one mapping holds every weight: no second copy anywhere
     for name, p in model.named_parameters():
@@ -127,21 +128,25 @@ def test_packing_leaves_a_model_that_does_not_fit_twice_as_it_is(monkeypatch):
     assert len({p.untyped_storage().data_ptr() for p in model.parameters()}) == 1
 
 
-@pytest.mark.parametrize("n_threads", ["1", "2"])
-def test_cli_generate_packs_and_keeps_the_hooked_forwards_tokens(tmp_path, capsys, n_threads):
+@pytest.mark.parametrize("n_threads, max_new", [("1", 8), ("2", 8), ("1", 100), ("2", 600)])
+def test_cli_generate_keeps_the_hooked_forwards_tokens(tmp_path, capsys, n_threads, max_new):
+    """8 tokens: unpacked; 100: packed; 600 (the context ends first): packed on huge pages (packing_for)."""
     from conftest import hf_model, save_hf
     from explorer_model.cli import main
     from explorer_model.loaders import load
 
     folder = save_hf(hf_model("gqa"), tmp_path / "gqa")
-    assert main(["generate", str(folder), "--prompt", "The capital of", "--max-new-tokens", "8", "--json",
+    assert main(["generate", str(folder), "--prompt", "The capital of", "--max-new-tokens", str(max_new), "--json",
                  "--threads", n_threads]) == 0
     out = json.loads(capsys.readouterr().out)
-    model, seq = load(folder).model, list(out["prompt_ids"])
-    with threads(int(n_threads)), torch.no_grad():  # the hooked forward over the whole sequence, no cache
-        for _ in out["new_ids"]:
-            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
-    assert out["new_ids"] == seq[len(out["prompt_ids"]):] and len(out["new_ids"]) >= 1
+    model, tokens = load(folder).model, []
+    cache = KVCache(model.cfg.n_layers)
+    with threads(int(n_threads)), torch.no_grad():  # the hooked forward, step by step, on the unpacked weights
+        logits = model(torch.tensor([out["prompt_ids"]]), cache)[0, -1]
+        while len(tokens) < len(out["new_ids"]):
+            tokens.append(int(logits.argmax()))
+            logits = model(torch.tensor([[tokens[-1]]]), cache)[0, -1]
+    assert out["new_ids"] == tokens and len(tokens) >= 1
 
 
 @pytest.mark.slow
