@@ -114,6 +114,14 @@ def test_packing_keeps_every_value_stacks_rows_and_leaves_recordings_unchanged(h
     lean_against_hooked(model, ids, 10)  # the stacked products
 
 
+def test_new_weights_are_picked_up():
+    model = tiny_model()
+    first = lean_against_hooked(model, [1, 2, 3], 6)
+    state = {k: v * torch.linspace(0.5, 1.5, v.shape[-1]) for k, v in model.state_dict().items()}
+    model.load_weights(state)  # replaces every tensor the lean step gathered
+    assert lean_against_hooked(model, [1, 2, 3], 6) != first  # the new weights decode, as the hooked forward
+
+
 def test_packing_leaves_a_model_that_does_not_fit_twice_as_it_is(monkeypatch):
     import explorer_model.decode as decode
 
