@@ -3,7 +3,7 @@
 Both continue the same prompt greedily for --new tokens (HF with its end-of-text stop turned off, ours without
 stop ids), interleaved repeats, medians. The memory-read ceiling is the float32 weight bytes a step must read
 divided by this machine's read bandwidth, measured here as a sum over a 512 MiB tensor.
-Usage: .venv/bin/python bench/bench_decode.py [--new 64] [--repeats 5] [--threads N]
+Usage: .venv/bin/python bench/bench_decode.py [--new 64] [--repeats 5] [--threads N] [--pack auto|none|small|huge]
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_core import hf_twin  # noqa: E402
+from explorer_model.decode import pack_for_decode, packing_for  # noqa: E402
 from explorer_model.loaders import load  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
 from explorer_model.sampling import generate  # noqa: E402
@@ -45,12 +46,19 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64, help="tokens generated per run")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, help="torch threads for this process (default: torch's choice)")
+    ap.add_argument("--pack", choices=["auto", "none", "small", "huge"], default="auto",
+                    help="weights packing for our decode (explorer_model/decode.py); auto: as the CLI for --new")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)  # a benchmark process, set once before any work
     loaded = load("smollm2")
     model, ids = loaded.model, loaded.tokenizer.encode(PROMPT)
     hf = hf_twin(model)
+    packing = args.pack if args.pack != "auto" else packing_for(args.new)  # auto: as `llama-explorer generate`
+    t0 = time.perf_counter()
+    if packing != "none":
+        pack_for_decode(model, huge_pages=packing == "huge")
+    pack_seconds = time.perf_counter() - t0  # once per process, not in the figures below
     hf.generation_config.eos_token_id = None  # run the full length, as ours does without stop ids
     hf.generation_config.pad_token_id = 0
     prompt = torch.tensor([ids])
@@ -83,7 +91,7 @@ def main() -> None:
         "weights_MB": round(weight_bytes / 1e6, 1), "read_GB_per_s": round(bandwidth / 1e9, 1),
         "ceiling_tokens_per_s": round(ceiling, 1), "fraction_of_ceiling": round(tps["ours"] / ceiling, 2),
         "greedy_tokens_equal_to_hf": f"{same}/{args.new}",
-        "load_average": os.getloadavg()[0],
+        "packing": packing, "pack_seconds": round(pack_seconds, 2), "load_average": os.getloadavg()[0],
     }
     print(json.dumps(report, indent=2))
 

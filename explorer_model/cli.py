@@ -206,7 +206,6 @@ def generation_bar(max_new: int):
 
 
 def cmd_generate(args) -> None:
-    from .memory import layer_progress
     from .sampling import generate
 
     if args.max_new_tokens < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
@@ -216,18 +215,25 @@ def cmd_generate(args) -> None:
         raise CliError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t}")
     if args.seed is not None and not 0 <= args.seed < 2**64:
         raise CliError(f"--seed must be between 0 and 2**64 - 1, got {args.seed}")
+    if args.threads is not None and not 1 <= args.threads <= 256:
+        raise CliError(f"--threads must be between 1 and 256, got {args.threads}")
     loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
+    from .decode import pack_for_decode, packing_for
     from .runtime import threads
 
-    # In this process only: a decode step streams the weights through one-row products, which a second
-    # thread does not speed up, and with another busy process on the machine its waits halve the speed
-    # (bench/bench_decode.py --threads 1 vs 2).
+    packing = packing_for(args.max_new_tokens)  # this process owns its memory (see decode.py); same bits
+    if packing != "none":
+        pack_for_decode(loaded.model, huge_pages=packing == "huge")
+    # In this process only. A second thread makes a step ~1.3x faster when a core is free for it, and up to
+    # twice slower when another process keeps that core busy (each of a step's ~150 parallel products waits
+    # for it; bench/bench_decode.py --threads 1 vs 2 on this 2-core machine). So: two only with cores to spare.
+    n_threads = args.threads or (2 if (os.cpu_count() or 1) >= 4 else 1)
     bar = generation_bar(args.max_new_tokens) if args.progress or sys.stderr.isatty() else None
-    with threads(1), layer_progress(loaded.model, bar) if bar else contextlib.nullcontext():
+    with threads(n_threads):
         new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                       args.seed, stop_ids={eos} if eos is not None else None)
+                       args.seed, stop_ids={eos} if eos is not None else None, progress=bar)
     if bar:
         bar.finish()
     if args.json:
@@ -315,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--progress", action="store_true", help="draw the prompt's pass layer by layer, then the new "
                    "tokens, on stderr (default: when stderr is a terminal)")
+    s.add_argument("--threads", type=int, help="CPU threads (default 2 on a machine with 4 or more cores, else 1; "
+                   "the count can change the last bits of the logits)")
     s.set_defaults(fn=cmd_generate)
 
     # --- train-tiny (issue 4) ---

@@ -4,10 +4,14 @@
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from .decode import lean_applies, lean_step
+from .memory import layer_progress
 from .model import KVCache, LlamaModel
 
 
@@ -59,20 +63,32 @@ def choose(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p
 
 @torch.no_grad()
 def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_ids: set[int] | None = None) -> list[int]:
-    """New token ids after prompt_ids. The prompt runs once; each new token runs alone against the cache."""
+             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_ids: set[int] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> list[int]:
+    """New token ids after prompt_ids. The prompt runs once; each new token runs alone against the cache.
+
+    progress(layers_done, n_layers) is called per layer during the prompt's pass, then once per new token with
+    (n_layers, n_layers): steps take the lean path (decode.py), which has no per-layer hook to report from.
+    """
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     cache = KVCache(model.cfg.n_layers)
-    logits = model(torch.tensor([prompt_ids]), cache)[0, -1]
+    n_layers = model.cfg.n_layers
+    with layer_progress(model, progress) if progress else contextlib.nullcontext():
+        logits = model(torch.tensor([prompt_ids]), cache)[0, -1]
     out: list[int] = []
     for _ in range(max_new_tokens):
         if cache.length >= model.cfg.max_seq_len:
             break
         token = choose(logits, temperature, top_k, top_p, generator)
         out.append(token)
-        if stop_ids and token in stop_ids:
-            break
-        logits = model(torch.tensor([[token]]), cache)[0, -1]
+        if progress:
+            progress(n_layers, n_layers)
+        if (stop_ids and token in stop_ids) or len(out) == max_new_tokens:
+            break  # the last token's logits would not be used
+        if lean_applies(model, cache, 1):
+            logits = lean_step(model, token, cache)  # the same bits as the hooked forward, in less time
+        else:
+            logits = model(torch.tensor([[token]]), cache)[0, -1]
     return out

@@ -115,6 +115,7 @@ def test_prompt_character_bound(smol, previous, capsys):
     ("--temperature", "-1", "--temperature"), ("--temperature", "5e-324", "--temperature"),
     ("--temperature", "1e-300", "--temperature"), ("--seed", str(2**64), "--seed"), ("--seed", str(10**30), "--seed"),
     ("--seed", "-1", "--seed"), ("--top-p", "nan", "top-p"), ("--top-k", "-3", "top-k"),
+    ("--threads", "0", "--threads"), ("--threads", "-2", "--threads"), ("--threads", "100000", "--threads"),
 ])
 def test_generate_numbers(capsys, flag, value, needle):
     extra = ["--temperature", "0.8"] if flag == "--seed" else []
