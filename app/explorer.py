@@ -35,6 +35,7 @@ from explorer_model.lab import normlab as lab
 from explorer_model.tokenizer import PromptError, check_prompt
 from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
+from explorer_model.memory import forward_flops
 from explorer_model.recording import Recording, record
 from explorer_model.recording import extend as extend_recording
 from explorer_model.runtime import release_freed_memory
@@ -64,6 +65,10 @@ def forwards_ahead() -> int:
     return _FORWARD.wanted()
 WHATIF_NAMES = ["blocks.*.hook_resid_post", "blocks.*.attn.hook_rot_q", "blocks.*.attn.hook_rot_k"]
 KL_MAX_POS = 32  # the lens KL costs layers × positions × vocab × d_model per run: the last 32 positions
+# A forward pass this small (the lab twins: 0.2 GFLOP for a short prompt, a few ms) runs without the forward lock:
+# waiting behind other visitors' passes of a real model would cost it a thousand times its own time, and beside
+# one it takes little (hooks fire only in the thread that attached them: concurrent recordings stay apart).
+SMALL_FORWARD_FLOPS = 1e9
 
 
 # --------------------------------------------------------------------------- models
@@ -170,7 +175,8 @@ def recording(source: str, ids, progress=None) -> Recording:
         rec = _record_measured(source, ids, progress)
         _forward()
         return rec
-    return result_cache().get(("recording", _ident(source), ids), run, _FORWARD)
+    small = forward_flops(_model(source).model.cfg, len(ids)) < SMALL_FORWARD_FLOPS
+    return result_cache().get(("recording", _ident(source), ids), run, None if small else _FORWARD)
 
 
 def extend(source: str, ids, new_id: int) -> Recording:

@@ -242,3 +242,33 @@ def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(
     at_once = explorer.logit_lens(source, ids, n - 9)
     assert rows == [4, 5, 9]
     assert np.array_equal(wide[0], at_once[0]) and np.array_equal(wide[1], at_once[1])
+
+
+def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypatch):
+    """The twins' recordings (well under SMALL_FORWARD_FLOPS) run while another visitor's forward pass holds the
+    lock, and equal the recording made alone; the default model's would wait (it is far above the bound)."""
+    from explorer_model.memory import forward_flops
+    fresh_cache(monkeypatch, 512)
+    source = lab.TWINS[0]
+    ids, _ = explorer.encode_prompt(source, "The quick brown fox", 64)
+    assert forward_flops(explorer._model(source).model.cfg, len(ids)) < explorer.SMALL_FORWARD_FLOPS
+    big = explorer._model(explorer.DEFAULT_SOURCE).model.cfg
+    assert forward_flops(big, 1) > 4 * explorer.SMALL_FORWARD_FLOPS
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with explorer._FORWARD:
+            held.set()
+            done.wait(60)
+    other = threading.Thread(target=hold)
+    other.start()
+    try:
+        assert held.wait(30)
+        rec = explorer.recording(source, ids)
+        assert other.is_alive()  # it returned while the lock was still held
+    finally:
+        done.set()
+        other.join()
+    fresh_cache(monkeypatch, 512)
+    alone = explorer.recording(source, ids)
+    assert all(torch.equal(rec[n], alone[n]) for n in alone.names)
