@@ -272,3 +272,43 @@ def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypa
     fresh_cache(monkeypatch, 512)
     alone = explorer.recording(source, ids)
     assert all(torch.equal(rec[n], alone[n]) for n in alone.names)
+
+
+def test_prefetch_runs_when_nobody_waits_and_fills_the_cache(monkeypatch):
+    """A served process (LLAMA_EXPLORER_WARM_UP=1) runs queued jobs in the background while the forward lock is
+    free; a job queued while another visitor's forward pass holds it waits for that pass to end."""
+    from app import gateway_prefetch as P
+    fresh_cache(monkeypatch, 512)
+    monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
+    source = explorer.DEFAULT_SOURCE
+    ids = tuple(explorer.encode_prompt(source, PROMPT, 64)[0])
+    started, release = threading.Event(), threading.Event()
+
+    def hold():
+        with explorer._FORWARD:
+            started.set()
+            release.wait(60)
+    other = threading.Thread(target=hold)
+    other.start()
+    started.wait(30)
+    explorer.prefetch(lambda: explorer.logit_lens(source, ids, 0))
+    time.sleep(0.5)
+    assert explorer.result_cache().peek(("lens", explorer._ident(source), ids, 0)) is None  # waited
+    release.set()
+    other.join()
+    deadline = time.time() + 60
+    while explorer.result_cache().peek(("lens", explorer._ident(source), ids, 0)) is None and time.time() < deadline:
+        time.sleep(0.05)
+    lens = explorer.result_cache().peek(("lens", explorer._ident(source), ids, 0))
+    assert lens is not None and P.queued() == 0
+    n = explorer.FORWARDS["count"]
+    assert np.array_equal(explorer.logit_lens(source, ids, 0)[0], lens[0]) and explorer.FORWARDS["count"] == n
+
+
+def test_prefetch_does_nothing_outside_a_served_process(monkeypatch):
+    from app import gateway_prefetch as P
+    monkeypatch.delenv("LLAMA_EXPLORER_WARM_UP", raising=False)
+    ran = []
+    explorer.prefetch(lambda: ran.append(1))
+    time.sleep(0.2)
+    assert ran == [] and P.queued() == 0
