@@ -399,9 +399,8 @@ __all__ += ["layer_weights"]
 from app.lab_jobs import (LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,  # noqa: E402
                           lab_worker_threads)
 from app.lessons import lesson_target, patch_lesson  # noqa: E402
-from app.gateway_prefetch import prefetch  # noqa: E402
 
-__all__ += ["lesson_target", "prefetch"]
+__all__ += ["lesson_target"]
 
 
 # --------------------------------------------------------------------------- more parts of the gateway

@@ -16,7 +16,7 @@ from explorer_model.runtime import keep_freed_memory
 from app import compare, explorer, prompt_cost
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
-from app.panels import VIEWS, residual, swiglu_positionwise
+from app.panels import VIEWS
 from app.presets import BY_KEY
 from app.sidebar import tr
 
@@ -165,9 +165,6 @@ def main() -> None:
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
             draw(ctx)
-        if st.session_state.get("_prefetched") != (source, tuple(ids)):  # once per visitor and prompt
-            st.session_state["_prefetched"] = (source, tuple(ids))
-            explorer.prefetch(*swiglu_positionwise.prefetch_jobs(ctx), *residual.prefetch_jobs(ctx))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
         st.error(tr("app.view_failed", error=plain(e)))

@@ -110,12 +110,6 @@ def draw_contributions(ctx: ViewContext) -> None:
     plots.show(fig, ctx, key="residual_contrib", height=420)
 
 
-def prefetch_jobs(ctx: ViewContext) -> list:
-    """The lens this view asks for first on this prompt (the default window), for the gateway to prepare."""
-    source, ids = ctx.source, tuple(ctx.ids)
-    return [lambda: explorer.logit_lens(source, ids, max(0, len(ids) - LENS_POS))]
-
-
 def lens_positions(ctx: ViewContext) -> int:
     """How many of the last positions the lens shows: LENS_POS, or what the visitor chose (kept within the prompt)."""
     T = len(ctx.ids)

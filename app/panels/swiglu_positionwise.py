@@ -18,19 +18,6 @@ def replaced_ids(ids: list[int], pos: int, new_id: int) -> list[int]:
     return [new_id if i == pos else x for i, x in enumerate(ids)]
 
 
-def prefetch_jobs(ctx: ViewContext) -> list:
-    """The changed recording this view asks for first on this prompt (the default position and word), for the
-    gateway to prepare."""
-    if len(ctx.ids) < 2:
-        return []
-    pos = len(ctx.ids) // 2
-    new = [i for i in explorer.encode_prompt(ctx.source, DEFAULT_WORD, 8)[0] if i != ctx.facts.bos_id]
-    if not new or new[0] == ctx.ids[pos]:
-        return []
-    source, ids_b = ctx.source, tuple(replaced_ids(ctx.ids, pos, new[0]))
-    return [lambda: explorer.recording(source, ids_b)]
-
-
 def recompute(ctx: ViewContext, rec, pos: int) -> dict:
     """FFN output at pos from the recorded input there (γ of ln2 ⊙ normalized) and the layer's weights."""
     w = explorer.layer_weights(ctx.source, ctx.layer)
