@@ -24,7 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 
-PROMPT = "In the morning the teacher wrote three equations on the board and asked the class to explain"
+# 28 tokens of SmolLM2: the steps run at 28-36 tokens, around the 30 the issue asks about
+PROMPT = ("In the morning the teacher wrote three equations on the board and asked the class to explain, one student"
+          " at a time, how each of them")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]
 STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
