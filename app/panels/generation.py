@@ -20,7 +20,8 @@ from explorer_model.analysis.objective import PositionLosses, position_losses
 from explorer_model.tokenizer.labels import completion, fragment_labels
 
 N_DIST = 15
-CONTINUE_MAX = 256  # tokens a "continue" click may add, within the visitor's token limit and the model's context
+CONTINUE_MAX = 64  # tokens a "continue" click may add (~2 s of the one forward lock; others wait meanwhile), within
+# the visitor's token limit and the model's context
 STEP_KEYS = ("residual.step_raw", "residual.temperature", "residual.step_top_k", "residual.step_top_p")
 
 
