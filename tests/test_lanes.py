@@ -148,3 +148,47 @@ def test_a_waiter_on_the_forward_lock_finds_the_result_it_waited_for():
     for th in threads:
         th.join(5)
     assert computed == [1] and all(o is out[0] for o in out) and len(out) == 4
+
+
+def test_a_page_back_from_a_forward_pass_draws_before_pages_that_arrived_meanwhile():
+    lane = DrawingLane()
+    forward = ForwardLock(lane)
+    order, in_forward, forward_done, waiting = [], threading.Event(), threading.Event(), []
+
+    def page_with_forward():
+        with lane.held():
+            with forward:
+                in_forward.set()
+                forward_done.wait(5)
+            order.append("back from the forward")
+
+    def later_page(i):
+        waiting.append(i)
+        with lane.held():
+            order.append(f"page {i}")
+
+    first = threading.Thread(target=page_with_forward)
+    holder_ready, release_holder = threading.Event(), threading.Event()
+
+    def holder():  # a page drawing while the forward runs
+        with lane.held():
+            holder_ready.set()
+            release_holder.wait(5)
+            order.append("holder")
+    first.start()
+    assert in_forward.wait(5)
+    h = threading.Thread(target=holder)
+    h.start()
+    assert holder_ready.wait(5)
+    others = [threading.Thread(target=later_page, args=(i,)) for i in range(3)]
+    for i, th in enumerate(others):
+        th.start()
+        while len(lane._lock._waiters) <= i:  # queued in this order, behind the holder
+            threading.Event().wait(0.001)
+    forward_done.set()
+    while len(lane._lock._waiters) < 4:  # the first page is back in the line
+        threading.Event().wait(0.001)
+    release_holder.set()
+    for th in (first, h, *others):
+        th.join(5)
+    assert order == ["holder", "back from the forward", "page 0", "page 1", "page 2"]
