@@ -29,7 +29,8 @@ class ViewContext:
     presenter: bool = False
     # "source": the model's name in the gateway. Step generation (the prompt is kept as token ids, so half a
     # character never becomes U+FFFD): "append_token"(id) adds one token to the prompt, "append_tokens"(ids)
-    # several as one step, "undo"() returns to the ids before the last append, "can_undo" says whether there is one. Both are meant for a button's on_click;
+    # several as one step ("token_limit": how many tokens a prompt may have), "undo"() returns to the ids before
+    # the last append, "can_undo" says whether there is one. Both are meant for a button's on_click;
     # called in the script body, follow them with st.rerun(). "replace_prompt"(text) sets a new prompt and keeps
     # the visitor's for the sidebar's "back to my prompt".
     extras: dict = field(default_factory=dict)

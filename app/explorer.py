@@ -272,7 +272,8 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
                                         if (hit := cache.peek(("lens", ident, ids, s))) is not None), None)
         first = n - 1 if left else int(start)
         last = n - right[0].shape[1] if right else n
-        lp = M.lens_logprobs(_model(source).model, rec.stack("hook_resid_post")[:, 0, first:last])  # [layer, pos, vocab]
+        resid = rec.stack("hook_resid_post")[:, 0, first:last]  # [layer, pos, d_model]
+        lp = M.lens_logprobs(_model(source).model, resid)  # [layer, pos, vocab]
         top, arg = lp.max(-1)
         _forward()
         parts = [p for p in (left, (arg.numpy(), top.exp().numpy()), right) if p is not None]

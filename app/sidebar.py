@@ -115,8 +115,11 @@ def step_api(facts: ModelFacts, body: list[int]) -> dict:
             st.session_state["_pending"] = hist.pop()
             st.session_state["ids_history"] = hist
 
-    return {"append_token": append_token, "append_tokens": append_tokens, "undo": undo, "can_undo": bool(st.session_state.get("ids_history")),
-            "replace_prompt": replace_prompt}
+    limit = min(int(st.session_state.get("max_tokens") or facts.cfg.max_seq_len), explorer.token_cap(),
+                facts.cfg.max_seq_len)  # what prompt_ids keeps of a longer prompt
+    return {"append_token": append_token, "append_tokens": append_tokens, "undo": undo,
+            "can_undo": bool(st.session_state.get("ids_history")), "replace_prompt": replace_prompt,
+            "token_limit": limit}
 
 
 def replace_prompt(text: str, keep_mine: bool = True) -> None:

@@ -186,8 +186,7 @@ def draw_prediction(ctx: ViewContext) -> None:
     if not by_ids and (blocked(greedy) or blocked(sampled)):
         st.caption(t("residual.fragment_needs_ids"))
     many = ctx.extras.get("append_tokens")
-    limit = min(int(st.session_state.get("max_tokens") or ctx.cfg.max_seq_len), ctx.cfg.max_seq_len)
-    room = min(CONTINUE_MAX, limit - len(ids))
+    room = min(CONTINUE_MAX, int(ctx.extras.get("token_limit", ctx.cfg.max_seq_len)) - len(ids))
     if by_ids and many is not None and room > 0:  # several tokens per click: decoded, not recorded
         c1, c2, c3 = st.columns(3)
         st.session_state["pred_continue_n"] = min(int(st.session_state.get("pred_continue_n", 20)), room)
