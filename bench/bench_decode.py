@@ -1,5 +1,7 @@
 """Decode speed: greedy tokens/s of our generate() against HF transformers' LlamaForCausalLM, same weights.
 
+"ours" is generate() as the CLI runs it (the compiled step), "ours_lean" the same with the compiled step turned
+off (decode.py's torch step, as on a machine without a C compiler).
 Both continue the same prompt greedily for --new tokens (HF with its end-of-text stop turned off, ours without
 stop ids), interleaved repeats, medians. The memory-read ceiling is the float32 weight bytes a step must read
 divided by this machine's read bandwidth, measured here as a sum over a 512 MiB tensor.
@@ -20,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_core import hf_twin  # noqa: E402
+from explorer_model import native_step  # noqa: E402
 from explorer_model.decode import pack_for_decode, packing_for  # noqa: E402
 from explorer_model.loaders import load  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
@@ -64,14 +67,21 @@ def main() -> None:
     prompt = torch.tensor([ids])
 
     def ours():
-        return generate(model, ids, args.new)
+        return generate(model, ids, args.new)  # the compiled step (explorer_model/native_step.py) when it builds
+
+    def ours_lean():
+        os.environ["LLAMA_EXPLORER_NATIVE"] = "0"  # decode.py's torch step, as on a machine without a compiler
+        try:
+            return generate(model, ids, args.new)
+        finally:
+            del os.environ["LLAMA_EXPLORER_NATIVE"]
 
     def theirs():
         with torch.no_grad():
             out = hf.generate(prompt, max_new_tokens=args.new, do_sample=False)
         return out[0, len(ids):].tolist()
 
-    runs = {"ours": ours, "hf": theirs}
+    runs = {"ours": ours, "ours_lean": ours_lean, "hf": theirs}
     tokens = {k: fn() for k, fn in runs.items()}  # warm-up, and the tokens compared below
     secs = {k: [] for k in runs}
     for _ in range(args.repeats):  # interleaved, so drift hits both alike
@@ -83,14 +93,15 @@ def main() -> None:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied matrix once
     bandwidth = read_bandwidth()
     ceiling = bandwidth / weight_bytes
-    same = sum(a == b for a, b in zip(tokens["ours"], tokens["hf"]))
+    same = {k: f"{sum(a == b for a, b in zip(tokens[k], tokens['hf']))}/{args.new}" for k in ("ours", "ours_lean")}
     report = {
         "threads": torch.get_num_threads(), "prompt_tokens": len(ids), "new_tokens": args.new,
         "tokens_per_s": tps, "all_tokens_per_s": {k: [round(args.new / s, 2) for s in v] for k, v in secs.items()},
-        "ratio_ours_vs_hf": round(tps["ours"] / tps["hf"], 2),
+        "ratio_ours_vs_hf": round(tps["ours"] / tps["hf"], 2), "ratio_lean_vs_hf": round(tps["ours_lean"] / tps["hf"], 2),
+        "native_step": "compiled" if native_step.library() else f"not built: {native_step.failure()}",
         "weights_MB": round(weight_bytes / 1e6, 1), "read_GB_per_s": round(bandwidth / 1e9, 1),
         "ceiling_tokens_per_s": round(ceiling, 1), "fraction_of_ceiling": round(tps["ours"] / ceiling, 2),
-        "greedy_tokens_equal_to_hf": f"{same}/{args.new}",
+        "greedy_tokens_equal_to_hf": same,
         "packing": packing, "pack_seconds": round(pack_seconds, 2), "load_average": os.getloadavg()[0],
     }
     print(json.dumps(report, indent=2))

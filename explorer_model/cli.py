@@ -321,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--progress", action="store_true", help="draw the prompt's pass layer by layer, then the new "
                    "tokens, on stderr (default: when stderr is a terminal)")
-    s.add_argument("--threads", type=int, help="CPU threads (default 2 on a machine with 4 or more cores, else 1; "
-                   "the count can change the last bits of the logits)")
+    s.add_argument("--threads", type=int, help="CPU threads for the prompt's pass and the torch decode step "
+                   "(default 2 on a machine with 4 or more cores, else 1; the count can change the last bits of the "
+                   "logits); the compiled decode step runs on one")
     s.set_defaults(fn=cmd_generate)
 
     # --- train-tiny (issue 4) ---

@@ -15,9 +15,12 @@ tests/test_decode.py, 1 and 2 threads), so stacking rows changes no bit. The fil
 With `huge_pages` the mapping is advised for 2 MB pages: fewer TLB misses while streaming. Measured on SmolLM2,
 1 thread, this 2-core machine: a step 30 ms unpacked, 27 ms packed, 25 ms on huge pages; the copy costs 0.2 s,
 with huge pages 0.5-1.2 s (the kernel compacts memory to find them). `packing_for` picks what pays off.
-The lean step applies only when no hook function is attached at all (the recorder, interventions and progress
-bars take the hooked forward, unchanged), to a float32 pre-norm SwiGLU model, a cache without prefix stability,
-not training.
+The weights lie in the order a step reads them.
+
+`generate` prefers native_step.py's compiled step (one C call per token, the same tokens, sums in another order);
+the lean step is its exact fallback where no C compiler is at hand. Either applies only when no hook function is
+attached at all (the recorder, interventions and progress bars take the hooked forward, unchanged), to a float32
+pre-norm SwiGLU model, a cache without prefix stability, not training.
 """
 from __future__ import annotations
 
@@ -46,17 +49,20 @@ def lean_applies(model: LlamaModel, cache: KVCache, n_tokens: int) -> bool:
 
 
 def _groups(model: LlamaModel) -> list[list[str]]:
-    """Parameter names in packing order: the stacked groups of every block, then each other parameter alone."""
-    names, groups, grouped = dict(model.named_parameters()), [], set()
+    """Parameter names in packing order: the order a step reads them (the stacked groups where their first member
+    stands, the embedding, which the tied output product reads last, at the end), so that one step streams the
+    mapping from start to end and the hardware prefetcher never has to find a new stream."""
+    names, starts, grouped = dict(model.named_parameters()), {}, set()
     for i in range(len(model.blocks)):
         for module, linears in ((f"blocks.{i}.attn", ("q_proj", "k_proj", "v_proj")),
                                 (f"blocks.{i}.mlp", ("gate_proj", "up_proj"))):
             for kind in ("weight", "bias"):
                 group = [f"{module}.{n}.{kind}" for n in linears]
                 if all(g in names for g in group):
-                    groups.append(group)
+                    starts[group[0]] = group
                     grouped.update(group)
-    return groups + [[n] for n in names if n not in grouped]  # a tied matrix is listed once
+    order = [n for n in names if n != "embed.weight"] + ["embed.weight"]  # a tied matrix is listed once
+    return [starts[n] if n in starts else [n] for n in order if n in starts or n not in grouped]
 
 
 def packing_for(max_new_tokens: int) -> str:

@@ -142,15 +142,20 @@ class KVCache:
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n0 = self.lengths[layer]
         n1 = n0 + k.shape[1]
+        self.reserve(layer, n1, k, v)
+        self.k[layer][:, n0:n1], self.v[layer][:, n0:n1] = k, v
+        self.lengths[layer] = n1
+        return self.k[layer][:, :n1], self.v[layer][:, :n1]
+
+    def reserve(self, layer: int, n1: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Make room for n1 positions in the layer's buffers, shaped and typed like k and v (positions aside)."""
         if self.k[layer] is None or self.k[layer].shape[1] < n1:
+            n0 = self.lengths[layer]
             cap = max(n1, 2 * n0, 64)
             grown = [t.new_empty(t.shape[0], cap, *t.shape[2:]) for t in (k, v)]
             if n0:
                 grown[0][:, :n0], grown[1][:, :n0] = self.k[layer][:, :n0], self.v[layer][:, :n0]
             self.k[layer], self.v[layer] = grown
-        self.k[layer][:, n0:n1], self.v[layer][:, n0:n1] = k, v
-        self.lengths[layer] = n1
-        return self.k[layer][:, :n1], self.v[layer][:, :n1]
 
     def layer_length(self, layer: int) -> int:
         return self.lengths[layer]

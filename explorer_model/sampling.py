@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from .decode import lean_applies, lean_step
+from .native_step import native_applies, native_step
 from .memory import layer_progress
 from .model import KVCache, LlamaModel
 
@@ -55,9 +56,9 @@ def filter_steps(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
 
 def choose(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            generator: torch.Generator | None = None) -> int:
-    probs = filter_steps(logits, temperature, top_k, top_p).final
     if temperature <= 0:
-        return int(probs.argmax())
+        return int(logits.argmax())  # filter_steps would put all mass there: skip its softmax (a decode step's cost)
+    probs = filter_steps(logits, temperature, top_k, top_p).final
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
@@ -68,7 +69,8 @@ def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32,
     """New token ids after prompt_ids. The prompt runs once; each new token runs alone against the cache.
 
     progress(layers_done, n_layers) is called per layer during the prompt's pass, then once per new token with
-    (n_layers, n_layers): steps take the lean path (decode.py), which has no per-layer hook to report from.
+    (n_layers, n_layers): steps take the compiled step (native_step.py) or the lean one (decode.py), neither of
+    which has a per-layer hook to report from.
     """
     if not prompt_ids:
         raise ValueError("the prompt has no tokens")
@@ -87,7 +89,9 @@ def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32,
             progress(n_layers, n_layers)
         if (stop_ids and token in stop_ids) or len(out) == max_new_tokens:
             break  # the last token's logits would not be used
-        if lean_applies(model, cache, 1):
+        if native_applies(model, cache):
+            logits = native_step(model, token, cache)  # compiled: the same tokens, sums in another order
+        elif lean_applies(model, cache, 1):
             logits = lean_step(model, token, cache)  # the same bits as the hooked forward, in less time
         else:
             logits = model(torch.tensor([[token]]), cache)[0, -1]

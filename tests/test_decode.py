@@ -57,7 +57,8 @@ def test_lean_step_equals_hooked_forward_tiny_gqa(biased, n_threads):
         lean_against_hooked(biased, [3, 14, 15, 92, 65], 20)
 
 
-def test_generate_takes_the_lean_path_with_the_same_tokens(biased):
+def test_generate_takes_the_lean_path_with_the_same_tokens(biased, monkeypatch):
+    monkeypatch.setenv("LLAMA_EXPLORER_NATIVE", "0")  # as without a C compiler (tests/test_native_step.py: with one)
     prompt = [5, 6, 7]
     tokens = lean_against_hooked(biased, prompt, 15)
     assert generate(biased, prompt, 15) == tokens

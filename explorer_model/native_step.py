@@ -1,0 +1,162 @@
+"""A decode step compiled from C (native_step.c), for generation where no hook observes the pass.
+
+Why: a float32 SmolLM2 step streams 538 MB of weights through one-row products. torch's one-row linear reads
+~17-27 GB/s on one core of this machine, while a sum reads ~37 GB/s; a product that keeps eight rows in flight
+reads ~32 GB/s (bench/bench_decode.py measures both paths), and one C call per token also removes the ~20
+Python-level operations per layer of the lean step. The price: sums run in another order, so logits differ
+from the hooked forward's in the last bits (tests/test_native_step.py bounds the difference and checks that
+greedy tokens are the same on SmolLM2 and tiny models). Where exact bits matter (a recording, an intervention,
+a lesson) the hooked forward runs; this path serves `generate` only.
+
+The C file is compiled once per machine with the system's C compiler (`cc`, or $CC) into the explorer's cache
+(`cache_root()`), named by the hash of the source, flags and CPU, written to a temporary name and renamed. No
+compiler, a failed build or LLAMA_EXPLORER_NATIVE=0: `native_applies` says False and decode.py's lean torch
+step runs, with the same tokens. ctypes releases the GIL for the call, so a server's other threads run on.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from .decode import _layers, lean_applies
+from .model import KVCache, LlamaModel, RMSNorm
+
+_SOURCE = Path(__file__).with_name("native_step.c")
+_FLAGS = ["-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC"]
+_PER_LAYER = 16  # pointers per layer, in native_step.c's order
+_BUILDING = threading.Lock()
+_library: ctypes.CDLL | None = None
+_failure: str | None = None  # why the library is missing, once a build was tried
+
+
+def _cpu_key() -> str:
+    """What -march=native compiled for: the CPU's model and flags (a shared cache may serve several machines)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(l for l in lines if l.startswith("flags")) + next(l for l in lines if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() + platform.machine()
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled step, built on first use; None (with `failure()` saying why) when it cannot be had."""
+    global _library, _failure
+    if _library is not None or _failure is not None:
+        return _library
+    with _BUILDING:
+        if _library is None and _failure is None:
+            try:
+                _library = _load(_build())
+            except (OSError, subprocess.SubprocessError) as e:
+                _failure = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return _library
+
+
+def failure() -> str | None:
+    return _failure
+
+
+def _build() -> Path:
+    from .loaders.gguf import cache_root  # the explorer's one cache folder
+
+    compiler = os.environ.get("CC", "cc")
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join([compiler, *_FLAGS, _cpu_key()]).encode()).hexdigest()
+    target = cache_root() / f"native_step-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".native_step-", suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise OSError(f"{compiler} failed: {(done.stderr or done.stdout).strip()[:300]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    pointer = ctypes.c_void_p
+    lib.llama_step.argtypes = [pointer, ctypes.c_float, pointer, pointer, pointer, pointer, pointer, pointer,
+                               pointer, pointer, ctypes.c_int, ctypes.c_int, pointer]
+    lib.llama_step.restype = ctypes.c_int
+    return lib
+
+
+def _enabled() -> bool:
+    return os.environ.get("LLAMA_EXPLORER_NATIVE", "1") != "0"
+
+
+class _Plan:
+    """The pointers native_step.c reads for one model, gathered once (while decode.py's layer list holds)."""
+
+    def __init__(self, model: LlamaModel, layers: list):
+        cfg = model.cfg
+        self.layers = layers
+        self.dims = (ctypes.c_int * 7)(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                       layers[0].d_ff, cfg.vocab_size)
+        self.eps = model.ln_final.eps
+        norms = [model.ln_final] + [n for b in model.blocks for n in (b.ln1, b.ln2)]
+        tensors = [model.embed.weight, model.unembed.weight, model.ln_final.weight]
+        pointers = []
+        for layer in layers:
+            weights = [w for _, w, _ in layer.params]  # q k v o gate up down
+            biases = [b for _, _, b in layer.params]
+            tensors += [layer.ln1.weight, layer.ln2.weight, *weights, *(b for b in biases if b is not None)]
+            pointers += [layer.ln1.weight, layer.ln2.weight, *weights, *biases]
+        self.usable = (all(isinstance(n, RMSNorm) and n.eps == self.eps for n in norms)
+                       and all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
+                               for t in tensors))
+        self.pointers = (ctypes.c_void_p * len(pointers))(*(None if t is None else t.data_ptr() for t in pointers))
+        self.embed, self.unembed, self.ln_final = (t.data_ptr() for t in tensors[:3])
+        self.kv_shape = (1, 1, cfg.n_kv_heads, cfg.head_dim)
+
+
+def _plan(model: LlamaModel) -> _Plan:
+    layers = _layers(model)  # the same list object while the model keeps its parameters
+    plan = getattr(model, "_native_plan", None)
+    if plan is None or plan.layers is not layers:
+        plan = model._native_plan = _Plan(model, layers)
+    return plan
+
+
+def native_applies(model: LlamaModel, cache: KVCache) -> bool:
+    """Whether `native_step` can take this step: where the lean step could, with RMSNorm, float32 contiguous
+    CPU weights and the compiled library at hand."""
+    return (_enabled() and lean_applies(model, cache, 1) and cache.length >= 1 and library() is not None
+            and _plan(model).usable)
+
+
+def native_step(model: LlamaModel, token: int, cache: KVCache) -> torch.Tensor:
+    """Logits [vocab] of `token` at position cache.length, its key and value appended to the cache, as
+    decode.lean_step computes them up to the order of sums. The caller checks `native_applies` first."""
+    plan, pos = _plan(model), cache.length
+    if not 0 <= token < model.cfg.vocab_size:
+        raise IndexError(f"token id {token} is outside the vocabulary (0..{model.cfg.vocab_size - 1})")
+    template = torch.empty(plan.kv_shape)
+    for layer in range(model.cfg.n_layers):
+        cache.reserve(layer, pos + 1, template, template)
+    cos, sin = model.rope_table(pos, pos + 1)  # [1, d_head / 2], contiguous rows of the model's table
+    k_caches = (ctypes.c_void_p * len(cache.k))(*(t.data_ptr() for t in cache.k))
+    v_caches = (ctypes.c_void_p * len(cache.v))(*(t.data_ptr() for t in cache.v))
+    logits = torch.empty(model.cfg.vocab_size)
+    status = library().llama_step(plan.dims, plan.eps, plan.pointers, plan.embed, plan.ln_final, plan.unembed,
+                                  cos.data_ptr(), sin.data_ptr(), k_caches, v_caches, token, pos,
+                                  logits.data_ptr())
+    if status != 0:
+        raise MemoryError("no memory for a decode step's scratch buffers")
+    cache.lengths = [pos + 1] * len(cache.lengths)
+    return logits

@@ -1,0 +1,122 @@
+"""The compiled decode step (explorer_model/native_step.c) against decode.py's lean step, which is bit-identical to
+the hooked forward (tests/test_decode.py).
+
+The C step sums in another order, so logits are compared with a bound (relative to the logits' spread) and
+greedy tokens exactly, at positions > 0, on a tiny GQA model with biases and widths off the SIMD block, and on
+SmolLM2. The keys and values it writes into the cache are compared too: a wrong RoPE pairing or KV head would
+pass a short logits check at position 0 but not these.
+"""
+import pytest
+import torch
+
+import explorer_model.native_step as native
+from explorer_model import KVCache
+from explorer_model.decode import lean_step, pack_for_decode
+from explorer_model.sampling import generate
+from test_model import tiny_model
+
+
+def native_against_lean(model, prompt: list[int], steps: int) -> list[int]:
+    """Decode greedily with both steps side by side; assert close logits, equal tokens and close caches."""
+    lean, fast = KVCache(model.cfg.n_layers), KVCache(model.cfg.n_layers)
+    tokens = []
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), lean)[0, -1]
+        model(torch.tensor([prompt]), fast)
+        for _ in range(steps):
+            tokens.append(int(logits.argmax()))
+            assert native.native_applies(model, fast)
+            logits = lean_step(model, tokens[-1], lean)
+            got = native.native_step(model, tokens[-1], fast)
+            spread = float(logits.max() - logits.min())
+            assert float((got - logits).abs().max()) <= 2e-5 * spread, f"position {fast.length - 1}"
+            assert int(got.argmax()) == int(logits.argmax())
+    n = len(prompt) + steps
+    assert fast.lengths == [n] * model.cfg.n_layers
+    for layer in range(model.cfg.n_layers):  # within a bound relative to the layer's largest key / value
+        for got, want in ((fast.k[layer][:, :n], lean.k[layer][:, :n]), (fast.v[layer][:, :n], lean.v[layer][:, :n])):
+            assert float((got - want).abs().max()) <= 2e-5 * float(want.abs().max()), f"layer {layer}"
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def biased():
+    # GQA (6 query heads, 2 KV heads), biases on every projection; d_model 40, d_ff 72 and 97 rows of logits are
+    # not multiples of the C product's 16-float vectors and 16-row blocks, so every tail loop runs
+    model = tiny_model(attention_bias=True, mlp_bias=True, d_model=40, d_ff=72)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def test_the_step_builds_here():
+    assert native.library() is not None, native.failure()  # CI machines have gcc: the fast path must be tested
+
+
+def test_native_step_follows_the_lean_step_tiny_gqa(biased):
+    assert biased.cfg.n_heads != biased.cfg.n_kv_heads and biased.cfg.d_model % 16 != 0 != biased.cfg.d_ff % 16
+    native_against_lean(biased, [3, 14, 15, 92, 65], 30)
+
+
+def test_generate_takes_the_native_step_with_the_lean_steps_tokens(biased, monkeypatch):
+    calls = []
+    real = native.native_step
+    monkeypatch.setattr("explorer_model.sampling.native_step", lambda *a: calls.append(1) or real(*a))
+    prompt = [5, 6, 7]
+    assert generate(biased, prompt, 12) == native_against_lean(biased, prompt, 12)
+    assert len(calls) == 11  # every step after the prompt's pass but the last token's, which is chosen, not run
+    monkeypatch.setenv("LLAMA_EXPLORER_NATIVE", "0")
+    assert not native.native_applies(biased, KVCache(biased.cfg.n_layers))
+
+
+def test_packing_changes_no_bit_of_the_native_step():
+    model = tiny_model()
+    prompt = [1, 2, 3, 4]
+
+    def run():
+        cache = KVCache(model.cfg.n_layers)
+        with torch.no_grad():
+            model(torch.tensor([prompt]), cache)
+            return torch.stack([native.native_step(model, t, cache) for t in (9, 8, 7)])
+
+    before = run()
+    pack_for_decode(model)
+    assert torch.equal(run(), before)  # a new plan reads the packed views; the same kernel sums in the same order
+
+
+def test_where_the_native_step_does_not_apply(biased):
+    cache = KVCache(biased.cfg.n_layers)
+    assert not native.native_applies(biased, cache)  # an empty cache: the prompt's pass is the model's forward
+    with torch.no_grad():
+        biased(torch.tensor([[1, 2]]), cache)
+    assert native.native_applies(biased, cache)
+    assert not native.native_applies(biased, KVCache(biased.cfg.n_layers, stable=True))
+    layer_norm = tiny_model(norm_type="layer")
+    with torch.no_grad():
+        ln_cache = KVCache(layer_norm.cfg.n_layers)
+        layer_norm(torch.tensor([[1, 2]]), ln_cache)
+    assert not native.native_applies(layer_norm, ln_cache)  # C has RMSNorm only: the lean step runs
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        native.native_step(biased, biased.cfg.vocab_size, cache)  # C would read past the embedding
+
+
+def test_without_a_compiler_generate_keeps_its_tokens(biased, monkeypatch, tmp_path):
+    prompt = [5, 6, 7]
+    expected = generate(biased, prompt, 10)
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path))  # no built library to find
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    assert native.library() is None and native.failure().startswith("false failed")
+    assert not native.native_applies(biased, KVCache(biased.cfg.n_layers))
+    assert generate(biased, prompt, 10) == expected  # the lean step: the same tokens
+    assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+
+
+@pytest.mark.slow
+def test_native_step_follows_the_lean_step_smollm2(loaded):
+    model, prompt = loaded.model, loaded.tokenizer.encode("The history of the printing press begins")
+    tokens = native_against_lean(model, prompt, 32)
+    assert generate(model, prompt, 32) == tokens
