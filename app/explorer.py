@@ -166,33 +166,36 @@ def _forward(n: int = 1) -> None:
     FORWARDS["count"] += n
 
 
-def recording(source: str, ids, progress=None) -> Recording:
+def recording(source: str, ids, progress=None, base=()) -> Recording:
     """The full recording of a prompt (cached); progress(layers_done, n_layers) is called as each block finishes.
-    Refused (PromptTooBig) when it cannot fit in this server's memory (prompt_cost, at the end of this file)."""
-    ids = tuple(int(i) for i in ids)
+    Refused (PromptTooBig) when it cannot fit in this server's memory (prompt_cost, at the end of this file).
+    `base`: a prompt that shares its first tokens with ids (a generation step's prompt, a prompt with one token
+    replaced); when its recording is cached, only the positions after the shared tokens run, bit-identical to
+    recording ids whole (explorer_model.recording.extend)."""
+    ids, base = tuple(int(i) for i in ids), tuple(int(i) for i in base)
 
     def run() -> Recording:
-        rec = _record_measured(source, ids, progress)
+        rec = _record_measured(source, ids, progress, _cached_prefix(source, ids, base))
         _forward()
         return rec
     small = forward_flops(_model(source).model.cfg, len(ids)) < SMALL_FORWARD_FLOPS
     return result_cache().get(("recording", _ident(source), ids), run, None if small else _FORWARD)
 
 
-def extend(source: str, ids, new_id: int) -> Recording:
-    """Step generation: the recording of the prompt with one more token. When the prompt's recording is cached,
-    only the new position runs (one KV-cache step, bit-identical to recording the longer prompt: recording.py);
-    otherwise the longer prompt is recorded whole."""
-    ids = tuple(int(i) for i in ids)
-    longer = ids + (int(new_id),)
+def _cached_prefix(source: str, ids: tuple, base: tuple) -> tuple[Recording, int] | None:
+    """(base's cached recording, how many first tokens it shares with ids), when that saves a position."""
+    shared = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b), min(len(ids), len(base)))
+    if not 1 <= shared < len(ids):
+        return None
+    rec = result_cache().peek(("recording", _ident(source), base))
+    return None if rec is None else (rec, shared)
 
-    def run() -> Recording:
-        prefix = result_cache().peek(("recording", _ident(source), ids))
-        model = _model(source).model
-        rec = record(model, list(longer)) if prefix is None else extend_recording(model, prefix, int(new_id))
-        _forward()
-        return rec
-    return result_cache().get(("recording", _ident(source), longer), run, _FORWARD)
+
+def extend(source: str, ids, new_id: int) -> Recording:
+    """Step generation: the recording of the prompt with one more token, one KV-cache step when the prompt's
+    recording is cached (see `recording`)."""
+    ids = tuple(int(i) for i in ids)
+    return recording(source, ids + (int(new_id),), base=ids)
 
 
 def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,

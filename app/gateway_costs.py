@@ -48,8 +48,9 @@ def _recording_budget(runtime: int) -> int | None:
     return budget
 
 
-def _record_measured(source: str, ids: tuple, progress) -> Recording:
-    """record() of every hook, refused beforehand if it cannot fit, timed to keep prompt_cost's speed current."""
+def _record_measured(source: str, ids: tuple, progress, prefix=None) -> Recording:
+    """record() of every hook, refused beforehand if it cannot fit, timed to keep prompt_cost's speed current.
+    prefix: (a cached recording, n) whose first n positions are those of ids: only the rest runs (extend)."""
     cost = prompt_cost(source, ids)
     if cost["refused"]:
         raise PromptTooBig(f"recording {cost['tokens']} tokens needs about {_memory.gb(cost['recording'])}, "
@@ -57,6 +58,8 @@ def _record_measured(source: str, ids: tuple, progress) -> Recording:
     loaded = gw._model(source)
     start = _time.perf_counter()
     with _memory.layer_progress(loaded.model, progress) if progress else _nullcontext():
+        if prefix is not None:
+            return gw.extend_recording(loaded.model, prefix[0], list(ids[prefix[1]:]), keep=prefix[1])
         rec = gw.record(loaded.model, list(ids))
     flops, seconds = _memory.forward_flops(loaded.cfg, len(ids)), _time.perf_counter() - start
     if flops >= 1e10:  # shorter passes measure the hooks' overhead more than the arithmetic

@@ -13,8 +13,8 @@ model uses (`blocked_attention`), so the values are the ones the model computes.
 a layer are served from that float32 pair (converted on access in a float16 recording, never kept twice).
 `attention="stored"` hooks them directly instead, which forces the explicit attention path.
 
-`extend(model, rec, token_id)` adds one position with the KV cache, bit-identical to recording the longer
-prompt (see stable.py for why the bits agree).
+`extend(model, rec, token_ids, keep)` keeps a prefix of a recording and runs only the new positions with the KV
+cache, bit-identical to recording the whole prompt (see stable.py for why the bits agree).
 """
 from __future__ import annotations
 
@@ -182,43 +182,50 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
     return rec
 
 
-def extend(model: LlamaModel, rec: Recording, token_id: int) -> Recording:
-    """`rec` plus one position: token_id runs alone against the prefix's K/V taken from the recording.
+def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: int | None = None) -> Recording:
+    """`rec`'s first `keep` positions (all by default) plus `token_ids`, which run against those positions' K/V
+    taken from the recording: a generation step (one token), or a prompt changed from position `keep` on.
 
-    Equal, hook by hook and bit for bit, to `record(model, rec.token_ids + [token_id], rec.names)`: the
+    Equal, hook by hook and bit for bit, to `record(model, rec.token_ids[:keep] + token_ids, rec.names)`: the
     prefix's activations do not change in a causal model, and the forward passes of both are prefix-stable
     (stable.py). Needs a float32 recording of one prompt with derived attention that holds
     every layer's V and rotated K (a full recording does).
     """
     cfg = model.cfg
+    new = [int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids]
     if rec.dtype != torch.float32 or rec.token_ids is None or rec.token_ids.shape[0] != 1:
         raise ValueError("extend needs a float32 recording of one prompt")
     if any(_DERIVED.match(name) for name in rec._store):
         raise ValueError("extend needs derived attention (a recording made with attention='stored' cannot grow)")
-    if rec.n_pos >= cfg.max_seq_len:
+    keep = rec.n_pos if keep is None else int(keep)
+    if not 1 <= keep <= rec.n_pos or not new:
+        raise ValueError(f"extend keeps 1..{rec.n_pos} positions and adds at least one token (keep={keep}, "
+                         f"{len(new)} new)")
+    if keep + len(new) > cfg.max_seq_len:
         raise ValueError(f"the recording already has the model's maximum of {cfg.max_seq_len} positions")
-    if not 0 <= int(token_id) < cfg.vocab_size:
-        raise ValueError(f"token id {token_id} is outside the vocabulary (0..{cfg.vocab_size - 1})")
+    if not all(0 <= t < cfg.vocab_size for t in new):
+        bad = next(t for t in new if not 0 <= t < cfg.vocab_size)
+        raise ValueError(f"token id {bad} is outside the vocabulary (0..{cfg.vocab_size - 1})")
     cache = KVCache(cfg.n_layers, stable=True)
     for layer in range(cfg.n_layers):
         rot_k = rec._rotated[layer][1] if layer in rec._rotated else rec._store.get(f"blocks.{layer}.attn.hook_rot_k")
         v = rec._store.get(f"blocks.{layer}.attn.hook_v")
         if rot_k is None or v is None:
             raise ValueError(f"extend needs V and rotated K of every layer; layer {layer} has not both recorded")
-        cache.extend(layer, rot_k, v)
+        cache.extend(layer, rot_k[:, :keep], v[:, :keep])
     with torch.no_grad(), recorder(model, rec.names, dtype=rec.dtype) as step:
-        model(torch.tensor([[int(token_id)]]), cache)
+        model(torch.tensor([new]), cache)
 
     joined: dict[int, torch.Tensor] = {}  # by the old tensor, so shared tensors stay shared
 
-    def join(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    def join(old: torch.Tensor, added: torch.Tensor) -> torch.Tensor:
         if id(old) not in joined:
-            joined[id(old)] = torch.cat([old, new], 1)  # every recorded tensor is [batch, pos, ...]
+            joined[id(old)] = torch.cat([old[:, :keep], added], 1)  # every recorded tensor is [batch, pos, ...]
         return joined[id(old)]
 
     store = {name: join(t, step._store[name]) for name, t in rec._store.items()}
     rotated = {layer: (join(rq, step._rotated[layer][0]), join(rk, step._rotated[layer][1]))
                for layer, (rq, rk) in rec._rotated.items()}
     out = Recording(cfg, list(rec.names), store, rotated, rec.dtype)
-    out.token_ids = torch.cat([rec.token_ids, torch.tensor([[int(token_id)]])], 1)
+    out.token_ids = torch.cat([rec.token_ids[:, :keep], torch.tensor([new])], 1)
     return out

@@ -122,3 +122,23 @@ def test_fast_decode_keeps_the_greedy_tokens_of_full_recompute_smollm2():
         for _ in range(12):
             seq = seq + [int(model(torch.tensor([seq]))[0, -1].argmax())]
     assert new == seq[-12:]
+
+
+@pytest.mark.parametrize("keep, n_new", [(1, 1), (3, 9), (STABLE_ROWS, STABLE_ROWS + 3), (20, 1),
+                                         (Q_BLOCK - 2, 5), (Q_BLOCK + 3, 10), (5, Q_BLOCK + 1)])
+def test_a_kept_prefix_plus_new_tokens_equals_recording_from_scratch(model, keep, n_new):
+    """A prompt changed from position `keep` on: only the changed positions run (issue 12's SwiGLU view)."""
+    ids = ids_for(model.cfg.vocab_size, keep + 6, seed=11)  # the recorded prompt is longer than what is kept
+    changed = ids[:keep] + ids_for(model.cfg.vocab_size, n_new, seed=12)
+    grown = extend(model, record(model, ids), changed[keep:], keep=keep)
+    assert_same_recording(grown, record(model, changed))
+    assert grown["blocks.1.hook_resid_pre"] is grown["blocks.0.hook_resid_post"]  # shared tensors stay shared
+
+
+def test_extend_refuses_what_it_cannot_keep(model):
+    rec = record(model, ids_for(model.cfg.vocab_size, 6))
+    for keep, new in ((0, [1]), (7, [1]), (3, [])):
+        with pytest.raises(ValueError, match="keeps 1..6 positions"):
+            extend(model, rec, new, keep=keep)
+    with pytest.raises(ValueError, match="maximum"):
+        extend(model, rec, [1] * model.cfg.max_seq_len, keep=3)

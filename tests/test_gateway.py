@@ -178,14 +178,21 @@ def test_gateway_extend_reuses_the_cached_prefix_and_equals_a_fresh_recording(mo
     explorer.recording(source, ids)
     calls = []
     real = explorer.extend_recording
-    monkeypatch.setattr(explorer, "extend_recording", lambda *a: calls.append(a[2]) or real(*a))
+    monkeypatch.setattr(explorer, "extend_recording",
+                        lambda *a, **kw: calls.append((a[2], kw["keep"])) or real(*a, **kw))
     grown = explorer.extend(source, ids, 42)
-    assert calls == [42]  # the one-position step, not a whole recording
+    assert calls == [([42], len(ids))]  # the one-position step, not a whole recording
     assert explorer.recording(source, list(ids) + [42]) is grown  # stored where the next page run looks
-    fresh = record(explorer._model(source).model, list(ids) + [42])
-    assert list(grown.names) == list(fresh.names)
-    for name in fresh.names:
-        assert torch.equal(grown[name], fresh[name]), name
+    # The SwiGLU view's prompt with one token replaced: the positions from the replaced one on run, no others.
+    pos = len(ids) // 2
+    changed = list(ids[:pos]) + [7] + list(ids[pos + 1:])
+    replaced = explorer.recording(source, changed, base=ids)
+    assert calls[1] == ([7] + list(ids[pos + 1:]), pos)
+    for rec, prompt in ((grown, list(ids) + [42]), (replaced, changed)):
+        fresh = record(explorer._model(source).model, prompt)
+        assert list(rec.names) == list(fresh.names)
+        for name in fresh.names:
+            assert torch.equal(rec[name], fresh[name]), name
     fresh_cache(monkeypatch, 4096)
     calls.clear()
     explorer.extend(source, ids, 42)  # nothing cached: the longer prompt is recorded whole

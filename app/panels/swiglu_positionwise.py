@@ -73,7 +73,7 @@ def draw(ctx: ViewContext) -> None:
         st.info(t("swiglu.pw_same_token"))
         return
     ids_b = replaced_ids(ctx.ids, pos, new_id)
-    rec_b = explorer.recording(ctx.source, ids_b)
+    rec_b = explorer.recording(ctx.source, ids_b, base=ctx.ids)  # the positions before `pos` do not run again
     new_piece = display_piece(ctx.facts.piece(new_id))
     st.caption(t("swiglu.pw_used", pos=pos, old=plain(ctx.pieces[pos]), new=plain(new_piece), word=plain(word)))
     cmp = F.position_wise_comparison(ctx.rec, rec_b, ctx.layer)
