@@ -276,10 +276,9 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
         first = n - 1 if left else int(start)
         last = n - right[0].shape[1] if right else n
         resid = rec.stack("hook_resid_post")[:, 0, first:last]  # [layer, pos, d_model]
-        lp = M.lens_logprobs(_model(source).model, resid)  # [layer, pos, vocab]
-        top, arg = lp.max(-1)
+        arg, prob = M.lens_top(_model(source).model, resid)  # [layer, pos] each
         _forward()
-        parts = [p for p in (left, (arg.numpy(), top.exp().numpy()), right) if p is not None]
+        parts = [p for p in (left, (arg.numpy(), prob.numpy()), right) if p is not None]
         return np.concatenate([p[0] for p in parts], 1), np.concatenate([p[1] for p in parts], 1)
     return result_cache().get(("lens", _ident(source), ids, int(start)), run, _FORWARD)
 

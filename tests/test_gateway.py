@@ -205,8 +205,8 @@ def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(mo
     ids, _ = explorer.encode_prompt(source, PROMPT, 64)
     explorer.logit_lens(source, ids)
     rows = []
-    real = explorer.M.lens_logprobs
-    monkeypatch.setattr(explorer.M, "lens_logprobs", lambda m, x: rows.append(x.shape[1]) or real(m, x))
+    real = explorer.M.lens_top
+    monkeypatch.setattr(explorer.M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
     explorer.extend(source, ids, 42)
     top, prob = explorer.logit_lens(source, list(ids) + [42])
     assert rows == [1]  # the new position only
@@ -239,8 +239,8 @@ def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(
     ids, _ = explorer.encode_prompt(source, PROMPT, 64)
     n = len(ids)
     rows = []
-    real = explorer.M.lens_logprobs
-    monkeypatch.setattr(explorer.M, "lens_logprobs", lambda m, x: rows.append(x.shape[1]) or real(m, x))
+    real = explorer.M.lens_top
+    monkeypatch.setattr(explorer.M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
     narrow = explorer.logit_lens(source, ids, n - 4)
     wide = explorer.logit_lens(source, ids, n - 9)
     assert rows == [4, 5]  # the last 4 positions, then the 5 left of them

@@ -332,6 +332,17 @@ def test_lens_kl(model, clean):
     assert float(start[2]) == pytest.approx(float((lp.exp() * (lp - lq)).sum(-1)[7:].mean()), rel=1e-4)
 
 
+def test_lens_top_of_the_last_layer_is_the_models_own_prediction(model, clean):
+    arg, prob = M.lens_top(model, clean.stack("hook_resid_post")[:, 0])  # [layer, pos] each
+    probs = torch.softmax(clean.logits[0], -1)  # the model's forward: the last layer's lens must match it
+    assert torch.equal(arg[-1], probs.argmax(-1))
+    torch.testing.assert_close(prob[-1], probs.max(-1).values, rtol=1e-5, atol=1e-7)
+    x = model.ln_final(clean["blocks.0.hook_resid_post"][0])  # layer 0, written out
+    by_hand = torch.softmax(x @ model.unembed.weight.T, -1)
+    assert torch.equal(arg[0], by_hand.argmax(-1))
+    torch.testing.assert_close(prob[0], by_hand.max(-1).values, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("mean", [False, True])
 def test_head_sweep_equals_one_ablation_at_a_time(model, clean, mean):
     res = M.head_sweep(model, clean, mean=mean)

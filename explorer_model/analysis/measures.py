@@ -37,12 +37,24 @@ def next_token_logprobs(logits: torch.Tensor, ids) -> torch.Tensor:
 
 
 @torch.no_grad()
-def lens_logprobs(model: LlamaModel, resid: torch.Tensor) -> torch.Tensor:
-    """Logit lens: log-softmax of unembed(final norm(resid)) for resid [..., d_model]."""
+def lens_logits(model: LlamaModel, resid: torch.Tensor) -> torch.Tensor:
+    """Logit lens: unembed(final norm(resid)) for resid [..., d_model] -> [..., vocab]."""
     x = resid.float()
     if model.ln_final is not None:
         x = model.ln_final(x)
-    return torch.log_softmax(model.unembed(x), -1)
+    return model.unembed(x)
+
+
+def lens_logprobs(model: LlamaModel, resid: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(lens_logits(model, resid), -1)
+
+
+def lens_top(model: LlamaModel, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lens's top token id and its probability, [...] each: exp(max - logsumexp) of the logits, which
+    never writes the [..., vocab] log-probabilities (a view's lens is ~500 rows of 49152 for SmolLM2)."""
+    logits = lens_logits(model, resid)
+    top, arg = logits.max(-1)
+    return arg, (top - torch.logsumexp(logits, -1)).exp()
 
 
 @torch.no_grad()
