@@ -104,6 +104,7 @@ def cmd_info(args) -> None:
         "kv_cache_bytes_per_token_fp32": model.kv_cache_bytes_per_token(4),
         "kv_cache_bytes_per_token_fp16": model.kv_cache_bytes_per_token(2),
         "tokenizer": getattr(loaded.tokenizer, "kind", type(loaded.tokenizer).__name__),
+        "decode_step": _decode_step(loaded.model),
     }
     if args.json:
         print(json.dumps(info, indent=2, default=str))
@@ -116,6 +117,23 @@ def cmd_info(args) -> None:
         print(f"  {k:<16} {v:>12,}")
     print(f"KV cache per token: {info['kv_cache_bytes_per_token_fp32']:,} bytes (fp32), "
           f"{info['kv_cache_bytes_per_token_fp16']:,} bytes (fp16)")
+    print(f"decode step: {info['decode_step']}")
+
+
+def _decode_step(model) -> str:
+    """Which step `generate` takes after the prompt (explorer_model/native_step.py); builds it on first use."""
+    from . import native_step
+    from .model import KVCache
+
+    cache = KVCache(model.cfg.n_layers)
+    cache.lengths = [1] * model.cfg.n_layers  # as after a prompt's pass: only the model's kind is asked about
+    if not native_step.enabled():
+        return "torch (LLAMA_EXPLORER_NATIVE=0)"
+    if native_step.library() is None:
+        return f"torch (no compiled step: {native_step.failure()})"
+    if native_step.native_applies(model, cache):
+        return "compiled (native_step.c)"
+    return "torch (the compiled step serves float32 pre-norm RMSNorm SwiGLU models)"
 
 
 def cmd_tokenize(args) -> None:

@@ -96,7 +96,7 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def _enabled() -> bool:
+def enabled() -> bool:
     return os.environ.get("LLAMA_EXPLORER_NATIVE", "1") != "0"
 
 
@@ -136,7 +136,7 @@ def _plan(model: LlamaModel) -> _Plan:
 def native_applies(model: LlamaModel, cache: KVCache) -> bool:
     """Whether `native_step` can take this step: where the lean step could, with RMSNorm, float32 contiguous
     CPU weights and the compiled library at hand."""
-    return (_enabled() and lean_applies(model, cache, 1) and cache.length >= 1 and library() is not None
+    return (enabled() and lean_applies(model, cache, 1) and cache.length >= 1 and library() is not None
             and _plan(model).usable)
 
 

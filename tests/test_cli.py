@@ -37,6 +37,15 @@ def test_info_json_on_default_model(capsys):
     assert info["parameters"]["output"] == 0 and cfg["tie_embeddings"] is True
     assert 130e6 < info["parameters"]["total"] < 140e6
     assert info["kv_cache_bytes_per_token_fp32"] == 2 * 30 * 3 * 64 * 4
+    assert info["decode_step"] == "compiled (native_step.c)"  # gcc is here: generate takes the C step
+
+
+def test_info_names_the_decode_step_generate_takes(capsys, monkeypatch):
+    assert cli.main(["info", "tiny-post", "--json"]) == 0  # Post-Norm: only the hooked forward's torch step
+    assert json.loads(capsys.readouterr().out)["decode_step"].startswith("torch (the compiled step serves")
+    monkeypatch.setenv("LLAMA_EXPLORER_NATIVE", "0")
+    assert cli.main(["info", "tiny-pre", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_step"] == "torch (LLAMA_EXPLORER_NATIVE=0)"
 
 
 def test_tokenize_json(capsys):
