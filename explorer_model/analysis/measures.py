@@ -50,11 +50,10 @@ def lens_logprobs(model: LlamaModel, resid: torch.Tensor) -> torch.Tensor:
 
 
 def lens_top(model: LlamaModel, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The lens's top token id and its probability, [...] each: exp(max - logsumexp) of the logits, which
-    never writes the [..., vocab] log-probabilities (a view's lens is ~500 rows of 49152 for SmolLM2)."""
-    logits = lens_logits(model, resid)
-    top, arg = logits.max(-1)
-    return arg, (top - torch.logsumexp(logits, -1)).exp()
+    """The lens's top token id and its probability, [...] each. Through log_softmax: on this CPU its fused kernel
+    beside the max costs about a third of what torch.logsumexp does over 480 rows of SmolLM2's 49152 logits."""
+    top, arg = lens_logprobs(model, resid).max(-1)
+    return arg, top.exp()
 
 
 @torch.no_grad()
