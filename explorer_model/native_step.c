@@ -1,4 +1,4 @@
-/* One decode step of a float32 pre-norm RMSNorm SwiGLU LLaMA, in plain C: see native_step.py for why.
+/* Decode steps (and short prompts) of a float32 pre-norm RMSNorm SwiGLU LLaMA, in plain C: see native_step.py.
 
    The work of a step is streaming every weight once through a one-row product (y = W x). A product keeps
    ROWS rows in flight, one accumulator vector each, so the memory system always has that many sequential
@@ -17,10 +17,14 @@ typedef float vec16 __attribute__((vector_size(64)));
 
 static inline vec16 load16(const float *p) { vec16 v; memcpy(&v, p, sizeof v); return v; }
 
-static inline float hsum(vec16 v) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += v[i];
-    return s;
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec4 __attribute__((vector_size(16)));
+
+static inline float hsum(vec16 v) {  /* a tree of halves: four dependent adds instead of sixteen */
+    vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+             __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 /* y[n] = b[n] + sum_k W[n, k] x[k] for n < N; b may be NULL */
@@ -44,6 +48,48 @@ static void product(const float *W, const float *b, const float *x, float *y, lo
         for (long k = 0; k < K; k++) s += W[n * K + k] * x[k];
         y[n] = b ? s + b[n] : s;
     }
+}
+
+/* Y[i, n] = b[n] + sum_k W[n, k] X[i, k] for inputs i < m (rows of X and Y ldx / ldy floats apart). One input
+   is the step's case (above); several are a prompt's: a block of 4 weight rows meets 4 inputs at a time, so each
+   weight is loaded once per 4 multiply-adds and the block stays in L1 while every group of inputs passes. */
+static void products(const float *W, const float *b, const float *X, long ldx, float *Y, long ldy, long N, long K,
+                     int m) {
+    if (m == 1) {
+        product(W, b, X, Y, N, K);
+        return;
+    }
+    long K16 = K - K % 16, n = 0;
+    for (; n + 4 <= N; n += 4) {
+        const float *w = W + n * K;
+        int i = 0;
+        for (; i + 4 <= m; i += 4) {
+            vec16 acc[4][4];
+            memset(acc, 0, sizeof acc);
+            const char *next = (const char *)(w + 4 * K);  /* the next block lies right after this one */
+            for (long k = 0; k < K16; k += 16) {
+                vec16 xv[4];
+                if (i == 0)  /* the first inputs' pass walks the next block into cache, 4 lines per 4 lines read */
+                    for (int l = 0; l < 4; l++) __builtin_prefetch(next + (k / 16 * 4 + l) * 64);
+                for (int j = 0; j < 4; j++) xv[j] = load16(X + (i + j) * ldx + k);
+                for (int r = 0; r < 4; r++) {
+                    vec16 wv = load16(w + r * K + k);
+                    for (int j = 0; j < 4; j++) acc[r][j] += wv * xv[j];
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < 4; j++) {
+                    const float *xr = X + (i + j) * ldx;
+                    float s = hsum(acc[r][j]);
+                    for (long k = K16; k < K; k++) s += w[r * K + k] * xr[k];
+                    Y[(i + j) * ldy + n + r] = b ? s + b[n + r] : s;
+                }
+        }
+        for (; i < m; i++)
+            for (int r = 0; r < 4; r++) product(w + r * K, b ? b + n + r : NULL, X + i * ldx, Y + i * ldy + n + r, 1, K);
+    }
+    for (; n < N; n++)
+        for (int i = 0; i < m; i++) product(W + n * K, b ? b + n : NULL, X + i * ldx, Y + i * ldy + n, 1, K);
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * w, as model.py's RMSNorm */
@@ -92,40 +138,47 @@ static void attend(const float *q, const float *kc, const float *vc, float *z, f
 
 enum { LN1, LN2, WQ, WK, WV, WO, WG, WU, WD, BQ, BK, BV, BO, BG, BU, BD, PER_LAYER };
 
-/* Logits [vocab] of `token` at position `pos`; writes its rotated key and value into each layer's cache at pos.
+/* Logits [vocab] of the last of `tokens` [m], which stand at positions pos .. pos + m - 1; writes their rotated
+   keys and values into each layer's cache. cos / sin: [m, d_head / 2], the rows of those positions.
    dims: n_layers, d_model, n_q, n_kv, d_head, d_ff, vocab. layers: PER_LAYER pointers per layer (biases may be
    NULL). Returns 0, or -1 when scratch memory could not be had. */
-int llama_step(const int *dims, float eps, const float *const *layers, const float *embed, const float *ln_final,
-               const float *unembed, const float *cos, const float *sin, float *const *k_caches,
-               float *const *v_caches, int token, int pos, float *logits) {
+int llama_forward(const int *dims, float eps, const float *const *layers, const float *embed, const float *ln_final,
+                  const float *unembed, const float *cos, const float *sin, float *const *k_caches,
+                  float *const *v_caches, const int *tokens, int m, int pos, float *logits) {
     int n_layers = dims[0], d_model = dims[1], n_q = dims[2], n_kv = dims[3], d = dims[4], d_ff = dims[5];
-    long vocab = dims[6];
+    long vocab = dims[6], kv = (long)n_kv * d;
     long width = n_q * d > d_model ? n_q * d : d_model;
-    float *x = malloc(sizeof(float) * (4 * width + 2 * (long)d_ff + pos + 1));
+    float *x = malloc(sizeof(float) * (m * (4 * width + 2 * (long)d_ff) + pos + m));
     if (!x) return -1;
-    float *xn = x + width, *q = xn + width, *z = q + width, *gate = z + width, *up = gate + d_ff;
-    float *scores = up + d_ff, *out = q;  /* q is read by the attention only: its room takes the products' out */
-    memcpy(x, embed + (long)token * d_model, sizeof(float) * d_model);
+    float *xn = x + m * width, *q = xn + m * width, *z = q + m * width, *gate = z + m * width;
+    float *up = gate + m * (long)d_ff, *scores = up + m * (long)d_ff;
+    float *out = q;  /* q is read by the attention only: its room takes the products' outputs */
+    for (int i = 0; i < m; i++) memcpy(x + i * width, embed + (long)tokens[i] * d_model, sizeof(float) * d_model);
     for (int l = 0; l < n_layers; l++) {
         const float *const *p = layers + (long)l * PER_LAYER;
-        float *kc = k_caches[l], *vc = v_caches[l], *k = kc + (long)pos * n_kv * d, *v = vc + (long)pos * n_kv * d;
-        rms_norm(x, p[LN1], eps, xn, d_model);
-        product(p[WQ], p[BQ], xn, q, (long)n_q * d, d_model);
-        product(p[WK], p[BK], xn, k, (long)n_kv * d, d_model);
-        product(p[WV], p[BV], xn, v, (long)n_kv * d, d_model);
-        rope(q, n_q, d, cos, sin);
-        rope(k, n_kv, d, cos, sin);
-        attend(q, kc, vc, z, scores, pos + 1, n_q, n_kv, d);
-        product(p[WO], p[BO], z, out, d_model, (long)n_q * d);
-        for (int i = 0; i < d_model; i++) x[i] += out[i];
-        rms_norm(x, p[LN2], eps, xn, d_model);
-        product(p[WG], p[BG], xn, gate, d_ff, d_model);
-        product(p[WU], p[BU], xn, up, d_ff, d_model);
-        for (int i = 0; i < d_ff; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-        product(p[WD], p[BD], gate, out, d_model, d_ff);
-        for (int i = 0; i < d_model; i++) x[i] += out[i];
+        float *kc = k_caches[l], *vc = v_caches[l], *k = kc + pos * kv, *v = vc + pos * kv;
+        for (int i = 0; i < m; i++) rms_norm(x + i * width, p[LN1], eps, xn + i * width, d_model);
+        products(p[WQ], p[BQ], xn, width, q, width, (long)n_q * d, d_model, m);
+        products(p[WK], p[BK], xn, width, k, kv, kv, d_model, m);
+        products(p[WV], p[BV], xn, width, v, kv, kv, d_model, m);
+        for (int i = 0; i < m; i++) {  /* every key first: then each query reads the keys up to its own */
+            rope(q + i * width, n_q, d, cos + i * (d / 2), sin + i * (d / 2));
+            rope(k + i * kv, n_kv, d, cos + i * (d / 2), sin + i * (d / 2));
+        }
+        for (int i = 0; i < m; i++) attend(q + i * width, kc, vc, z + i * width, scores, pos + i + 1, n_q, n_kv, d);
+        products(p[WO], p[BO], z, width, out, width, d_model, (long)n_q * d, m);
+        for (int i = 0; i < m; i++) {
+            for (int j = 0; j < d_model; j++) x[i * width + j] += out[i * width + j];
+            rms_norm(x + i * width, p[LN2], eps, xn + i * width, d_model);
+        }
+        products(p[WG], p[BG], xn, width, gate, d_ff, d_ff, d_model, m);
+        products(p[WU], p[BU], xn, width, up, d_ff, d_ff, d_model, m);
+        for (long i = 0; i < m * (long)d_ff; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        products(p[WD], p[BD], gate, d_ff, out, width, d_model, d_ff, m);
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < d_model; j++) x[i * width + j] += out[i * width + j];
     }
-    rms_norm(x, ln_final, eps, xn, d_model);
+    rms_norm(x + (m - 1) * width, ln_final, eps, xn, d_model);
     product(unembed, NULL, xn, logits, vocab, d_model);
     free(x);
     return 0;

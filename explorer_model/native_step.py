@@ -32,6 +32,7 @@ from .model import KVCache, LlamaModel, RMSNorm
 _SOURCE = Path(__file__).with_name("native_step.c")
 _FLAGS = ["-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC"]
 _PER_LAYER = 16  # pointers per layer, in native_step.c's order
+PROMPT_MAX = 64  # tokens of a prompt run here rather than through the model's forward (faster up to 64 at least)
 _BUILDING = threading.Lock()
 _library: ctypes.CDLL | None = None
 _failure: str | None = None  # why the library is missing, once a build was tried
@@ -90,9 +91,9 @@ def _build() -> Path:
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     pointer = ctypes.c_void_p
-    lib.llama_step.argtypes = [pointer, ctypes.c_float, pointer, pointer, pointer, pointer, pointer, pointer,
-                               pointer, pointer, ctypes.c_int, ctypes.c_int, pointer]
-    lib.llama_step.restype = ctypes.c_int
+    lib.llama_forward.argtypes = [pointer, ctypes.c_float, pointer, pointer, pointer, pointer, pointer, pointer,
+                                  pointer, pointer, pointer, ctypes.c_int, ctypes.c_int, pointer]
+    lib.llama_forward.restype = ctypes.c_int
     return lib
 
 
@@ -133,30 +134,41 @@ def _plan(model: LlamaModel) -> _Plan:
     return plan
 
 
-def native_applies(model: LlamaModel, cache: KVCache) -> bool:
-    """Whether `native_step` can take this step: where the lean step could, with RMSNorm, float32 contiguous
-    CPU weights and the compiled library at hand."""
-    return (enabled() and lean_applies(model, cache, 1) and cache.length >= 1 and library() is not None
-            and _plan(model).usable)
+def native_applies(model: LlamaModel, cache: KVCache, n_tokens: int = 1) -> bool:
+    """Whether `native_forward` can run these tokens: a decode step where the lean step could, or a short prompt
+    (up to PROMPT_MAX tokens) on an empty cache, with RMSNorm, float32 contiguous CPU weights and the compiled
+    library at hand."""
+    if not (enabled() and 1 <= n_tokens and (n_tokens == 1 or (n_tokens <= PROMPT_MAX and cache.length == 0))):
+        return False
+    return lean_applies(model, cache, 1) and library() is not None and _plan(model).usable
+
+
+def native_forward(model: LlamaModel, tokens: list[int], cache: KVCache) -> torch.Tensor:
+    """Logits [vocab] of the last of `tokens`, which follow the cache's positions; their keys and values are
+    appended to the cache. As the model's forward computes them up to the order of sums. The caller checks
+    `native_applies` first."""
+    plan, pos, m = _plan(model), cache.length, len(tokens)
+    if not all(0 <= t < model.cfg.vocab_size for t in tokens):
+        raise IndexError(f"a token id is outside the vocabulary (0..{model.cfg.vocab_size - 1})")
+    if pos + m > model.cfg.max_seq_len:
+        raise ValueError(f"{pos + m} positions exceed the model's {model.cfg.max_seq_len}")
+    template = torch.empty(plan.kv_shape)
+    for layer in range(model.cfg.n_layers):
+        cache.reserve(layer, pos + m, template, template)
+    cos, sin = model.rope_table(pos, pos + m)  # [m, d_head / 2], contiguous rows of the model's table
+    k_caches = (ctypes.c_void_p * len(cache.k))(*(t.data_ptr() for t in cache.k))
+    v_caches = (ctypes.c_void_p * len(cache.v))(*(t.data_ptr() for t in cache.v))
+    ids = (ctypes.c_int * m)(*tokens)
+    logits = torch.empty(model.cfg.vocab_size)
+    status = library().llama_forward(plan.dims, plan.eps, plan.pointers, plan.embed, plan.ln_final, plan.unembed,
+                                     cos.data_ptr(), sin.data_ptr(), k_caches, v_caches, ids, m, pos,
+                                     logits.data_ptr())
+    if status != 0:
+        raise MemoryError("no memory for the compiled forward's scratch buffers")
+    cache.lengths = [pos + m] * len(cache.lengths)
+    return logits
 
 
 def native_step(model: LlamaModel, token: int, cache: KVCache) -> torch.Tensor:
-    """Logits [vocab] of `token` at position cache.length, its key and value appended to the cache, as
-    decode.lean_step computes them up to the order of sums. The caller checks `native_applies` first."""
-    plan, pos = _plan(model), cache.length
-    if not 0 <= token < model.cfg.vocab_size:
-        raise IndexError(f"token id {token} is outside the vocabulary (0..{model.cfg.vocab_size - 1})")
-    template = torch.empty(plan.kv_shape)
-    for layer in range(model.cfg.n_layers):
-        cache.reserve(layer, pos + 1, template, template)
-    cos, sin = model.rope_table(pos, pos + 1)  # [1, d_head / 2], contiguous rows of the model's table
-    k_caches = (ctypes.c_void_p * len(cache.k))(*(t.data_ptr() for t in cache.k))
-    v_caches = (ctypes.c_void_p * len(cache.v))(*(t.data_ptr() for t in cache.v))
-    logits = torch.empty(model.cfg.vocab_size)
-    status = library().llama_step(plan.dims, plan.eps, plan.pointers, plan.embed, plan.ln_final, plan.unembed,
-                                  cos.data_ptr(), sin.data_ptr(), k_caches, v_caches, token, pos,
-                                  logits.data_ptr())
-    if status != 0:
-        raise MemoryError("no memory for a decode step's scratch buffers")
-    cache.lengths = [pos + 1] * len(cache.lengths)
-    return logits
+    """One decode step: logits [vocab] of `token` at position cache.length (see native_forward)."""
+    return native_forward(model, [token], cache)

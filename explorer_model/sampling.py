@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .decode import lean_applies, lean_step
-from .native_step import native_applies, native_step
+from .native_step import native_applies, native_forward
 from .memory import layer_progress
 from .model import KVCache, LlamaModel
 
@@ -77,8 +77,11 @@ def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32,
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     cache = KVCache(model.cfg.n_layers)
     n_layers = model.cfg.n_layers
-    with layer_progress(model, progress) if progress else contextlib.nullcontext():
-        logits = model(torch.tensor([prompt_ids]), cache)[0, -1]
+    with layer_progress(model, progress) if progress else contextlib.nullcontext():  # hooks: the model's forward
+        if native_applies(model, cache, len(prompt_ids)):
+            logits = native_forward(model, list(prompt_ids), cache)  # a short prompt: compiled, as the steps
+        else:
+            logits = model(torch.tensor([prompt_ids]), cache)[0, -1]
     out: list[int] = []
     for _ in range(max_new_tokens):
         if cache.length >= model.cfg.max_seq_len:
@@ -90,7 +93,7 @@ def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32,
         if (stop_ids and token in stop_ids) or len(out) == max_new_tokens:
             break  # the last token's logits would not be used
         if native_applies(model, cache):
-            logits = native_step(model, token, cache)  # compiled: the same tokens, sums in another order
+            logits = native_forward(model, [token], cache)  # compiled: the same tokens, sums in another order
         elif lean_applies(model, cache, 1):
             logits = lean_step(model, token, cache)  # the same bits as the hooked forward, in less time
         else:

@@ -62,13 +62,33 @@ def test_native_step_follows_the_lean_step_tiny_gqa(biased):
 
 def test_generate_takes_the_native_step_with_the_lean_steps_tokens(biased, monkeypatch):
     calls = []
-    real = native.native_step
-    monkeypatch.setattr("explorer_model.sampling.native_step", lambda *a: calls.append(1) or real(*a))
+    real = native.native_forward
+    monkeypatch.setattr("explorer_model.sampling.native_forward", lambda m, t, c: calls.append(len(t)) or real(m, t, c))
     prompt = [5, 6, 7]
     assert generate(biased, prompt, 12) == native_against_lean(biased, prompt, 12)
-    assert len(calls) == 11  # every step after the prompt's pass but the last token's, which is chosen, not run
+    assert calls == [3] + [1] * 11  # the prompt, then every step but the last token's, which is chosen, not run
     monkeypatch.setenv("LLAMA_EXPLORER_NATIVE", "0")
     assert not native.native_applies(biased, KVCache(biased.cfg.n_layers))
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 13])
+def test_a_short_prompts_compiled_pass_follows_the_models_forward(biased, n):
+    """Several tokens at once: blocks of 4 inputs and the inputs left over, after a prompt already cached."""
+    ids = torch.randint(0, biased.cfg.vocab_size, (n + 5,), generator=torch.Generator().manual_seed(n)).tolist()
+    torch_cache, fast = KVCache(biased.cfg.n_layers), KVCache(biased.cfg.n_layers)
+    with torch.no_grad():
+        want = biased(torch.tensor([ids[:n]]), torch_cache)[0, -1]
+        assert native.native_applies(biased, fast, n)
+        got = native.native_forward(biased, ids[:n], fast)
+        assert float((got - want).abs().max()) <= 2e-5 * float(want.max() - want.min())
+        for layer in range(biased.cfg.n_layers):
+            assert float((fast.k[layer][:, :n] - torch_cache.k[layer][:, :n]).abs().max()) <= 2e-5 * float(
+                torch_cache.k[layer][:, :n].abs().max())
+        for t in ids[n:]:  # decode steps on the compiled prompt's cache, against the model's on its own
+            want, got = biased(torch.tensor([[t]]), torch_cache)[0, -1], native.native_step(biased, t, fast)
+            assert float((got - want).abs().max()) <= 2e-5 * float(want.max() - want.min())
+    assert not native.native_applies(biased, KVCache(biased.cfg.n_layers), native.PROMPT_MAX + 1)
+    assert not native.native_applies(biased, fast, 2)  # several tokens after a cached prompt: the model's forward
 
 
 def test_packing_changes_no_bit_of_the_native_step():
@@ -88,7 +108,6 @@ def test_packing_changes_no_bit_of_the_native_step():
 
 def test_where_the_native_step_does_not_apply(biased):
     cache = KVCache(biased.cfg.n_layers)
-    assert not native.native_applies(biased, cache)  # an empty cache: the prompt's pass is the model's forward
     with torch.no_grad():
         biased(torch.tensor([[1, 2]]), cache)
     assert native.native_applies(biased, cache)
@@ -100,6 +119,8 @@ def test_where_the_native_step_does_not_apply(biased):
     assert not native.native_applies(layer_norm, ln_cache)  # C has RMSNorm only: the lean step runs
     with pytest.raises(IndexError, match="outside the vocabulary"):
         native.native_step(biased, biased.cfg.vocab_size, cache)  # C would read past the embedding
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        native.native_forward(biased, [1, -1], cache)
 
 
 def test_without_a_compiler_generate_keeps_its_tokens(biased, monkeypatch, tmp_path):
