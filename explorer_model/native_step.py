@@ -1,12 +1,14 @@
 """A decode step compiled from C (native_step.c), for generation where no hook observes the pass.
 
 Why: a float32 SmolLM2 step streams 538 MB of weights through one-row products. torch's one-row linear reads
-~17-27 GB/s on one core of this machine, while a sum reads ~37 GB/s; a product that keeps eight rows in flight
-reads ~32 GB/s (bench/bench_decode.py measures both paths), and one C call per token also removes the ~20
-Python-level operations per layer of the lean step. The price: sums run in another order, so logits differ
-from the hooked forward's in the last bits (tests/test_native_step.py bounds the difference and checks that
-greedy tokens are the same on SmolLM2 and tiny models). Where exact bits matter (a recording, an intervention,
-a lesson) the hooked forward runs; this path serves `generate` only.
+~17-27 GB/s on one core of this machine, while a sum reads ~37-40 GB/s; a product that keeps sixteen rows in
+flight reads about as fast as the sum (bench/bench_decode.py measures both paths), and one C call per token also
+removes the ~20 Python-level operations per layer of the lean step. A short prompt (up to PROMPT_MAX tokens) runs
+through the same code, four weight rows meeting four tokens at a time: faster than torch's products at that size,
+and the prompt's keys and values come from the kernels the steps use. The price: sums run in another order, so
+logits differ from the hooked forward's in the last bits (tests/test_native_step.py bounds the difference and
+checks that greedy tokens are the same on SmolLM2 and tiny models). Where exact bits matter (a recording, an
+intervention, a lesson) the hooked forward runs; this path serves `generate` only.
 
 The C file is compiled once per machine with the system's C compiler (`cc`, or $CC) into the explorer's cache
 (`cache_root()`), named by the hash of the source, flags and CPU, written to a temporary name and renamed. No
