@@ -129,10 +129,12 @@ class _Plan:
 
 
 def _plan(model: LlamaModel) -> _Plan:
-    layers = _layers(model)  # the same list object while the model keeps its parameters
+    layers = _layers(model)  # the same list object while the blocks keep their parameters
     plan = getattr(model, "_native_plan", None)
-    if plan is None or plan.layers is not layers:
+    ends = (model.embed.weight, model.unembed.weight, model.ln_final.weight)
+    if plan is None or plan.layers is not layers or any(a is not b for a, b in zip(plan.ends, ends)):
         plan = model._native_plan = _Plan(model, layers)
+        plan.ends = ends
     return plan
 
 

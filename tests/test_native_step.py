@@ -141,3 +141,20 @@ def test_native_step_follows_the_lean_step_smollm2(loaded):
     model, prompt = loaded.model, loaded.tokenizer.encode("The history of the printing press begins")
     tokens = native_against_lean(model, prompt, 32)
     assert generate(model, prompt, 32) == tokens
+
+
+def test_new_weights_are_picked_up_even_outside_the_blocks():
+    model = tiny_model()
+
+    def step_after_prompt():
+        cache = KVCache(model.cfg.n_layers)
+        native.native_forward(model, [1, 2], cache)
+        return native.native_step(model, 3, cache)
+
+    with torch.no_grad():
+        before = step_after_prompt()
+        model.ln_final.weight = torch.nn.Parameter(model.ln_final.weight * 2, requires_grad=False)
+        after = step_after_prompt()
+        want = model(torch.tensor([[1, 2, 3]]))[0, -1]  # the model's forward with the new final norm
+    assert float((after - want).abs().max()) <= 2e-5 * float(want.max() - want.min())
+    assert not torch.allclose(before, after)
