@@ -100,6 +100,7 @@ def new_page(browser, width: int = 1500, height: int = 1100, **kwargs):
     """A page in its own context (own downloads, own Streamlit session); requests are recorded in pg.requests."""
     ctx = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True, **kwargs)
     ctx.set_default_timeout(RUN_TIMEOUT)
+    ctx.add_init_script(COUNT_RUNS)
     pg = ctx.new_page()
     requests: list[str] = []
     pg.on("request", lambda r: requests.append(r.url))
@@ -114,20 +115,40 @@ def shots_dir() -> Path:
 
 
 SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+# Every page counts the script runs it has seen start (window.__stRuns, per document __stDoc): a run that began and
+# ended between an action and wait_idle's first look is still seen, instead of waiting out `started_within`.
+COUNT_RUNS = """(() => {
+    window.__stDoc = Math.random();
+    window.__stRuns = 0;
+    new MutationObserver(records => {
+        records.forEach((r, i) => {
+            const now = i + 1 < records.length && records[i + 1].target === r.target ? records[i + 1].oldValue
+                : r.target.getAttribute('data-test-script-state');
+            if (r.target.getAttribute('data-testid') === 'stApp' && now === 'running' && r.oldValue !== 'running')
+                window.__stRuns++;
+        });
+    }).observe(document, {subtree: true, attributes: true, attributeOldValue: true,
+                          attributeFilter: ['data-test-script-state']});
+})()"""
+RUN_SEEN = "() => [window.__stDoc, window.__stRuns]"
 
 
 def wait_idle(pg, timeout=RUN_TIMEOUT, started_within: int = 5_000):
     """Wait for the script run an action started to finish (stApp's data-test-script-state; the status widget is
     hidden by --client.toolbarMode minimal). On a busy machine the rerun may begin late: first wait up to
-    `started_within` ms for it to start (a run that already finished is not waited for again)."""
+    `started_within` ms for it to start (a run that already finished counts as started: COUNT_RUNS)."""
     if started_within:  # 0: the caller knows the run has started (its output is on the page)
+        doc, seen = getattr(pg, "runs_seen", (None, 0))
         try:
-            pg.wait_for_function(f"() => {SCRIPT_STATE} === 'running'", timeout=started_within)
+            pg.wait_for_function(f"([doc, seen]) => {SCRIPT_STATE} === 'running' || "
+                                 "window.__stRuns > (window.__stDoc === doc ? seen : 0)", arg=[doc, seen],
+                                 timeout=started_within)
         except sync_api.TimeoutError:
             pass
     pg.wait_for_function(f"() => {SCRIPT_STATE} !== 'running' && "
                          "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
     pg.wait_for_timeout(300)
+    pg.runs_seen = tuple(pg.evaluate(RUN_SEEN))
 
 
 def open_app(pg, server: str, **params) -> None:
