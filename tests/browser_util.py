@@ -1,11 +1,13 @@
-"""Shared by the browser tests: one Streamlit server per test module, Debian's Chromium through Playwright.
+"""Shared by the browser tests: one Streamlit server for all of them, Debian's Chromium through Playwright.
 
 Import the fixtures into a test module (`from browser_util import browser, page, server  # noqa: F401`); all are
-module-scoped, so each module starts one server and one Chromium. Never `playwright install`: the tests drive
-/usr/bin/chromium and are skipped where it is missing.
+module-scoped, so each module starts one Chromium; the server is started by the first module that asks for it and
+stopped after the last (every visitor has its own session; a fresh server per module only repeated its warm-up).
+Never `playwright install`: the tests drive /usr/bin/chromium and are skipped where it is missing.
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
@@ -32,9 +34,31 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
+_SHARED: dict = {}  # "app": the running server's URL, "stop": what ends it
+
+
 @pytest.fixture(scope="module")
-def server():
-    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command)."""
+def server(request):
+    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command); one
+    server for the session's browser modules, stopped when no later test of the session asks for it."""
+    if "app" not in _SHARED:
+        _SHARED["app"], _SHARED["stop"] = _start_server()
+        atexit.register(_stop_server)  # the run ends early (e.g. -x): do not leave the server behind
+    yield _SHARED["app"]
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    if not any("server" in item.fixturenames for item in items[max(mine, default=len(items)) + 1:]):
+        _stop_server()
+
+
+def _stop_server() -> None:
+    stop = _SHARED.pop("stop", None)
+    _SHARED.pop("app", None)
+    if stop:
+        stop()
+
+
+def _start_server():
     from explorer_model.serve import streamlit_command
 
     port = free_port()
@@ -55,13 +79,15 @@ def server():
         pytest.fail("the Streamlit server did not start: " + log.read().decode(errors="replace")[-2000:])
     app = AppURL(url)
     app.log = _ServerLog(log)
-    yield app
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return app, stop
 
 
 class AppURL(str):
@@ -171,7 +197,8 @@ def view_buttons(pg):
 
 
 def view_labels(pg) -> list[str]:
-    """The view selector's labels as the page shows them (in its language)."""
+    """The view selector's labels as the page shows them (in its language), once the selector is drawn."""
+    view_buttons(pg).first.wait_for(state="attached", timeout=RUN_TIMEOUT)
     return [t.strip() for t in view_buttons(pg).all_inner_texts()]
 
 
