@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import itertools
 import json
 import os
 import re
@@ -171,10 +172,23 @@ def wait_idle(pg, timeout=RUN_TIMEOUT, started_within: int = 5_000):
                                  timeout=started_within)
         except sync_api.TimeoutError:
             pass
-    pg.wait_for_function(f"() => {SCRIPT_STATE} !== 'running' && "
-                         "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
-    pg.wait_for_timeout(300)
+    steady(pg, f"{SCRIPT_STATE} !== 'running' && !document.querySelector('[data-testid=\"stStatusWidget\"]') && "
+               "String(window.__stRuns)", 150, timeout)  # a follow-up run (st.rerun) restarts the count
     pg.runs_seen = tuple(pg.evaluate(RUN_SEEN))
+
+
+_STEADY = itertools.count()
+
+
+def steady(pg, condition: str, ms: int, timeout=RUN_TIMEOUT) -> None:
+    """Wait until the JS expression `condition` has given the same truthy value for `ms` ms on end (checked every
+    animation frame): a page still changing restarts the count, where a fixed sleep could read it mid-change."""
+    key = f"__steady{next(_STEADY)}"
+    pg.wait_for_function(f"""() => {{ const now = performance.now(), v = ({condition});
+        const s = window.{key};
+        if (!v) {{ window.{key} = undefined; return false; }}
+        if (!s || s.v !== v) {{ window.{key} = {{v, t: now}}; return false; }}
+        return now - s.t >= {ms}; }}""", timeout=timeout)
 
 
 def open_app(pg, server: str, **params) -> None:
@@ -217,11 +231,14 @@ def each_view(pg):
 
 def settle_figures(pg) -> None:
     """Let Plotly finish drawing every figure of the page (its component loads lazily: a skeleton stands in)."""
-    pg.wait_for_function("""() => !document.querySelector('[data-testid="stSkeleton"]') &&
+    steady(pg, """!document.querySelector('[data-testid="stSkeleton"]') &&
         [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => {
             const el = c.querySelector('.js-plotly-plot');
-            return el && el._fullLayout && el.querySelector('.main-svg'); })""", timeout=RUN_TIMEOUT)
-    pg.wait_for_timeout(500)
+            return el && el._fullLayout && el.querySelector('.main-svg'); }) &&
+        [...document.querySelectorAll('.js-plotly-plot')].map(el => el._fullLayout &&
+            [el._fullLayout.width, el._fullLayout.height, el.data.length, el.querySelectorAll('.main-svg').length]
+        ).join('|') + '#'
+        """, 250)  # drawn, and no figure still changing size or content
 
 
 def query(pg) -> dict[str, str]:
