@@ -1,12 +1,15 @@
-"""Shared by the browser tests: one Streamlit server per test module, Debian's Chromium through Playwright.
+"""Shared by the browser tests: one Streamlit server for all of them, Debian's Chromium through Playwright.
 
 Import the fixtures into a test module (`from browser_util import browser, page, server  # noqa: F401`); all are
-module-scoped, so each module starts one server and one Chromium. Never `playwright install`: the tests drive
-/usr/bin/chromium and are skipped where it is missing.
+module-scoped, so each module starts one Chromium; the server is started by the first module that asks for it and
+stopped after the last (every visitor has its own session; a fresh server per module only repeated its warm-up).
+Never `playwright install`: the tests drive /usr/bin/chromium and are skipped where it is missing.
 """
 from __future__ import annotations
 
+import atexit
 import base64
+import itertools
 import json
 import os
 import re
@@ -32,9 +35,31 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
+_SHARED: dict = {}  # "app": the running server's URL, "stop": what ends it
+
+
 @pytest.fixture(scope="module")
-def server():
-    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command)."""
+def server(request):
+    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command); one
+    server for the session's browser modules, stopped when no later test of the session asks for it."""
+    if "app" not in _SHARED:
+        _SHARED["app"], _SHARED["stop"] = _start_server()
+        atexit.register(_stop_server)  # the run ends early (e.g. -x): do not leave the server behind
+    yield _SHARED["app"]
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    if not any("server" in item.fixturenames for item in items[max(mine, default=len(items)) + 1:]):
+        _stop_server()
+
+
+def _stop_server() -> None:
+    stop = _SHARED.pop("stop", None)
+    _SHARED.pop("app", None)
+    if stop:
+        stop()
+
+
+def _start_server():
     from explorer_model.serve import streamlit_command
 
     port = free_port()
@@ -55,13 +80,15 @@ def server():
         pytest.fail("the Streamlit server did not start: " + log.read().decode(errors="replace")[-2000:])
     app = AppURL(url)
     app.log = _ServerLog(log)
-    yield app
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return app, stop
 
 
 class AppURL(str):
@@ -100,6 +127,7 @@ def new_page(browser, width: int = 1500, height: int = 1100, **kwargs):
     """A page in its own context (own downloads, own Streamlit session); requests are recorded in pg.requests."""
     ctx = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True, **kwargs)
     ctx.set_default_timeout(RUN_TIMEOUT)
+    ctx.add_init_script(COUNT_RUNS)
     pg = ctx.new_page()
     requests: list[str] = []
     pg.on("request", lambda r: requests.append(r.url))
@@ -114,20 +142,53 @@ def shots_dir() -> Path:
 
 
 SCRIPT_STATE = "document.querySelector('[data-testid=\"stApp\"]')?.getAttribute('data-test-script-state')"
+# Every page counts the script runs it has seen start (window.__stRuns, per document __stDoc): a run that began and
+# ended between an action and wait_idle's first look is still seen, instead of waiting out `started_within`.
+COUNT_RUNS = """(() => {
+    window.__stDoc = Math.random();
+    window.__stRuns = 0;
+    new MutationObserver(records => {
+        records.forEach((r, i) => {
+            const now = i + 1 < records.length && records[i + 1].target === r.target ? records[i + 1].oldValue
+                : r.target.getAttribute('data-test-script-state');
+            if (r.target.getAttribute('data-testid') === 'stApp' && now === 'running' && r.oldValue !== 'running')
+                window.__stRuns++;
+        });
+    }).observe(document, {subtree: true, attributes: true, attributeOldValue: true,
+                          attributeFilter: ['data-test-script-state']});
+})()"""
+RUN_SEEN = "() => [window.__stDoc, window.__stRuns]"
 
 
 def wait_idle(pg, timeout=RUN_TIMEOUT, started_within: int = 5_000):
     """Wait for the script run an action started to finish (stApp's data-test-script-state; the status widget is
     hidden by --client.toolbarMode minimal). On a busy machine the rerun may begin late: first wait up to
-    `started_within` ms for it to start (a run that already finished is not waited for again)."""
+    `started_within` ms for it to start (a run that already finished counts as started: COUNT_RUNS)."""
     if started_within:  # 0: the caller knows the run has started (its output is on the page)
+        doc, seen = getattr(pg, "runs_seen", (None, 0))
         try:
-            pg.wait_for_function(f"() => {SCRIPT_STATE} === 'running'", timeout=started_within)
+            pg.wait_for_function(f"([doc, seen]) => {SCRIPT_STATE} === 'running' || "
+                                 "window.__stRuns > (window.__stDoc === doc ? seen : 0)", arg=[doc, seen],
+                                 timeout=started_within)
         except sync_api.TimeoutError:
             pass
-    pg.wait_for_function(f"() => {SCRIPT_STATE} !== 'running' && "
-                         "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
-    pg.wait_for_timeout(300)
+    steady(pg, f"{SCRIPT_STATE} !== 'running' && !document.querySelector('[data-testid=\"stStatusWidget\"]') && "
+               "String(window.__stRuns)", 150, timeout)  # a follow-up run (st.rerun) restarts the count
+    pg.runs_seen = tuple(pg.evaluate(RUN_SEEN))
+
+
+_STEADY = itertools.count()
+
+
+def steady(pg, condition: str, ms: int, timeout=RUN_TIMEOUT) -> None:
+    """Wait until the JS expression `condition` has given the same truthy value for `ms` ms on end (checked every
+    animation frame): a page still changing restarts the count, where a fixed sleep could read it mid-change."""
+    key = f"__steady{next(_STEADY)}"
+    pg.wait_for_function(f"""() => {{ const now = performance.now(), v = ({condition});
+        const s = window.{key};
+        if (!v) {{ window.{key} = undefined; return false; }}
+        if (!s || s.v !== v) {{ window.{key} = {{v, t: now}}; return false; }}
+        return now - s.t >= {ms}; }}""", timeout=timeout)
 
 
 def open_app(pg, server: str, **params) -> None:
@@ -150,13 +211,18 @@ def view_buttons(pg):
 
 
 def view_labels(pg) -> list[str]:
-    """The view selector's labels as the page shows them (in its language)."""
+    """The view selector's labels as the page shows them (in its language), once the selector is drawn."""
+    view_buttons(pg).first.wait_for(state="attached", timeout=RUN_TIMEOUT)
     return [t.strip() for t in view_buttons(pg).all_inner_texts()]
 
 
 def pick_view(pg, label: str):
-    pg.locator('[data-testid="stButtonGroup"]').get_by_text(label, exact=True).first.click()
-    wait_idle(pg)
+    button = pg.locator('[data-testid="stButtonGroup"]').get_by_text(label, exact=True).first
+    # the selector is a required radio group: a click on the view already shown changes nothing and starts no
+    # script run, so there is no run to wait 5 s for
+    shown = button.evaluate("b => b.closest('[role=radio]')?.getAttribute('aria-checked') === 'true'")
+    button.click()
+    wait_idle(pg, started_within=0 if shown else 5_000)
 
 
 def each_view(pg):
@@ -169,11 +235,14 @@ def each_view(pg):
 
 def settle_figures(pg) -> None:
     """Let Plotly finish drawing every figure of the page (its component loads lazily: a skeleton stands in)."""
-    pg.wait_for_function("""() => !document.querySelector('[data-testid="stSkeleton"]') &&
+    steady(pg, """!document.querySelector('[data-testid="stSkeleton"]') &&
         [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => {
             const el = c.querySelector('.js-plotly-plot');
-            return el && el._fullLayout && el.querySelector('.main-svg'); })""", timeout=RUN_TIMEOUT)
-    pg.wait_for_timeout(500)
+            return el && el._fullLayout && el.querySelector('.main-svg'); }) &&
+        [...document.querySelectorAll('.js-plotly-plot')].map(el => el._fullLayout &&
+            [el._fullLayout.width, el._fullLayout.height, el.data.length, el.querySelectorAll('.main-svg').length]
+        ).join('|') + '#'
+        """, 250)  # drawn, and no figure still changing size or content
 
 
 def query(pg) -> dict[str, str]:

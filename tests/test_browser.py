@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from browser_util import browser, open_app, page, pick_view, query, server, shots_dir, wait_idle  # noqa: F401
+from browser_util import (browser, open_app, page, pick_view, query, server, settle_figures, shots_dir,  # noqa: F401
+                          wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -26,7 +27,7 @@ def test_type_prompt_browse_views_and_switch_language(server, page):
     heatmap = page.locator(".js-plotly-plot").first
     heatmap.wait_for(timeout=180_000)
     assert page.locator(".js-plotly-plot .heatmaplayer").count() > 0
-    page.wait_for_timeout(800)  # let Plotly finish drawing
+    settle_figures(page)  # let Plotly finish drawing
     page.screenshot(path=str(shots_dir() / "attention.png"), full_page=False)
     assert "because" in page.locator("body").inner_text()
 
@@ -37,12 +38,12 @@ def test_type_prompt_browse_views_and_switch_language(server, page):
 
     pick_view(page, "RoPE")
     page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
-    page.wait_for_timeout(800)
+    settle_figures(page)
     page.screenshot(path=str(shots_dir() / "rope_zh.png"))
 
     pick_view(page, "SwiGLU")
     page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
-    page.wait_for_timeout(800)
+    settle_figures(page)
     page.screenshot(path=str(shots_dir() / "swiglu_zh.png"))
     assert "view=swiglu" in page.url and "lang=zh" in page.url
 

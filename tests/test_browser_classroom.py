@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from browser_util import (browser, each_view, figures, garbled, new_page, open_app, page, query,  # noqa: F401
-                          server, set_prompt, settle_figures, shots_dir, strings, sync_api, view_errors, wait_idle)
+                          server, set_prompt, settle_figures, shots_dir, steady, strings, sync_api, view_errors,
+                          wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -29,12 +30,19 @@ CORE_VIEWS = ("tokens", "attention", "norm", "rope", "swiglu", "residual", "pred
 EXPANDERS = '[data-testid="stMain"] [data-testid="stExpander"] details:not([open]) > summary'
 
 
+# what unfolding changes: open explanations, the main area's size, formulas drawn, fonts loaded
+LAYOUT = """(() => { const m = document.querySelector('[data-testid="stMain"]');
+    return [m.querySelectorAll('details[open]').length, m.scrollHeight, m.scrollWidth,
+            m.querySelectorAll('.katex').length, document.fonts.status].join('|'); })()"""
+
+
 def open_expanders(pg) -> None:
-    """Unfold every explanation (client side only: no script run), so what is inside is checked too."""
+    """Unfold every explanation (client side only: no script run), so what is inside is checked too; returns once
+    the layout has held still (steady) rather than after a fixed pause."""
     for s in pg.locator(EXPANDERS).all():
         if s.is_visible():
             s.click()
-    pg.wait_for_timeout(300)
+    steady(pg, LAYOUT, 200)
 
 
 def each_view_drawn(pg):
@@ -338,7 +346,7 @@ def test_every_view_fits_768_pixels_without_clipped_formulas(server, browser):
         for label, view in each_view_drawn(pg):
             seen.append(view)
             open_expanders(pg)
-            pg.wait_for_timeout(500)
+            steady(pg, LAYOUT, 300)
             pg.screenshot(path=str(shots_dir() / f"w768_{view}.png"), full_page=True)
             clipped = pg.evaluate(CLIPPED)
             if clipped:
