@@ -43,11 +43,42 @@ static void product(const float *W, const float *b, const float *x, float *y, lo
             y[n + r] = b ? s + b[n + r] : s;
         }
     }
-    for (; n < N; n++) {
-        float s = 0.0f;
-        for (long k = 0; k < K; k++) s += W[n * K + k] * x[k];
+    for (; n < N; n++) {  /* rows left over: one vector accumulator each */
+        const float *w = W + n * K;
+        vec16 acc = {0};
+        for (long k = 0; k < K16; k += 16) acc += load16(w + k) * load16(x + k);
+        float s = hsum(acc);
+        for (long k = K16; k < K; k++) s += w[k] * x[k];
         y[n] = b ? s + b[n] : s;
     }
+}
+
+/* Rows n .. n+3 of W against inputs i .. i+J-1 (J <= 4, a constant where it is inlined): each weight vector
+   loaded once meets J inputs. `next` (or NULL) is walked into cache meanwhile, 4 lines per 4 lines read. */
+static inline __attribute__((always_inline)) void block4(const float *W, const float *b, const float *X, long ldx,
+                                                         float *Y, long ldy, long n, long K, int i, int J,
+                                                         const char *next) {
+    const float *w = W + n * K;
+    long K16 = K - K % 16;
+    vec16 acc[4][4];
+    memset(acc, 0, sizeof acc);
+    for (long k = 0; k < K16; k += 16) {
+        vec16 xv[4];
+        if (next)
+            for (int l = 0; l < 4; l++) __builtin_prefetch(next + (k / 16 * 4 + l) * 64);
+        for (int j = 0; j < J; j++) xv[j] = load16(X + (i + j) * ldx + k);
+        for (int r = 0; r < 4; r++) {
+            vec16 wv = load16(w + r * K + k);
+            for (int j = 0; j < J; j++) acc[r][j] += wv * xv[j];
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < J; j++) {
+            const float *xr = X + (i + j) * ldx;
+            float s = hsum(acc[r][j]);
+            for (long k = K16; k < K; k++) s += w[r * K + k] * xr[k];
+            Y[(i + j) * ldy + n + r] = b ? s + b[n + r] : s;
+        }
 }
 
 /* Y[i, n] = b[n] + sum_k W[n, k] X[i, k] for inputs i < m (rows of X and Y ldx / ldy floats apart). One input
@@ -59,36 +90,18 @@ static void products(const float *W, const float *b, const float *X, long ldx, f
         product(W, b, X, Y, N, K);
         return;
     }
-    long K16 = K - K % 16, n = 0;
+    long n = 0;
     for (; n + 4 <= N; n += 4) {
-        const float *w = W + n * K;
+        const char *next = (const char *)(W + (n + 4) * K);  /* the next block lies right after this one */
         int i = 0;
-        for (; i + 4 <= m; i += 4) {
-            vec16 acc[4][4];
-            memset(acc, 0, sizeof acc);
-            const char *next = (const char *)(w + 4 * K);  /* the next block lies right after this one */
-            for (long k = 0; k < K16; k += 16) {
-                vec16 xv[4];
-                if (i == 0)  /* the first inputs' pass walks the next block into cache, 4 lines per 4 lines read */
-                    for (int l = 0; l < 4; l++) __builtin_prefetch(next + (k / 16 * 4 + l) * 64);
-                for (int j = 0; j < 4; j++) xv[j] = load16(X + (i + j) * ldx + k);
-                for (int r = 0; r < 4; r++) {
-                    vec16 wv = load16(w + r * K + k);
-                    for (int j = 0; j < 4; j++) acc[r][j] += wv * xv[j];
-                }
-            }
-            for (int r = 0; r < 4; r++)
-                for (int j = 0; j < 4; j++) {
-                    const float *xr = X + (i + j) * ldx;
-                    float s = hsum(acc[r][j]);
-                    for (long k = K16; k < K; k++) s += w[r * K + k] * xr[k];
-                    Y[(i + j) * ldy + n + r] = b ? s + b[n + r] : s;
-                }
+        for (; i + 4 <= m; i += 4) block4(W, b, X, ldx, Y, ldy, n, K, i, 4, i == 0 ? next : NULL);
+        switch (m - i) {  /* the inputs left over, still four rows at a time */
+            case 3: block4(W, b, X, ldx, Y, ldy, n, K, i, 3, i == 0 ? next : NULL); break;
+            case 2: block4(W, b, X, ldx, Y, ldy, n, K, i, 2, i == 0 ? next : NULL); break;
+            case 1: block4(W, b, X, ldx, Y, ldy, n, K, i, 1, NULL); break;
         }
-        for (; i < m; i++)
-            for (int r = 0; r < 4; r++) product(w + r * K, b ? b + n + r : NULL, X + i * ldx, Y + i * ldy + n + r, 1, K);
     }
-    for (; n < N; n++)
+    for (; n < N; n++)  /* rows left over (fewer than 4): one at a time */
         for (int i = 0; i < m; i++) product(W + n * K, b ? b + n : NULL, X + i * ldx, Y + i * ldy + n, 1, K);
 }
 
