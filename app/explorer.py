@@ -230,7 +230,12 @@ def recording_npz(source: str, ids) -> bytes:
 def derived(name: str, source: str, ids, fn, *args):
     """fn(recording, *args) cached under (name, source, ids, args): view data worth keeping (no model runs)."""
     ids = tuple(ids)
-    return result_cache().get((f"view:{name}", _ident(source), ids, args), lambda: fn(recording(source, ids), *args))
+
+    def compute():
+        rec = recording(source, ids)
+        with LANE.released():  # array work, mostly outside the GIL: other pages draw meanwhile (app/lanes.py)
+            return fn(rec, *args)
+    return result_cache().get((f"view:{name}", _ident(source), ids, args), compute)
 
 
 class RecordingRef:

@@ -34,8 +34,11 @@ def pair_derived(name: str, sides, fn, *args):
     """fn(recording of each side, *args) cached under (name, each side's identity, args): compare-mode data worth
     keeping between switches (per-layer curves, difference maps); no model runs. sides: (source, ids, specs)."""
     keys = tuple((gw._ident(s), tuple(int(i) for i in ids), (sp or "").strip()) for s, ids, sp in sides)
-    return gw.result_cache().get((f"pair:{name}", keys, args),
-                                 lambda: fn(*[changed_recording(*side) for side in sides], *args))
+    def compute():
+        recs = [changed_recording(*side) for side in sides]
+        with gw.LANE.released():  # array work, as explorer.derived
+            return fn(*recs, *args)
+    return gw.result_cache().get((f"pair:{name}", keys, args), compute)
 
 
 def changed_recording_npz(source: str, ids, specs: str = "") -> bytes:

@@ -279,3 +279,28 @@ def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypa
     fresh_cache(monkeypatch, 512)
     alone = explorer.recording(source, ids)
     assert all(torch.equal(rec[n], alone[n]) for n in alone.names)
+
+
+def test_view_data_is_computed_with_the_drawing_lane_given_up(monkeypatch):
+    """explorer.derived (and compare mode's pair_derived) compute from cached recordings outside the drawing
+    lane, so another visitor's page draws meanwhile; the page has the lane back when the data returns."""
+    from test_lanes import lane_is_free
+    fresh_cache(monkeypatch, 4096)
+    source = explorer.DEFAULT_SOURCE
+    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
+    explorer.recording(source, ids)
+    seen = []
+
+    def data(rec, layer):
+        seen.append((lane_is_free(explorer.LANE), explorer.LANE.holding()))
+        return rec.pattern(layer)[0, 0].numpy().copy()
+
+    with explorer.LANE.held():
+        first = explorer.derived("lane_probe", source, ids, data, 3)
+        assert explorer.LANE.holding() and not lane_is_free(explorer.LANE)
+        side = (source, ids, "")
+        pair = explorer.pair_derived("lane_probe", (side, side), lambda a, b: seen.append(
+            (lane_is_free(explorer.LANE), explorer.LANE.holding())) or 1)
+        assert explorer.LANE.holding()
+    assert seen == [(True, False), (True, False)] and pair == 1
+    assert np.array_equal(first, explorer.recording(source, ids).pattern(3)[0, 0].numpy())
