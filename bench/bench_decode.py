@@ -57,7 +57,7 @@ def main() -> None:
     loaded = load("smollm2")
     model, ids = loaded.model, loaded.tokenizer.encode(PROMPT)
     hf = hf_twin(model)
-    packing = args.pack if args.pack != "auto" else packing_for(args.new)  # auto: as `llama-explorer generate`
+    packing = args.pack if args.pack != "auto" else packing_for(args.new, native_step.serves(model))  # as the CLI
     t0 = time.perf_counter()
     if packing != "none":
         pack_for_decode(model, huge_pages=packing == "huge")

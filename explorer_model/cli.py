@@ -123,15 +123,12 @@ def cmd_info(args) -> None:
 def _decode_step(model) -> str:
     """Which step `generate` takes after the prompt (explorer_model/native_step.py); builds it on first use."""
     from . import native_step
-    from .model import KVCache
 
-    cache = KVCache(model.cfg.n_layers)
-    cache.lengths = [1] * model.cfg.n_layers  # as after a prompt's pass: only the model's kind is asked about
     if not native_step.enabled():
         return "torch (LLAMA_EXPLORER_NATIVE=0)"
     if native_step.library() is None:
         return f"torch (no compiled step: {native_step.failure()})"
-    if native_step.native_applies(model, cache):
+    if native_step.serves(model):
         return "compiled (native_step.c)"
     return "torch (the compiled step serves float32 pre-norm RMSNorm SwiGLU models)"
 
@@ -239,9 +236,11 @@ def cmd_generate(args) -> None:
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
     from .decode import pack_for_decode, packing_for
+    from .native_step import serves
     from .runtime import threads
 
-    packing = packing_for(args.max_new_tokens)  # this process owns its memory (see decode.py); same bits
+    # this process owns its memory (see decode.py); same bits
+    packing = packing_for(args.max_new_tokens, compiled=serves(loaded.model))
     if packing != "none":
         pack_for_decode(loaded.model, huge_pages=packing == "huge")
     # In this process only. A second thread makes a step ~1.3x faster when a core is free for it, and up to

@@ -65,8 +65,12 @@ def _groups(model: LlamaModel) -> list[list[str]]:
     return [starts[n] if n in starts else [n] for n in order if n in starts or n not in grouped]
 
 
-def packing_for(max_new_tokens: int) -> str:
-    """'huge', 'small' or 'none': the packing whose copy the steps' savings repay (measured above, worst case)."""
+def packing_for(max_new_tokens: int, compiled: bool = False) -> str:
+    """'huge', 'small' or 'none': the packing whose copy the steps' savings repay (measured above, worst case).
+    The compiled step (native_step.py) gains nothing from small pages (bench_decode.py --new 128: 50.5 tokens/s
+    packed, 51.2 not) and ~3 ms per step from huge pages."""
+    if compiled:
+        return "huge" if max_new_tokens >= 512 else "none"
     return "huge" if max_new_tokens >= 512 else "small" if max_new_tokens >= 96 else "none"
 
 

@@ -147,6 +147,13 @@ def native_applies(model: LlamaModel, cache: KVCache, n_tokens: int = 1) -> bool
     return lean_applies(model, cache, 1) and library() is not None and _plan(model).usable
 
 
+def serves(model: LlamaModel) -> bool:
+    """Whether `generate`'s steps take the compiled step for this model as it is now."""
+    after_a_prompt = KVCache(model.cfg.n_layers)
+    after_a_prompt.lengths = [1] * model.cfg.n_layers  # only the model's kind is asked about
+    return native_applies(model, after_a_prompt)
+
+
 def native_forward(model: LlamaModel, tokens: list[int], cache: KVCache) -> torch.Tensor:
     """Logits [vocab] of the last of `tokens`, which follow the cache's positions; their keys and values are
     appended to the cache. As the model's forward computes them up to the order of sums. The caller checks
