@@ -11,8 +11,8 @@ prompts queued behind each other for seconds. So:
   - a page run gives the lane up while it waits for or runs a forward pass, or waits for a lab experiment,
     so other visitors' pages draw meanwhile, and the forward pass competes with one drawing thread at most;
     likewise while it computes a view's data from a recording (explorer.derived: array work that leaves the GIL
-    free most of the time; with two runs of bench_load.py --think 10, one process, a new prompt's p95 went from
-    1.44-1.90 s in four runs to 1.14-1.15 s, a view switch's from 1.42-1.87 s to 1.17-1.39 s);
+    free most of the time; bench_load.py --think 10, one process: a new prompt's p95 went from 1.44-1.90 s in
+    four runs to 1.14-1.36 s in three, a view switch's from 1.42-1.87 s to 1.17-1.59 s);
     it then takes the lane back ahead of the pages that arrived meanwhile (it had waited its turn already:
     at the back of the line, a page whose view runs the model paid the whole queue twice);
   - the interpreter switches threads every 0.1 ms instead of every 5 ms: beside one drawing thread that

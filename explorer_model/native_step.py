@@ -113,7 +113,8 @@ class _Plan:
                                        layers[0].d_ff, cfg.vocab_size)
         self.eps = model.ln_final.eps
         norms = [model.ln_final] + [n for b in model.blocks for n in (b.ln1, b.ln2)]
-        tensors = [model.embed.weight, model.unembed.weight, model.ln_final.weight]
+        self.ends = (model.embed.weight, model.unembed.weight, model.ln_final.weight)  # held: the pointers stay valid
+        tensors = list(self.ends)
         pointers = []
         for layer in layers:
             weights = [w for _, w, _ in layer.params]  # q k v o gate up down
@@ -124,7 +125,7 @@ class _Plan:
                        and all(t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu"
                                for t in tensors))
         self.pointers = (ctypes.c_void_p * len(pointers))(*(None if t is None else t.data_ptr() for t in pointers))
-        self.embed, self.unembed, self.ln_final = (t.data_ptr() for t in tensors[:3])
+        self.embed, self.unembed, self.ln_final = (t.data_ptr() for t in self.ends)
         self.kv_shape = (1, 1, cfg.n_kv_heads, cfg.head_dim)
 
 
@@ -134,7 +135,6 @@ def _plan(model: LlamaModel) -> _Plan:
     ends = (model.embed.weight, model.unembed.weight, model.ln_final.weight)
     if plan is None or plan.layers is not layers or any(a is not b for a, b in zip(plan.ends, ends)):
         plan = model._native_plan = _Plan(model, layers)
-        plan.ends = ends
     return plan
 
 
