@@ -26,7 +26,7 @@ def prompt_cost(source: str, ids) -> dict:
     (memory.time_class), "cached" (already recorded: costs nothing now), "refused", "progress" (worth a bar)."""
     loaded, ids = gw._model(source), tuple(int(i) for i in ids)
     cfg, n = loaded.cfg, len(ids)
-    rec_bytes = _memory.recording_bytes(cfg, n, torch.float32)  # what recording() keeps: every hook, float32
+    rec_bytes = _memory.recording_bytes(cfg, n, torch.float32, model_dtype=loaded.dtype)  # every hook, float32
     run_bytes = _memory.runtime_bytes(cfg, n, loaded.dtype) - _memory.OVERHEAD  # the process already exists
     seconds = _memory.forward_flops(cfg, n) / _RATE.get(loaded.dtype_name, _memory.DEFAULT_FLOPS)
     budget = _recording_budget(run_bytes)

@@ -157,30 +157,36 @@ def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.
     Mirrors recording.py: tensors are stored in `dtype`, logits always; with derived attention the scores and
     pattern are not stored but rebuilt from float32 rotated Q and K, which also serve those hooks themselves
     (no `dtype` copy beside them). A block's input is the very tensor the previous hook
-    (embedding or previous block's output) already stored, converted once whatever `dtype` is.
+    (embedding or previous block's output) already stored, converted once whatever `dtype` is. A float32
+    recording of a float32 model (`model_dtype`) rebuilds SwiGLU's and RMSNorm's elementwise hooks on access.
     """
     n = int(n_tokens)
     names = None if names is None else tuple([names] if isinstance(names, str) else names)
-    fit = _quadratic(cfg, dtype, names, attention)
-    return fit[0] * n + fit[1] * n * n if fit else _recording_bytes(cfg, n, dtype, names, attention)
+    rebuilt = dtype == model_dtype == torch.float32  # elementwise hooks rebuilt on access (recording.rebuilt_from)
+    fit = _quadratic(cfg, dtype, names, attention, rebuilt)
+    return fit[0] * n + fit[1] * n * n if fit else _recording_bytes(cfg, n, dtype, names, attention, rebuilt)
 
 
 @functools.lru_cache(maxsize=64)
-def _quadratic(cfg: ModelConfig, dtype: torch.dtype, names, attention: str) -> tuple[int, int] | None:
+def _quadratic(cfg: ModelConfig, dtype: torch.dtype, names, attention: str, rebuilt: bool) -> tuple[int, int] | None:
     """(a, b) with recording_bytes = a·n + b·n²: every hook is [batch, n, …] or [batch, heads, n, n], so three
     meta forwards at n = 1, 2, 3 give every length (a meta forward at 2048 tokens takes ~2 s, which a page
     asking the cost of each new prompt cannot wait for). None if n = 3 does not fit, then lengths are run."""
-    one, two, three = (_recording_bytes(cfg, n, dtype, names, attention) for n in (1, 2, 3))
+    one, two, three = (_recording_bytes(cfg, n, dtype, names, attention, rebuilt) for n in (1, 2, 3))
     b = (two - 2 * one) // 2
     a = one - b
     return (a, b) if 3 * a + 9 * b == three else None
 
 
-def _recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype, names, attention: str) -> int:
+def _recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype, names, attention: str,
+                     rebuilt: bool) -> int:
+    from .recording import rebuildable_names
+
     shapes = hook_shapes(cfg, n_tokens)
     selected = meta_model(cfg).select_hooks(None if names is None else list(names))
     if "logits" not in selected:
         selected.append("logits")
+    skipped = rebuildable_names(cfg, selected) if rebuilt else {}
     size, total = itemsize(dtype), 0
     derived_layers = {n.split(".")[1] for n in selected if attention == "derived" and _DERIVED.match(n)}
     rotated = {f"blocks.{layer}.attn.hook_{which}" for layer in derived_layers for which in ("rot_q", "rot_k")}
@@ -188,8 +194,10 @@ def _recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype, names,
     for name in selected:
         m = re.fullmatch(r"blocks\.(\d+)\.hook_resid_pre", name)
         previous = m and ("hook_embed" if m.group(1) == "0" else f"blocks.{int(m.group(1)) - 1}.hook_resid_post")
-        if _DERIVED.match(name) and attention == "derived" or name in rotated:
-            continue  # rebuilt from, or served by, the float32 rotated Q and K counted below
+        if cfg.ffn_type == "relu" and name.endswith("mlp.hook_post"):  # ReLU's output goes on unchanged
+            previous = name.replace("hook_post", "hook_act")
+        if _DERIVED.match(name) and attention == "derived" or name in rotated or name in skipped:
+            continue  # rebuilt: from the float32 rotated Q and K counted below, or from its recorded inputs
         if previous not in chosen:  # else the same tensor (or its one converted copy), stored once
             total += _numel(shapes[name]) * size
     return total + sum(_numel(shapes[name]) * 4 for name in rotated)

@@ -13,6 +13,12 @@ model uses (`blocked_attention`), so the values are the ones the model computes.
 a layer are served from that float32 pair (converted on access in a float16 recording, never kept twice).
 `attention="stored"` hooks them directly instead, which forces the explicit attention path.
 
+A float32 recording of a float32 model does not keep the hooks that are one elementwise step from others it keeps
+(`rebuilt_from`): SwiGLU's SiLU(gate) and SiLU(gate)·up, and RMSNorm's x / scale. They are rebuilt on access with
+the model's own arithmetic, and only after the recorder has checked that the rebuild equals the hooked tensor bit
+for bit (an intervention that edits one of them keeps it stored). That is 31 % of a SmolLM2 recording, so a
+classroom server's cache holds half as many recordings again.
+
 `extend(model, rec, token_ids, keep)` keeps a prefix of a recording and runs only the new positions with the KV
 cache, bit-identical to recording the whole prompt (see stable.py for why the bits agree).
 """
@@ -28,19 +34,54 @@ import torch
 
 from .config import ModelConfig
 from .model import KVCache, LlamaModel, blocked_attention
+from .stable import stable_silu
 
 _DERIVED = re.compile(r"blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
 _ROTATED = re.compile(r"blocks\.(\d+)\.attn\.hook_rot_(q|k)$")
+_MLP_ACT = re.compile(r"blocks\.(\d+)\.mlp\.hook_(act|post)$")
+_NORMALIZED = re.compile(r"blocks\.(\d+)\.ln([12])\.hook_normalized$")
+
+
+def rebuilt_from(cfg: ModelConfig, name: str) -> tuple[str, ...] | None:
+    """The hooks `name` is one elementwise step from, in the model's forward order of arithmetic, or None.
+
+    Elementwise only (SiLU, a product, a sum, a division), so an element's value does not depend on the tensor's
+    length: SiLU through stable_silu, exactly as the model's stable pass computes it. LayerNorm's normalized
+    tensor needs a mean over the row, so it is always stored.
+    """
+    m = _MLP_ACT.match(name)
+    if m and cfg.ffn_type == "swiglu":
+        mlp = f"blocks.{m.group(1)}.mlp."
+        return (mlp + "hook_pre",) if m.group(2) == "act" else (mlp + "hook_pre", mlp + "hook_pre_linear")
+    m = _NORMALIZED.match(name)
+    if m and cfg.norm_type == "rms":
+        block, first = f"blocks.{m.group(1)}.", m.group(2) == "1"
+        x = block + ("hook_resid_pre" if first else "hook_resid_mid")
+        # Pre-Norm normalizes the sublayer's input; Post-Norm the sum x + sublayer(x) (Block.forward).
+        added = () if cfg.norm_placement == "pre" else (block + ("hook_attn_out" if first else "hook_mlp_out"),)
+        return (x, *added, f"{block}ln{m.group(2)}.hook_scale")
+    return None
+
+
+def rebuild(name: str, sources: list[torch.Tensor]) -> torch.Tensor:
+    """`name`'s tensor from its rebuilt_from sources, with MLP.forward's and RMSNorm.forward's arithmetic."""
+    if name.endswith(("mlp.hook_act", "mlp.hook_post")):
+        act = stable_silu(sources[0], True)
+        return act if name.endswith("hook_act") else act * sources[1]
+    *summands, scale = sources
+    x = summands[0] if len(summands) == 1 else summands[0] + summands[1]
+    return x / scale
 
 
 class Recording(Mapping):
     """Read-only mapping hook name -> tensor, plus the token ids, logits and a few per-layer helpers."""
 
     def __init__(self, cfg: ModelConfig, names: list[str], store: dict[str, torch.Tensor],
-                 rotated: dict[int, tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype):
+                 rotated: dict[int, tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype, rebuilt=()):
         self.cfg = cfg
         self.names = names  # selected hook names, in forward order
         self._store = store
+        self._rebuilt = set(rebuilt)  # names rebuilt on access from their rebuilt_from sources (not stored)
         self._rotated = rotated  # layer -> (rot_q, rot_k) float32, for derived attention
         self.dtype = dtype
         self.token_ids: torch.Tensor | None = None  # [batch, pos]
@@ -49,6 +90,8 @@ class Recording(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name in self._store:
             return self._store[name]
+        if name in self._rebuilt:
+            return rebuild(name, [self[source] for source in rebuilt_from(self.cfg, name)])
         m = _DERIVED.match(name)
         if m and name in self.names:
             _, scores, pattern = blocked_attention(*self._rotated[int(m.group(1))], None, weights=True)
@@ -109,6 +152,13 @@ class Recording(Mapping):
         return out
 
 
+def rebuildable_names(cfg: ModelConfig, selected) -> dict[str, tuple[str, ...]]:
+    """The selected names a float32 recording may rebuild instead of storing: those whose sources are selected."""
+    chosen = set(selected)
+    return {name: sources for name in selected
+            if (sources := rebuilt_from(cfg, name)) and all(s in chosen for s in sources)}
+
+
 @contextmanager
 def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iterable[int] | None = None,
              dtype: torch.dtype = torch.float32, attention: str = "derived") -> Iterator[Recording]:
@@ -121,8 +171,17 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
     store: dict[str, torch.Tensor] = {}
     rotated: dict[int, list] = {}
     last = [None, None]  # the previous hooked tensor and its kept copy
+    # Only a float32 model's hooks: a 16-bit model's SiLU and sums run in 16 bits (memory.recording_bytes agrees).
+    float32 = dtype == model.embed.weight.dtype == torch.float32
+    rebuildable = rebuildable_names(model.cfg, selected) if float32 else {}
+    rebuilt: set[str] = set()
 
     def keep(x: torch.Tensor, hp) -> None:
+        sources = rebuildable.get(hp.name)
+        if sources and x.dtype == torch.float32 and x.device.type == "cpu" and all(s in store for s in sources):
+            if torch.equal(rebuild(hp.name, [store[s] for s in sources]), x):
+                rebuilt.add(hp.name)  # served by rebuilding on access, bit for bit
+                return
         # Consecutive hooks see the same tensor (hook_embed and blocks.0.hook_resid_pre; resid_post of L and
         # resid_pre of L + 1): keep one copy for both, also when converting to float16.
         if x is not last[0]:
@@ -151,6 +210,7 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
         fwd_hooks.append((f"blocks.{layer}.attn.hook_rot_k", keep_rotated(1)))
 
     rec = Recording(model.cfg, selected, store, rotated, dtype)
+    rec._rebuilt = rebuilt  # filled as the hooks run
     with model.hooks(fwd_hooks):
         yield rec
     last.clear()
@@ -223,9 +283,11 @@ def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: 
             joined[id(old)] = torch.cat([old[:, :keep], added], 1)  # every recorded tensor is [batch, pos, ...]
         return joined[id(old)]
 
-    store = {name: join(t, step._store[name]) for name, t in rec._store.items()}
+    store = {name: join(t, step[name]) for name, t in rec._store.items()}  # step[name]: stored or rebuilt
+    for name in rec._rebuilt - step._rebuilt:  # rebuilt in the prefix only: the joined tensor is stored
+        store[name] = torch.cat([rec[name][:, :keep], step._store[name]], 1)
     rotated = {layer: (join(rq, step._rotated[layer][0]), join(rk, step._rotated[layer][1]))
                for layer, (rq, rk) in rec._rotated.items()}
-    out = Recording(cfg, list(rec.names), store, rotated, rec.dtype)
+    out = Recording(cfg, list(rec.names), store, rotated, rec.dtype, rec._rebuilt & step._rebuilt)
     out.token_ids = torch.cat([rec.token_ids[:, :keep], torch.tensor([new])], 1)
     return out

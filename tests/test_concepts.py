@@ -214,7 +214,7 @@ def test_changing_one_token_changes_ffn_outputs_only_through_their_inputs(model,
     bent = store["blocks.1.hook_mlp_out"].clone()
     bent[0, 2] += 1.0
     store["blocks.1.hook_mlp_out"] = bent
-    fake = Recording(rec.cfg, rec.names, store, rec._rotated, rec.dtype)
+    fake = Recording(rec.cfg, rec.names, store, rec._rotated, rec.dtype, rec._rebuilt)
     fake.token_ids = rec.token_ids
     assert not FF.position_wise_comparison(rec, fake, layer=1)["only_through_input"]
     with pytest.raises(ValueError, match="same length"):

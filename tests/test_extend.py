@@ -63,10 +63,14 @@ def test_extend_of_a_selection_and_its_refusals(model):
 
 def expected_bytes(model, n_pos: int, value_bytes: int) -> int:
     """From the shapes alone: every hook once, except resid_pre (= embed or the previous resid_post) and the
-    derived scores/patterns; rotated Q and K always float32 (the derived attention is rebuilt from them)."""
+    derived scores/patterns; rotated Q and K always float32 (the derived attention is rebuilt from them); in
+    float32, without SwiGLU's SiLU(gate) and product and RMSNorm's normalized x (rebuilt from their inputs)."""
     cfg, total = model.cfg, 0
+    rebuilt = ("mlp.hook_act", "mlp.hook_post", "ln1.hook_normalized", "ln2.hook_normalized")
     for name in model.hook_names():
         if name.endswith(("hook_resid_pre", "hook_attn_scores", "hook_pattern")):
+            continue
+        if value_bytes == 4 and name.endswith(rebuilt):
             continue
         if name.endswith(("hook_q", "hook_rot_q", "hook_z")):
             width, size = cfg.n_heads * cfg.head_dim, value_bytes
