@@ -1,6 +1,6 @@
 """Classroom load: N simulated visitors on one shared server, spoken to over Streamlit's own websocket.
-(One file of ~420 lines on purpose: the visitor protocol, the run and its report belong together; starting and
-watching the server is in load_server.py.)
+(The visitor protocol, the run and its report belong together here; starting and watching the server is in
+load_server.py, the determinism check in load_determinism.py.)
 
 Each visitor is a websocket client doing what the browser does: it opens /_stcore/stream with the
 "streamlit" subprotocol, sends BackMsg.rerun_script (query string on the first run, then only the widget
@@ -32,16 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import hashlib
 import json
 import math
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
@@ -51,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when loaded from a file path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from load_determinism import determinism  # noqa: E402
 from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
 
 # What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
@@ -263,73 +261,6 @@ async def run_visitors(port: int, args, deadline: float) -> tuple[dict, list, li
         visitor_run(n, port, make_prompts(n, args.prompts, args.seed, args.prompt_chars), views, args, deadline, times, errors)
         for n in range(args.visitors)])
     return times, errors, list(done)
-
-
-# --------------------------------------------------------------------------- determinism
-def array_digest(arrays: dict) -> str:
-    import numpy as np
-
-    h = hashlib.sha256()
-    for k in sorted(arrays):
-        a = np.ascontiguousarray(arrays[k])
-        h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def determinism(model, prompt: str, threads: int = 4) -> dict:
-    """Bit-identical recordings for one prompt: across threads, through the app's cache, across processes."""
-    import numpy as np
-    import torch
-
-    from app.result_cache import ResultCache
-    from explorer_model.recording import record
-
-    ids = model.tokenizer.encode(prompt, add_bos=getattr(model.tokenizer, "add_bos", False))
-    recs: list = [None] * threads
-
-    def rec_into(i: int) -> None:
-        recs[i] = record(model.model, ids)
-
-    workers = [threading.Thread(target=rec_into, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-
-    cache = ResultCache(budget_bytes=0)  # keeps only the newest: alternating prompts recompute
-    forward = threading.Lock()  # one forward pass at a time, as the app's gateway does
-    other = tuple(ids[:-1]) or (1,)
-    cached: list = []
-
-    def through_cache() -> None:
-        for _ in range(2):
-            cached.append(cache.get(("recording", tuple(ids)), lambda: record(model.model, list(ids)), forward))
-            cache.get(("recording", other), lambda: record(model.model, list(other)), forward)
-
-    workers = [threading.Thread(target=through_cache) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    ref = recs[0]
-    distinct_cached = len({id(r) for r in cached})
-    unequal = sorted({name for r in recs[1:] + cached for name in ref.names
-                      if not torch.equal(r[name], ref[name])} |
-                     {"logits" for r in recs[1:] + cached if not torch.equal(r.logits, ref.logits)})
-    digests = {"in_process": array_digest(ref.to_numpy())}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(2):
-            out = Path(tmp) / f"r{i}.npz"
-            subprocess.run([sys.executable, "-m", "explorer_model.cli", "record", "smollm2", "--prompt", prompt,
-                            "--out", str(out)], check=True, capture_output=True, cwd=ROOT,
-                           env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
-            with np.load(out) as data:
-                digests[f"process_{i}"] = array_digest({k: data[k] for k in data.files})
-    return {"prompt": prompt, "tokens": len(ids), "tensors": len(ref.names) + 1, "thread_recordings": threads,
-            "cache_recordings": len(cached), "cache_recomputed": distinct_cached,
-            "unequal_tensors": unequal, "digests": digests,
-            "identical": not unequal and len(set(digests.values())) == 1}
 
 
 # --------------------------------------------------------------------------- the whole run

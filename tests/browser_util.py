@@ -305,3 +305,50 @@ def garbled(text: str) -> list[str]:
     """Byte escapes (\\xe6, <0xE6>) and U+FFFD in text, with a little context each."""
     hits = [m.start() for m in BYTE_ESCAPE.finditer(text)] + [i for i, c in enumerate(text) if c == "\ufffd"]
     return [text[max(0, i - 20):i + 20] for i in sorted(hits)]
+
+
+# --------------------------------------------------------------------------- shared by the classroom checks
+PROMPT = "The animal didn't cross the street because it was too tired."
+# views whose main figure must be on a projector's first screen (the labs start from a button)
+CORE_VIEWS = ("tokens", "attention", "norm", "rope", "swiglu", "residual", "predict", "block")
+EXPANDERS = '[data-testid="stMain"] [data-testid="stExpander"] details:not([open]) > summary'
+
+
+# what unfolding changes: open explanations, the main area's size, formulas drawn, fonts loaded
+LAYOUT = """(() => { const m = document.querySelector('[data-testid="stMain"]');
+    return [m.querySelectorAll('details[open]').length, m.scrollHeight, m.scrollWidth,
+            m.querySelectorAll('.katex').length, document.fonts.status].join('|'); })()"""
+
+
+def open_expanders(pg) -> None:
+    """Unfold every explanation (client side only: no script run), so what is inside is checked too; returns once
+    the layout has held still (steady) rather than after a fixed pause."""
+    for s in pg.locator(EXPANDERS).all():
+        if s.is_visible():
+            s.click()
+    steady(pg, LAYOUT, 200)
+
+
+def each_view_drawn(pg):
+    """each_view, with the what-if view showing a comparison (its figures and downloads appear only after one is
+    chosen: the "no causal mask" quick button, found by its widget key, whatever the language)."""
+    for label, view in each_view(pg):
+        if view == "whatif" and not pg.locator('[data-testid="stMain"] .js-plotly-plot').count():
+            pg.locator(".st-key-whatif_q_mask button").click()
+            wait_idle(pg)
+            settle_figures(pg)
+        yield label, view
+
+
+def download(pg, click, what: str, server) -> tuple[str, bytes]:
+    """(file name, bytes) of the download a click starts; an assertion naming what was clicked if none arrives."""
+    try:
+        with pg.expect_download(timeout=120_000) as info:
+            click()
+    except Exception as e:  # noqa: BLE001  (Playwright's TimeoutError; the message says what was clicked)
+        raise AssertionError(f"clicking {what} delivered no file within 120 s ({type(e).__name__}); server log "
+                             f"ends: {server.log.tail(600)}") from None
+    d = info.value
+    assert d.failure() is None, f"{what}: the download failed: {d.failure()}"
+    with open(d.path(), "rb") as f:
+        return d.suggested_filename, f.read()

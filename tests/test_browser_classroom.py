@@ -1,216 +1,28 @@
-"""Issue 11's "Done when", in Debian's Chromium: every download opened, Chinese without byte escapes in every view,
-presenter mode on a 1280×720 projector, 768 px wide pages without clipped formulas, presets landing on their lesson.
+"""Issue 11's "Done when", in Debian's Chromium: Chinese without byte escapes in every view, presenter mode on a
+1280×720 projector, 768 px wide pages without clipped formulas, presets landing on their lesson (every download
+opened: test_browser_downloads.py).
 
 Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); `SCREENSHOT_DIR=docs/screenshots` regenerates the
 README's presenter.png and tokens_zh.png (test_browser.py makes attention.png, rope_zh.png, swiglu_zh.png).
 Every check reads what the browser shows or receives and compares it with the prompt or an independent rule.
-(~460 lines on purpose: the five checks share one server and browser, which is what makes them affordable.)
 """
 from __future__ import annotations
 
-import csv
-import io
 import re
-import struct
-import zipfile
 
 import numpy as np
 import pytest
 
-from browser_util import (browser, each_view, figures, garbled, new_page, open_app, page, query,  # noqa: F401
-                          server, set_prompt, settle_figures, shots_dir, steady, strings, sync_api, view_errors,
-                          wait_idle)
+from browser_util import (CORE_VIEWS, LAYOUT, PROMPT, browser, download, each_view, each_view_drawn,  # noqa: F401
+                          figures, garbled, new_page, open_app, open_expanders, page, query, server, set_prompt,
+                          settle_figures, shots_dir, steady, strings, sync_api, view_errors, wait_idle)
 
 pytestmark = pytest.mark.browser
 
-PROMPT = "The animal didn't cross the street because it was too tired."
 ZH_PROMPT = "\u6df1\u5ea6\u5b66\u4e60\u5f88"  # 深度学习很: 10 SmolLM2 tokens, 9 of them parts of a character
-# views whose main figure must be on a projector's first screen (the labs start from a button)
-CORE_VIEWS = ("tokens", "attention", "norm", "rope", "swiglu", "residual", "predict", "block")
-EXPANDERS = '[data-testid="stMain"] [data-testid="stExpander"] details:not([open]) > summary'
 
 
-# what unfolding changes: open explanations, the main area's size, formulas drawn, fonts loaded
-LAYOUT = """(() => { const m = document.querySelector('[data-testid="stMain"]');
-    return [m.querySelectorAll('details[open]').length, m.scrollHeight, m.scrollWidth,
-            m.querySelectorAll('.katex').length, document.fonts.status].join('|'); })()"""
-
-
-def open_expanders(pg) -> None:
-    """Unfold every explanation (client side only: no script run), so what is inside is checked too; returns once
-    the layout has held still (steady) rather than after a fixed pause."""
-    for s in pg.locator(EXPANDERS).all():
-        if s.is_visible():
-            s.click()
-    steady(pg, LAYOUT, 200)
-
-
-def each_view_drawn(pg):
-    """each_view, with the what-if view showing a comparison (its figures and downloads appear only after one is
-    chosen: the "no causal mask" quick button, found by its widget key, whatever the language)."""
-    for label, view in each_view(pg):
-        if view == "whatif" and not pg.locator('[data-testid="stMain"] .js-plotly-plot').count():
-            pg.locator(".st-key-whatif_q_mask button").click()
-            wait_idle(pg)
-            settle_figures(pg)
-        yield label, view
-
-
-# --------------------------------------------------------------------------- 1. downloads
-NPZ_NAMES = ("token_ids", "logits", "hook_embed")
-NPZ_LAYER_NAMES = ("blocks.{L}.hook_resid_pre", "blocks.{L}.attn.hook_pattern", "blocks.{L}.hook_attn_out",
-                   "blocks.{L}.hook_resid_mid", "blocks.{L}.hook_resid_post")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
-    arrays = np.load(io.BytesIO(data))
-    names = set(arrays.files)
-    wanted = set(NPZ_NAMES) | {n.format(L=L) for n in NPZ_LAYER_NAMES for L in range(n_layers)}
-    assert wanted <= names, f"the .npz lacks recorded names: {sorted(wanted - names)[:8]}"
-    assert arrays["token_ids"].shape[-1] == n_tokens, "the .npz holds another prompt's tokens"
-    pattern = arrays[f"blocks.{n_layers - 1}.attn.hook_pattern"]
-    assert pattern.shape[-2:] == (n_tokens, n_tokens)
-    np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-4)  # softmax rows, independent of the app
-
-
-# layers/queries × the prompt's tokens: one column per token, named like the figures' axes ("8:␣it")
-TOKEN_MATRIX = re.compile(r"attention_L\d+_H\d+_pattern\.csv|rms_divisor_\w+\.csv|residual_norms\.csv")
-FIRST_COLUMNS = {  # file name → the columns its header starts with
-    r"tokens\.csv": ("position", "piece", "id"),
-    r"attention_overview\.csv": ("layer", "head", "kv_head", "entropy_nats"),
-    r"logit_lens\.csv": ("layer", "position", "token", "top_id", "top_token", "probability"),
-    r"rope_theta\.csv": ("pair",),
-    r"rope_angles\.csv": ("position", "0", "1"),
-    r"residual_norms\.csv|rms_divisor_\w+\.csv": ("layer",),
-}
-
-
-def check_csv(name: str, data: bytes, labels: list[str]) -> None:
-    text = data.decode("utf-8-sig")  # a CSV must be UTF-8 (Excel's BOM allowed)
-    rows = list(csv.reader(io.StringIO(text)))
-    assert len(rows) >= 2, f"{name}: no data rows"
-    header = rows[0]
-    assert all(h.strip() for h in header) and len(header) >= 2, f"{name}: header {header!r} has empty columns"
-    assert len(set(header)) == len(header), f"{name}: repeated column names {header!r}"
-    ragged = [i for i, r in enumerate(rows) if len(r) != len(header)]
-    assert not ragged, f"{name}: rows {ragged[:5]} do not have the header's {len(header)} columns"
-    assert not garbled(text), f"{name}: byte escapes or U+FFFD: {garbled(text)[:3]}"
-    assert "nan" not in {c.strip().lower() for r in rows[1:] for c in r}, f"{name}: masked cells written as nan"
-    # a matrix over the prompt's tokens names its columns by the tokens, in order (issue 11 items 2 and 15)
-    file = name.rsplit(" ", 1)[-1]
-    if TOKEN_MATRIX.fullmatch(file):
-        assert header[1:] == labels, f"{name}: columns {header[1:]} are not the prompt's tokens {labels}"
-    for pattern, first in FIRST_COLUMNS.items():
-        if re.fullmatch(pattern, file):
-            assert header[:len(first)] == list(first), f"{name}: header {header} does not start {list(first)}"
-    bare = [re.sub(r"^\d+:", "", v) for v in labels]  # labels without the figure's "position:" prefix
-    cols = [re.sub(r"^\d+:", "", v) for v in header[1:]]
-    if len(cols) >= 2 and set(cols) <= set(bare):
-        assert any(cols == bare[i:i + len(cols)] for i in range(len(bare) - len(cols) + 1)), \
-            f"{name}: token columns {cols} are not the prompt's tokens in order"
-
-
-def check_png(name: str, data: bytes) -> None:
-    assert data[:8] == PNG_SIGNATURE, f"{name}: not a PNG (starts {data[:8]!r})"
-    length, kind = struct.unpack(">I4s", data[8:16])
-    assert kind == b"IHDR" and length == 13, f"{name}: PNG without its IHDR header"
-    width, height = struct.unpack(">II", data[16:24])
-    assert 100 <= width <= 10_000 and 100 <= height <= 10_000, f"{name}: a {width}×{height} PNG is no figure"
-    assert data[-8:-4] == b"IEND", f"{name}: the PNG is truncated (no IEND chunk at its end)"
-
-
-def download(pg, click, what: str, server) -> tuple[str, bytes]:
-    try:
-        with pg.expect_download(timeout=120_000) as info:
-            click()
-    except Exception as e:  # noqa: BLE001  (Playwright's TimeoutError; the message says what was clicked)
-        raise AssertionError(f"clicking {what} delivered no file within 120 s ({type(e).__name__}); server log "
-                             f"ends: {server.log.tail(600)}") from None
-    d = info.value
-    assert d.failure() is None, f"{what}: the download failed: {d.failure()}"
-    with open(d.path(), "rb") as f:
-        return d.suggested_filename, f.read()
-
-
-def open_file(pg, click, what: str, server, labels, n_layers) -> str:
-    """Click, receive the file, open it by its kind; returns its name."""
-    name, data = download(pg, click, what, server)
-    if name.endswith(".csv"):
-        check_csv(f"{what}: {name}", data, labels)
-    elif name.endswith(".npz"):
-        check_npz(data, len(labels), n_layers)
-    elif name.endswith(".png"):
-        check_png(f"{what}: {name}", data)
-    else:
-        raise AssertionError(f"{what} delivered {name}: neither CSV, .npz nor PNG")
-    return name
-
-
-def token_axis(pg) -> list[str]:
-    """The prompt's token labels as the attention view's first square heatmap names them."""
-    for fig in figures(pg):
-        for tr in fig["data"]:
-            if tr.get("type") == "heatmap" and tr.get("x") and tr.get("x") == tr.get("y"):
-                return [str(v) for v in tr["x"]]
-    return []
-
-
-def slider_max(pg, index: int) -> int:
-    return int(pg.locator('[data-testid="stSidebar"] [data-testid="stSlider"] input[type="range"]').nth(index)
-               .get_attribute("max"))
-
-
-def test_every_download_button_delivers_a_file_that_opens(server, page):
-    open_app(page, server, lang="en", view="attention", prompt=PROMPT)
-    settle_figures(page)
-    labels = token_axis(page)
-    assert labels, "the attention view shows no square token × token heatmap"
-    n_layers = slider_max(page, 0) + 1
-    opened: dict[str, list[str]] = {}
-    problems: list[str] = []
-
-    def attempt(view: str, click, what: str, kind: str) -> None:
-        try:
-            name = open_file(page, click, what, server, labels, n_layers)
-        except AssertionError as e:
-            problems.append(str(e).split("\nassert")[0])
-            return
-        if not name.endswith(kind):
-            problems.append(f"{what} delivered {name}, expected a {kind} file")
-        opened.setdefault(view, []).append(name)
-
-    side = page.locator('[data-testid="stSidebar"] [data-testid="stDownloadButton"] button')
-    assert side.count() >= 1, "the sidebar has no download button for the recording"
-    attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
-
-    for label, view in each_view_drawn(page):
-        open_expanders(page)
-        buttons = page.locator('[data-testid="stMain"] [data-testid="stDownloadButton"] button')
-        for i in range(buttons.count()):
-            b = buttons.nth(i)
-            b.scroll_into_view_if_needed()
-            attempt(view, b.click, f"“{b.inner_text().strip()}” in the {label} view", "")
-        plots = page.locator('[data-testid="stMain"] .js-plotly-plot')
-        for i in range(plots.count()):
-            fig = plots.nth(i)
-            fig.scroll_into_view_if_needed()
-            fig.hover()
-            camera = fig.locator('.modebar-btn[data-title="Download plot as a png" i]')
-            camera.wait_for(state="visible", timeout=30_000)
-            attempt(view, camera.click, f"the PNG camera of figure {i} in the {label} view", ".png")
-        if view_errors(page):
-            problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
-    print("downloads opened:", opened)
-    for view in (*CORE_VIEWS, "whatif"):
-        if not any(n.endswith(".png") for n in opened.get(view, [])):
-            problems.append(f"the {view} view delivered no figure PNG")
-    if not any(n.endswith(".csv") for names in opened.values() for n in names):
-        problems.append("no view delivered a CSV")
-    assert not problems, "\n".join(problems)
-
-
-# --------------------------------------------------------------------------- 2. Chinese everywhere
+# --------------------------------------------------------------------------- 1. Chinese everywhere
 FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as issue 11 item 2 names it
 
 
@@ -257,7 +69,7 @@ def test_chinese_prompt_in_every_view_has_no_byte_escape(server, page):
     assert not problems, "\n".join(problems)
 
 
-# --------------------------------------------------------------------------- 3. presenter mode on a projector
+# --------------------------------------------------------------------------- 2. presenter mode on a projector
 MIN_TICK_PX = 14
 FIRST_SCREEN = 720
 VISIBLE_PX = 150  # this much of the main figure must show on the first screen
@@ -314,7 +126,7 @@ def test_presenter_mode_shows_the_main_figure_on_the_first_projector_screen(serv
         pg.context.close()
 
 
-# --------------------------------------------------------------------------- 4. 768 px wide
+# --------------------------------------------------------------------------- 3. 768 px wide
 CLIPPED = """() => {
     const out = [];
     const W = document.documentElement.clientWidth;
@@ -357,7 +169,7 @@ def test_every_view_fits_768_pixels_without_clipped_formulas(server, browser):
         pg.context.close()
 
 
-# --------------------------------------------------------------------------- 5. presets land on their lesson
+# --------------------------------------------------------------------------- 4. presets land on their lesson
 def presets():
     from app.presets import PRESETS
 
