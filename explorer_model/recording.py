@@ -77,11 +77,12 @@ class Recording(Mapping):
     """Read-only mapping hook name -> tensor, plus the token ids, logits and a few per-layer helpers."""
 
     def __init__(self, cfg: ModelConfig, names: list[str], store: dict[str, torch.Tensor],
-                 rotated: dict[int, tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype, rebuilt=()):
+                 rotated: dict[int, tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype,
+                 rebuilt: set[str] | None = None):
         self.cfg = cfg
         self.names = names  # selected hook names, in forward order
         self._store = store
-        self._rebuilt = set(rebuilt)  # names rebuilt on access from their rebuilt_from sources (not stored)
+        self._rebuilt = set() if rebuilt is None else rebuilt  # names rebuilt on access (rebuilt_from), not stored
         self._rotated = rotated  # layer -> (rot_q, rot_k) float32, for derived attention
         self.dtype = dtype
         self.token_ids: torch.Tensor | None = None  # [batch, pos]
@@ -209,8 +210,7 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
         fwd_hooks.append((f"blocks.{layer}.attn.hook_rot_q", keep_rotated(0)))
         fwd_hooks.append((f"blocks.{layer}.attn.hook_rot_k", keep_rotated(1)))
 
-    rec = Recording(model.cfg, selected, store, rotated, dtype)
-    rec._rebuilt = rebuilt  # filled as the hooks run
+    rec = Recording(model.cfg, selected, store, rotated, dtype, rebuilt)  # rebuilt: filled as the hooks run
     with model.hooks(fwd_hooks):
         yield rec
     last.clear()
