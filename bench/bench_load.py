@@ -52,10 +52,10 @@ from load_determinism import determinism  # noqa: E402
 from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
 
 # What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
-# libraries (~0.42 GB after the first page), one recording in flight (~1.1 MB per token of SmolLM2: 66 MB
-# at 60 tokens, 0.56 GB at the shared-mode cap of 512), the working arrays of the page runs in progress,
+# libraries (~0.42 GB after the first page), one recording in flight (~1.07 MiB per token of SmolLM2: 64 MiB
+# at 60 tokens, 0.55 GiB at the shared-mode cap of 512), the working arrays of the page runs in progress,
 # and memory glibc keeps in its per-thread arenas between trims. Measured with 30 visitors on 2 cores
-# (when a recording held 1.6 MB per token): 1.3-1.56 GB over five runs; the bound allows 1.75 GB. It grows with the page runs in progress at once,
+# (when a recording held 1.55 MiB per token): 1.3-1.56 GB over five runs; the bound allows 1.75 GB. It grows with the page runs in progress at once,
 # not with the number of visitors connected.
 OVERHEAD_MB = 1792
 BACKENDS: collections.Counter = collections.Counter()  # visitors per server process (--processes > 1)
