@@ -147,9 +147,6 @@ def estimates(cfg: ModelConfig, n_tokens: int = DEFAULT_TOKENS) -> dict[str, Est
     return {name: estimate(cfg, dt, n_tokens) for name, dt in DTYPES.items()}
 
 
-_DERIVED = re.compile(r"blocks\.\d+\.attn\.hook_(attn_scores|pattern)$")
-
-
 def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.float32,
                     names=None, attention: str = "derived", model_dtype: torch.dtype = torch.float32) -> int:
     """Bytes a recording of the selected hooks (all by default) keeps for one prompt of n_tokens.
@@ -180,7 +177,7 @@ def _quadratic(cfg: ModelConfig, dtype: torch.dtype, names, attention: str, rebu
 
 def _recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype, names, attention: str,
                      rebuilt: bool) -> int:
-    from .recording import rebuildable_names
+    from .recording import _DERIVED, rebuildable_names  # the recorder's own rules: what it rebuilds, not stores
 
     shapes = hook_shapes(cfg, n_tokens)
     selected = meta_model(cfg).select_hooks(None if names is None else list(names))
