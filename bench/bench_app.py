@@ -14,6 +14,10 @@ import os
 import statistics
 import time
 from pathlib import Path
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
@@ -72,6 +76,7 @@ def continuation(at, state, prompt: str, n: int) -> dict:
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     from app import explorer as state
     from app.panels import VIEWS
 

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
@@ -204,6 +207,7 @@ def build(workdir: Path) -> dict:
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="7b,smollm2")
     ap.add_argument("--workdir")

@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 # 28 tokens of SmolLM2: the steps run at 28-36 tokens, around the 30 the issue asks about
 PROMPT = ("In the morning the teacher wrote three equations on the board and asked the class to explain, one student"
           " at a time, how each of them")
@@ -40,6 +43,7 @@ QUIET_S = 1.0  # a step counts as drawn when no long task started for this long 
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()

@@ -25,6 +25,9 @@ from explorer_model.recording import record  # noqa: E402
 from explorer_model.rope import adjacent_to_hf  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 keep_freed_memory()  # as the app and the CLI run
 
 
@@ -127,6 +130,7 @@ def load_times(repeats: int = 3) -> dict:
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="*", default=[256, 1024])
     ap.add_argument("--repeats", type=int, default=5)

@@ -28,6 +28,9 @@ from explorer_model.loaders import load  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
 from explorer_model.sampling import generate  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 keep_freed_memory()  # as the app and the CLI run
 
 PROMPT = "The history of the printing press begins"
@@ -45,6 +48,7 @@ def read_bandwidth(repeats: int = 7) -> float:
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("--new", type=int, default=64, help="tokens generated per run")
     ap.add_argument("--repeats", type=int, default=5)

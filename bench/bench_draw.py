@@ -31,6 +31,9 @@ from app.context import ViewContext, display_piece  # noqa: E402
 from app.panels import VIEWS  # noqa: E402  (imports app.plots, which memoizes the parser)
 from explorer_model.tokenizer.labels import fragment_labels  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 SOURCE = explorer.DEFAULT_SOURCE
 MEMOIZED = B._str_to_dict_path_full
 MODES = {"memoized": MEMOIZED, "plotly": MEMOIZED.__wrapped__}
@@ -46,6 +49,7 @@ def context(text: str) -> ViewContext:
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=4, help="fresh prompts per mode")
     args = ap.parse_args()

@@ -19,6 +19,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -59,6 +62,7 @@ def measure(rec_once, drawers: int, page_ms: float, repeats: int, lane=None, for
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     p = argparse.ArgumentParser()
     p.add_argument("--drawers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=30)

@@ -51,6 +51,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from load_determinism import determinism  # noqa: E402
 from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
+
 # What the server holds besides the weights and the cached recordings: Python, torch, Streamlit and their
 # libraries (~0.42 GB after the first page), one recording in flight (~1.07 MiB per token of SmolLM2: 64 MiB
 # at 60 tokens, 0.55 GiB at the shared-mode cap of 512), the working arrays of the page runs in progress,
@@ -383,6 +386,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    print(machine_line(), file=sys.stderr, flush=True)
     report = run(parse_args(argv))
     print(json.dumps(report, indent=2, ensure_ascii=False))
     return 0 if report["ok"] else 1

@@ -8,9 +8,15 @@ from __future__ import annotations
 import argparse
 
 from cache_key import best  # bench/ is on sys.path when a bench runs as a script
+import sys
+import os
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
+from machine import machine_line  # noqa: E402
 
 
 def main() -> None:
+    print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
