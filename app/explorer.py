@@ -271,8 +271,8 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
 
     def run():
         rec, cache, ident, n = recording(source, ids), result_cache(), _ident(source), len(ids)
-        # Only positions no cached lens holds run; a position's [layers] rows get the bits they get among any rows
-        # (>= 12 rows: stable.py), so the pieces join into exactly the lens computed at once. Cached pieces:
+        # Only positions no cached lens holds run; a position's rows agree with the lens computed at once to within
+        # float32 rounding (other row counts may take other kernels), and its top token with them. Cached pieces:
         # the prompt one token shorter with the same start (a generation step: the new position runs), or this
         # prompt with a narrower window (a wider one asked for: the positions left of it run).
         left = cache.peek(("lens", ident, ids[:-1], int(start))) if n - 1 > start else None

@@ -3,7 +3,7 @@
 model.py's forward is written to be read and hooked: ~700 hook points, a module call per norm and product, Q and K
 rotated separately. For one token that machinery costs about a sixth of a SmolLM2 float32 step, whose real work is
 streaming 538 MB of weights through one-row products. `lean_step` runs the same computation with the same kernels
-(the one-row product of stable.py, the model's own norm modules, apply_rope, scaled_dot_product_attention), so its
+(the one-row product of kernels.py, the model's own norm modules, apply_rope, scaled_dot_product_attention), so its
 logits are bit-identical to the unhooked forward's (tests/test_decode.py), with fewer calls. Q and K are rotated
 in one call (RoPE is elementwise per position and pair).
 
@@ -34,7 +34,7 @@ from torch import nn
 from .export import available_memory
 from .model import KVCache, LlamaModel
 from .rope import apply_rope
-from .stable import _ONE_ROW
+from .kernels import ONE_ROW
 
 _GATHERING = threading.Lock()
 _ALIGN = 16  # floats: each packed tensor starts on a 64-byte boundary, as torch's own allocations do
@@ -43,7 +43,7 @@ _ALIGN = 16  # floats: each packed tensor starts on a 64-byte boundary, as torch
 def lean_applies(model: LlamaModel, cache: KVCache, n_tokens: int) -> bool:
     cfg = model.cfg
     training = torch.is_grad_enabled() and model.embed.weight.requires_grad  # as model.py decides
-    return (n_tokens == 1 and _ONE_ROW is not None and not cache.stable and not training
+    return (n_tokens == 1 and ONE_ROW is not None and not training
             and cfg.norm_placement == "pre" and cfg.ffn_type == "swiglu" and model.dtype == torch.float32
             and not any(hp.fns for hp in model.hook_dict.values()))  # any thread's: hooks are rare, stay exact
 
@@ -164,8 +164,8 @@ def _layers(model: LlamaModel) -> list[_Layer]:
 
 def _product(x: torch.Tensor, products: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor:
     if len(products) == 1:
-        return _ONE_ROW(x, *products[0], "none", [], "")
-    return torch.cat([_ONE_ROW(x, w, b, "none", [], "") for w, b in products], dim=1)
+        return ONE_ROW(x, *products[0], "none", [], "")
+    return torch.cat([ONE_ROW(x, w, b, "none", [], "") for w, b in products], dim=1)
 
 
 def lean_step(model: LlamaModel, token: int, cache: KVCache) -> torch.Tensor:
@@ -174,7 +174,7 @@ def lean_step(model: LlamaModel, token: int, cache: KVCache) -> torch.Tensor:
     The caller checks `lean_applies` first. Every operation below is the one model.py's unhooked forward runs
     for a single position, in the same order, so the logits are the same bits.
     """
-    op, pos = _ONE_ROW, cache.length
+    op, pos = ONE_ROW, cache.length
     cos, sin = model.rope_table(pos, pos + 1)  # [1, d_head / 2]
     x = model.embed.weight[token:token + 1]  # [1, d_model]
     for layer in _layers(model):

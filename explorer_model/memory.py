@@ -201,16 +201,12 @@ def _recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype, names,
 
 
 def forward_flops(cfg: ModelConfig, n_tokens: int) -> int:
-    """Floating-point operations (2 per multiply-add) of a recording's forward over n_tokens, as stable.py runs
-    it: every weight matrix once per row (at least STABLE_ROWS rows; the embedding is a lookup, norms are
-    negligible), and QK^T and pattern·V of each query block of Q_BLOCK rows against the keys up to its end."""
-    from .stable import Q_BLOCK, STABLE_ROWS
-
+    """Floating-point operations (2 per multiply-add) of a recording's forward over n_tokens: every weight matrix
+    once per row (the embedding is a lookup, norms are negligible), and QK^T and pattern·V over all n x n
+    query-key pairs, as the written-out attention computes them (the fused kernel skips part of the masked half)."""
     counts, n = param_counts(cfg), int(n_tokens)
     matrices = counts["attention"] + counts["ffn"] + (counts["embedding"] if cfg.tie_embeddings else counts["output"])
-    blocks = -(-n // Q_BLOCK)
-    pairs = Q_BLOCK * Q_BLOCK * blocks * (blocks + 1) // 2
-    return 2 * max(n, STABLE_ROWS) * matrices + 4 * pairs * cfg.n_heads * cfg.head_dim * cfg.n_layers
+    return 2 * n * matrices + 4 * n * n * cfg.n_heads * cfg.head_dim * cfg.n_layers
 
 
 DEFAULT_FLOPS = 2e10  # until a recording was timed here: SmolLM2 record-all, 4096 tokens: 1.7e12 FLOPs in 61 s

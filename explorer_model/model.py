@@ -21,7 +21,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookedModule, HookPoint
 from .rope import apply_rope, cos_sin, model_inverse_frequencies
-from .stable import Q_BLOCK, pad_to, query_blocks, stable_linear, stable_silu
+from .kernels import linear
 
 
 # --------------------------------------------------------------------------- norms
@@ -78,9 +78,12 @@ def _masked_scores(q: torch.Tensor, k: torch.Tensor, q_offset: int) -> torch.Ten
     # Scores in float32 even for 16-bit weights (no-op for float32), so the softmax sees full-precision logits.
     q, k = q.float(), k.float()
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    n_q, n_k = scores.shape[-2:]
-    future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1 + q_offset)
-    return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill(future_mask(scores.shape[-2], scores.shape[-1], q_offset, scores.device), float("-inf"))
+
+
+def future_mask(n_q: int, n_k: int, q_offset: int, device=None) -> torch.Tensor:
+    """The causal mask, True where a key lies after its query: [n_q, n_k], queries at positions q_offset.."""
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).triu(1 + q_offset)
 
 
 def attention_pattern(scores: torch.Tensor) -> torch.Tensor:
@@ -88,56 +91,31 @@ def attention_pattern(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.float(), dim=-1)
 
 
-# --------------------------------------------------------------------------- prefix-stable attention
-def blocked_attention(rot_q: torch.Tensor, rot_k: torch.Tensor, v: torch.Tensor | None, q_offset: int = 0,
-                      weights: bool = False):
-    """Causal attention computed per query block of Q_BLOCK rows (prefix-stable: see stable.py).
+def fused_attention(rot_q: torch.Tensor, rot_k: torch.Tensor, v: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
+    """z = softmax(QK^T / sqrt(d_head) + mask) V through torch's fused kernel, which never holds the weights.
 
-    rot_q [batch, q_pos, head, d_head] holds positions q_offset.. ; rot_k/v [batch, k_pos, kv_head, d_head] from 0.
-    Returns (z [batch, q_pos, head, d_head] or None without v, scores, pattern) where scores/pattern are the
-    full [batch, head, q_pos, k_pos] tensors if `weights`, else None. The recorder rebuilds derived scores and
-    patterns with this function, so they carry the very bits the model used.
+    rot_q [batch, q_pos, head, d_head] holds positions q_offset..; rot_k, v [batch, k_pos, kv_head, d_head] from 0.
+    Returns z [batch, q_pos, head, d_head]. The same mask as causal_scores: a query after a KV cache sees every
+    cached key and the new ones up to itself.
     """
-    batch, n_q, n_heads, d_head = rot_q.shape
-    n_k = rot_k.shape[1]
-    n_rep = n_heads // rot_k.shape[2]
-    # Keys and values padded to the last block's end and repeated per query head once; each block reads a prefix.
-    end = -(-(q_offset + n_q) // Q_BLOCK) * Q_BLOCK
-    k_all = pad_to(rot_k, end).repeat_interleave(n_rep, dim=2).transpose(1, 2)  # [batch, head, end, d_head]
-    v_all = None if v is None else pad_to(v, end).repeat_interleave(n_rep, dim=2).transpose(1, 2)
-    z = rot_q.new_empty(batch, n_q, n_heads, d_head) if v is not None else None
-    scores_all = pattern_all = None
-    if weights:
-        scores_all = torch.full((batch, n_heads, n_q, n_k), float("-inf"))  # float32, as _masked_scores
-        pattern_all = torch.zeros(batch, n_heads, n_q, n_k)
-    for a0, lo, hi in query_blocks(n_q, q_offset):
-        width = a0 + Q_BLOCK
-        q = rot_q.new_zeros(batch, Q_BLOCK, n_heads, d_head)
-        q[:, lo - a0:hi - a0] = rot_q[:, lo - q_offset:hi - q_offset]
-        scores = _masked_scores(q.transpose(1, 2), k_all[:, :, :width], a0)  # [batch, head, Q_BLOCK, width]
-        pattern = attention_pattern(scores)
-        rows, cols = slice(lo - a0, hi - a0), min(width, n_k)
-        if weights:
-            scores_all[:, :, lo - q_offset:hi - q_offset, :cols] = scores[:, :, rows, :cols]
-            pattern_all[:, :, lo - q_offset:hi - q_offset, :cols] = pattern[:, :, rows, :cols]
-        if v is not None:
-            z_block = torch.matmul(pattern.to(v.dtype), v_all[:, :, :width])  # [batch, head, Q_BLOCK, d_head]
-            z[:, lo - q_offset:hi - q_offset] = z_block[:, :, rows].transpose(1, 2)
-    return z, scores_all, pattern_all
+    n_q, n_k = rot_q.shape[1], rot_k.shape[1]
+    mask = None if n_q == 1 or q_offset == 0 else ~future_mask(n_q, n_k, q_offset)
+    return F.scaled_dot_product_attention(
+        rot_q.transpose(1, 2), rot_k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=q_offset == 0 and n_q > 1, enable_gqa=True,
+    ).transpose(1, 2)
 
 
 class KVCache:
     """Rotated keys and values of the positions seen so far, per layer: [batch, pos, kv_head, d_head].
 
     Buffers grow by doubling and a step writes into them, instead of copying the whole cache every step.
-    `stable=True` makes a forward with this cache use the prefix-stable formulation (see stable.py).
     """
 
-    def __init__(self, n_layers: int, stable: bool = False):
+    def __init__(self, n_layers: int):
         self.k: list[torch.Tensor | None] = [None] * n_layers
         self.v: list[torch.Tensor | None] = [None] * n_layers
         self.lengths = [0] * n_layers
-        self.stable = stable
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n0 = self.lengths[layer]
@@ -185,11 +163,11 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # [batch, head, q_pos, k_pos] softmax, zeros above the diagonal
         self.hook_z = HookPoint()  # [batch, pos, head, d_head] pattern @ V
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, stable: bool = False) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: KVCache | None = None) -> torch.Tensor:
         batch, n_pos, _ = x.shape
-        q = self.hook_q(stable_linear(self.q_proj, x, stable).view(batch, n_pos, self.n_heads, self.d_head))
-        k = self.hook_k(stable_linear(self.k_proj, x, stable).view(batch, n_pos, self.n_kv_heads, self.d_head))
-        v = self.hook_v(stable_linear(self.v_proj, x, stable).view(batch, n_pos, self.n_kv_heads, self.d_head))
+        q = self.hook_q(linear(self.q_proj, x).view(batch, n_pos, self.n_heads, self.d_head))
+        k = self.hook_k(linear(self.k_proj, x).view(batch, n_pos, self.n_kv_heads, self.d_head))
+        v = self.hook_v(linear(self.v_proj, x).view(batch, n_pos, self.n_kv_heads, self.d_head))
         rot_q = self.hook_rot_q(apply_rope(q, cos, sin))
         rot_k = self.hook_rot_k(apply_rope(k, cos, sin))
         q_offset = 0
@@ -197,31 +175,17 @@ class Attention(nn.Module):
             q_offset = cache.layer_length(self.layer)
             rot_k, v = cache.extend(self.layer, rot_k, v)
 
-        wants_weights = self.hook_attn_scores.active or self.hook_pattern.active
-        if wants_weights or (q_offset and n_pos > 1 and not stable):
-            z = pattern = None
-            if stable:  # the weights and z the unhooked pass computes, kept unless a hook replaces them
-                z, scores, pattern = blocked_attention(rot_q, rot_k, v, q_offset, weights=True)
-            else:
-                scores = causal_scores(rot_q, rot_k, q_offset)
-            hooked = self.hook_attn_scores(scores)
-            if hooked is not scores or pattern is None:
-                pattern = attention_pattern(hooked)
-                z = None
-            hooked = self.hook_pattern(pattern)
-            if hooked is not pattern or z is None:
-                v_rep = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2).transpose(1, 2)
-                z = torch.matmul(hooked.to(v.dtype), v_rep).transpose(1, 2)  # [batch, pos, head, d_head]
-        elif stable:
-            z = blocked_attention(rot_q, rot_k, v, q_offset)[0]
+        if self.hook_attn_scores.active or self.hook_pattern.active:
+            # The weights are observed (recorded or changed), so they exist: the equation written out.
+            pattern = self.hook_pattern(attention_pattern(self.hook_attn_scores(causal_scores(rot_q, rot_k, q_offset))))
+            v_rep = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2).transpose(1, 2)
+            z = torch.matmul(pattern.to(v.dtype), v_rep).transpose(1, 2)  # [batch, pos, head, d_head]
         else:
-            # Fused path: nothing asked for the weights, so they need not exist in memory.
-            z = F.scaled_dot_product_attention(
-                rot_q.transpose(1, 2), rot_k.transpose(1, 2), v.transpose(1, 2),
-                is_causal=q_offset == 0 and n_pos > 1, enable_gqa=True,
-            ).transpose(1, 2)
+            # Nothing asks for the weights, so they need not exist in memory (a recording rebuilds them on
+            # access from the rotated Q and K, with causal_scores: recording.py).
+            z = fused_attention(rot_q, rot_k, v, q_offset)
         z = self.hook_z(z)
-        return stable_linear(self.o_proj, z.reshape(batch, n_pos, self.n_heads * self.d_head), stable)
+        return linear(self.o_proj, z.reshape(batch, n_pos, self.n_heads * self.d_head))
 
 
 # --------------------------------------------------------------------------- feed-forward
@@ -242,29 +206,26 @@ class MLP(nn.Module):
             self.hook_pre_linear = HookPoint()  # [batch, pos, d_ff] W_up x
         self.hook_post = HookPoint()  # [batch, pos, d_ff] SiLU(gate) * up, the input of W_down
 
-    def forward(self, x: torch.Tensor, stable: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            act = self.hook_act(stable_silu(self.hook_pre(stable_linear(self.gate_proj, x, stable)), stable))
-            post = self.hook_post(act * self.hook_pre_linear(stable_linear(self.up_proj, x, stable)))
+            act = self.hook_act(F.silu(self.hook_pre(linear(self.gate_proj, x))))
+            post = self.hook_post(act * self.hook_pre_linear(linear(self.up_proj, x)))
         else:
-            post = self.hook_post(self.hook_act(F.relu(self.hook_pre(stable_linear(self.up_proj, x, stable)))))
-        return stable_linear(self.down_proj, post, stable)
+            post = self.hook_post(self.hook_act(F.relu(self.hook_pre(linear(self.up_proj, x)))))
+        return linear(self.down_proj, post)
 
 
 # --------------------------------------------------------------------------- block and model
 class Unembed(nn.Linear):
     """The output matrix; logits come out in float32 whatever the weights' dtype.
 
-    16-bit weights are widened a slice of the vocabulary at a time (4 MB: small enough for the allocator to
-    reuse, so no fresh pages are faulted in per slice), never the whole matrix at once.
+    A 16-bit model multiplies in its own dtype (oneDNN accumulates in float32, the product is rounded to the
+    weights' dtype, as in HF transformers) and the logits are widened afterwards: widening the vocab x d_model
+    matrix on every pass would cost more than the whole product.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if w.dtype == torch.float32 and x.dtype == torch.float32:
-            return F.linear(x, w)
-        x, step = x.float(), max(1, (4 << 20) // (4 * w.shape[1]))
-        return torch.cat([F.linear(x, w[i:i + step].float()) for i in range(0, w.shape[0], step)], dim=-1)
+        return linear(self, x.to(self.weight.dtype)).float()
 
 
 class Block(nn.Module):
@@ -280,16 +241,16 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, stable: bool = False) -> torch.Tensor:
+    def forward(self, x, cos, sin, cache: KVCache | None = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         if self.pre_norm:
-            attn_out = self.hook_attn_out(self.attn(self.ln1(x), cos, sin, cache, stable))
+            attn_out = self.hook_attn_out(self.attn(self.ln1(x), cos, sin, cache))
             h = self.hook_resid_mid(x + attn_out)
-            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(h), stable))
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(h)))
             return self.hook_resid_post(h + mlp_out)
-        attn_out = self.hook_attn_out(self.attn(x, cos, sin, cache, stable))
+        attn_out = self.hook_attn_out(self.attn(x, cos, sin, cache))
         h = self.hook_resid_mid(self.ln1(x + attn_out))
-        mlp_out = self.hook_mlp_out(self.mlp(h, stable))
+        mlp_out = self.hook_mlp_out(self.mlp(h))
         return self.hook_resid_post(self.ln2(h + mlp_out))
 
 
@@ -321,23 +282,15 @@ class LlamaModel(HookedModule):
         return self._inv_freq
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """tokens [batch, pos] -> logits [batch, pos, vocab]. With a cache, positions continue after it.
-
-        Without a cache (and not training) the pass is prefix-stable (see stable.py); a cache is fast unless
-        made with stable=True. Training keeps the fused kernels: its gradients need no bit-stable prefix.
-        """
+        """tokens [batch, pos] -> logits [batch, pos, vocab]. With a cache, positions continue after it."""
         start = 0 if cache is None else cache.length
-        if cache is not None:
-            stable = cache.stable
-        else:
-            stable = not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
         cos, sin = self.rope_table(start, start + tokens.shape[1])  # [pos, d_head/2]
         x = self.hook_embed(self.embed(tokens))
         for block in self.blocks:
-            x = block(x, cos, sin, cache, stable)
+            x = block(x, cos, sin, cache)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.logits(stable_linear(self.unembed, x, stable))
+        return self.logits(self.unembed(x))
 
     def rope_table(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of positions start..end, each [end - start, d_head / 2].

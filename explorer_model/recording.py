@@ -8,8 +8,9 @@ or simply `rec = record(model, tokens)`.
 
 Attention scores and patterns are [head, pos, pos] per layer: at 1024 tokens they would be two thirds of
 a full recording. By default ("derived") the recorder keeps the rotated Q and K they are made of
-(float32, a few MB per layer) and rebuilds scores and pattern on access with the very function the
-model uses (`blocked_attention`), so the values are the ones the model computes. The rotated Q and K of such
+(float32, a few MB per layer) and rebuilds scores and pattern on access with the model's written-out equation
+(`causal_scores`, `attention_pattern`), which the model itself runs whenever its weights are observed; a pass that
+observes none takes the fused kernel, whose z equals pattern @ V to within float32 rounding (tested). The rotated Q and K of such
 a layer are served from that float32 pair (converted on access in a float16 recording, never kept twice).
 `attention="stored"` hooks them directly instead, which forces the explicit attention path.
 
@@ -20,7 +21,8 @@ for bit (an intervention that edits one of them keeps it stored). That is 31 % o
 classroom server's cache holds half as many recordings again.
 
 `extend(model, rec, token_ids, keep)` keeps a prefix of a recording and runs only the new positions with the KV
-cache, bit-identical to recording the whole prompt (see stable.py for why the bits agree).
+cache; it equals recording the whole prompt to within float32 rounding (products of other row counts may take
+other kernels: kernels.py).
 """
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ import numpy as np
 import torch
 
 from .config import ModelConfig
-from .model import KVCache, LlamaModel, blocked_attention
-from .stable import stable_silu
+import torch.nn.functional as F
+
+from .model import KVCache, LlamaModel, attention_pattern, causal_scores
 
 _DERIVED = re.compile(r"blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
 _ROTATED = re.compile(r"blocks\.(\d+)\.attn\.hook_rot_(q|k)$")
@@ -45,9 +48,10 @@ _NORMALIZED = re.compile(r"blocks\.(\d+)\.ln([12])\.hook_normalized$")
 def rebuilt_from(cfg: ModelConfig, name: str) -> tuple[str, ...] | None:
     """The hooks `name` is one elementwise step from, in the model's forward order of arithmetic, or None.
 
-    Elementwise only (SiLU, a product, a sum, a division), so an element's value does not depend on the tensor's
-    length: SiLU through stable_silu, exactly as the model's stable pass computes it. LayerNorm's normalized
-    tensor needs a mean over the row, so it is always stored.
+    Elementwise only (SiLU, a product, a sum, a division) on tensors of the very shapes the forward pass had, so
+    a rebuild in the recording's process runs the same kernel on the same values as the pass did; the recorder
+    also checks each rebuild bit for bit before trusting it. LayerNorm's normalized tensor needs a mean over the
+    row, so it is always stored.
     """
     m = _MLP_ACT.match(name)
     if m and cfg.ffn_type == "swiglu":
@@ -66,7 +70,7 @@ def rebuilt_from(cfg: ModelConfig, name: str) -> tuple[str, ...] | None:
 def rebuild(name: str, sources: list[torch.Tensor]) -> torch.Tensor:
     """`name`'s tensor from its rebuilt_from sources, with MLP.forward's and RMSNorm.forward's arithmetic."""
     if name.endswith(("mlp.hook_act", "mlp.hook_post")):
-        act = stable_silu(sources[0], True)
+        act = F.silu(sources[0])
         return act if name.endswith("hook_act") else act * sources[1]
     *summands, scale = sources
     x = summands[0] if len(summands) == 1 else summands[0] + summands[1]
@@ -95,8 +99,8 @@ class Recording(Mapping):
             return rebuild(name, [self[source] for source in rebuilt_from(self.cfg, name)])
         m = _DERIVED.match(name)
         if m and name in self.names:
-            _, scores, pattern = blocked_attention(*self._rotated[int(m.group(1))], None, weights=True)
-            return (scores if m.group(2) == "attn_scores" else pattern).to(self.dtype)
+            scores = causal_scores(*self._rotated[int(m.group(1))])
+            return (scores if m.group(2) == "attn_scores" else attention_pattern(scores)).to(self.dtype)
         m = _ROTATED.match(name)
         if m and name in self.names and int(m.group(1)) in self._rotated:
             return self._rotated[int(m.group(1))][m.group(2) == "k"].to(self.dtype)
@@ -246,10 +250,11 @@ def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: 
     """`rec`'s first `keep` positions (all by default) plus `token_ids`, which run against those positions' K/V
     taken from the recording: a generation step (one token), or a prompt changed from position `keep` on.
 
-    Equal, hook by hook and bit for bit, to `record(model, rec.token_ids[:keep] + token_ids, rec.names)`: the
-    prefix's activations do not change in a causal model, and the forward passes of both are prefix-stable
-    (stable.py). Needs a float32 recording of one prompt with derived attention that holds
-    every layer's V and rotated K (a full recording does).
+    Equal, hook by hook, to `record(model, rec.token_ids[:keep] + token_ids, rec.names)` to within float32
+    rounding: the prefix's activations do not change in a causal model, but the new positions' products run
+    with other row counts, which a BLAS may sum in another order (tests/test_extend.py states the tolerance).
+    Needs a float32 recording of one prompt with derived attention that holds every layer's V and rotated K
+    (a full recording does).
     """
     cfg = model.cfg
     new = [int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids]
@@ -266,7 +271,7 @@ def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: 
     if not all(0 <= t < cfg.vocab_size for t in new):
         bad = next(t for t in new if not 0 <= t < cfg.vocab_size)
         raise ValueError(f"token id {bad} is outside the vocabulary (0..{cfg.vocab_size - 1})")
-    cache = KVCache(cfg.n_layers, stable=True)
+    cache = KVCache(cfg.n_layers)
     for layer in range(cfg.n_layers):
         rot_k = rec._rotated[layer][1] if layer in rec._rotated else rec._store.get(f"blocks.{layer}.attn.hook_rot_k")
         v = rec._store.get(f"blocks.{layer}.attn.hook_v")

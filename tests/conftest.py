@@ -401,6 +401,26 @@ def _source(obj) -> str:
         return ""
 
 
+def kernels_header() -> str:
+    """Which kernels this run takes (read by test_kernel_matrix.py in its children's output)."""
+    import torch
+
+    return f"kernels: torch {torch.get_num_threads()} threads, capability {torch.backends.cpu.get_cpu_capability()}"
+
+
+def pytest_report_header(config):
+    """The machine this run is on: kernels, and a Python speed probe to scale the suite's time by (a slow
+    2-vCPU Xeon takes 1.1-1.5 s for it)."""
+    lines = [kernels_header()]
+    if not os.environ.get("LLAMA_EXPLORER_NO_PROBE"):
+        import time
+
+        t0 = time.perf_counter()
+        sum(i * i for i in range(10**7))
+        lines.append(f"python speed probe: sum(i*i for i in range(10**7)) took {time.perf_counter() - t0:.2f} s")
+    return lines
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not isinstance(item, pytest.Function):

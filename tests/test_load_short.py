@@ -111,6 +111,7 @@ def bench():
 
 
 @pytest.mark.slow
+@pytest.mark.kernels
 def test_same_prompt_is_bit_identical_across_threads_cache_and_processes(bench):
     from app import explorer
 

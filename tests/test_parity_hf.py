@@ -12,6 +12,8 @@ pytest.importorskip("transformers")
 import explorer_model.loaders as L  # noqa: E402
 from explorer_model.loaders import LoadError  # noqa: E402
 
+pytestmark = pytest.mark.kernels  # rerun under other threads and CPU capabilities: test_kernel_matrix.py
+
 TOL = 1e-4
 
 

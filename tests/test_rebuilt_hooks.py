@@ -8,6 +8,9 @@ from explorer_model import memory
 from explorer_model import recording as R
 from explorer_model.recording import extend, record
 from test_model import TOKENS, tiny_model
+from tolerance import assert_close_recording
+
+pytestmark = pytest.mark.kernels  # rerun under other threads and CPU capabilities: test_kernel_matrix.py
 
 REBUILT = ("ln1.hook_normalized", "mlp.hook_act", "mlp.hook_post", "ln2.hook_normalized")
 
@@ -27,7 +30,7 @@ def expected(cfg, suffixes) -> set[str]:
     return {f"blocks.{layer}.{s}" for layer in range(cfg.n_layers) for s in suffixes}
 
 
-# The tiny model is GQA with d_ff = 80, so 11 positions × 80 is not a multiple of 128: stable_silu's padded path.
+# The tiny model is GQA with d_ff = 80, so 11 positions × 80 is not a multiple of a SIMD block: SiLU has a tail.
 CASES = {
     "pre-norm": (dict(), REBUILT),
     "post-norm": (dict(norm_placement="post"), REBUILT),
@@ -95,4 +98,4 @@ def test_extend_keeps_rebuilding_and_equals_a_fresh_recording():
     grown = extend(model, record(model, ids[:6]), ids[6:])
     fresh = record(model, ids)
     assert grown._rebuilt == fresh._rebuilt == expected(model.cfg, REBUILT)
-    assert [n for n in fresh.names if not torch.equal(grown[n], fresh[n])] == []
+    assert_close_recording(grown, fresh)  # other row counts, other kernels: within float32 rounding

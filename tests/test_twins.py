@@ -100,6 +100,7 @@ def test_twins_load_by_name(twins):
 
 
 @pytest.mark.parametrize("name", TWINS)
+@pytest.mark.kernels
 def test_twin_reproduces_its_recorded_heldout_loss(twins, name):
     lm = twins[name]
     log = read_json(ASSETS / name / "train_log.json")
@@ -125,6 +126,7 @@ TINY = ["--layers", "2", "--d-model", "32", "--heads", "4", "--kv-heads", "2", "
         "--batch", "4", "--steps", "5", "--warmup", "2", "--log-every", "2", "--seed", "7"]
 
 
+@pytest.mark.kernels
 def test_train_tiny_is_deterministic_and_writes_a_loadable_folder(tmp_path, capsys):
     logs = []
     for run in ("a", "b"):

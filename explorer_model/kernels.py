@@ -1,0 +1,38 @@
+"""Which kernel a product takes: the one-row inner product for a decode step (used by model.py and decode.py).
+
+Nothing here promises bits. How a BLAS splits a product between threads, and which kernel it picks for a given
+row count and CPU, are the library's own choices; they change between CPUs, library versions and thread counts.
+So the project states its equalities as tolerances (an extended recording is within float32 rounding of a
+fresh one, tests/test_kernel_matrix.py runs them under several thread counts and CPU capabilities), except where
+one computation is rerun on the same tensors in the same process (a recording's rebuilt hooks: recording.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _one_row_kernel():
+    """oneDNN's inner product, when this torch has it: for one row against a float32 weight read from memory it
+    streams the (unchanged, row-major) weight about a fifth faster than MKL's gemv (bench/bench_decode.py)."""
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+    try:
+        if op is not None and op(torch.ones(1, 2), torch.ones(3, 2), None, "none", [], "").shape == (1, 3):
+            return op
+    except RuntimeError:
+        pass
+    return None
+
+
+ONE_ROW = _one_row_kernel()
+
+
+def linear(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """lin's product with x (its forward need not be nn.Linear's); a single float32 row (a decode step) takes the
+    one-row kernel when this torch has it."""
+    if x.numel() == x.shape[-1] and ONE_ROW is not None and x.dtype == lin.weight.dtype == torch.float32 \
+            and not (torch.is_grad_enabled() and lin.weight.requires_grad):
+        out = ONE_ROW(x.reshape(1, -1), lin.weight, lin.bias, "none", [], "")
+        return out.view(*x.shape[:-1], out.shape[-1])
+    return F.linear(x, lin.weight, lin.bias)

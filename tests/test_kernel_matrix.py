@@ -1,0 +1,73 @@
+"""The kernel-sensitive tests (marker `kernels`) rerun in subprocesses under other thread counts and the CPU
+capabilities torch, oneDNN and MKL let a process lower, so an equality that holds on one CPU's kernels only fails
+here too, not first on a user's machine.
+
+The main run covers this machine's default (its thread count, its best ISA); each configuration below is one
+pytest process. Each child prints a header line with the threads and capability it really ran (conftest.py's
+pytest_report_header), and the parent checks that line, so a setting that did not take effect fails instead of
+passing as a rerun of the default.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOWERED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+CONFIGS = {
+    "1-thread": ({"OMP_NUM_THREADS": "1"}, 1, None),
+    "4-threads": ({"OMP_NUM_THREADS": "4"}, 4, None),
+    "default-isa": ({"OMP_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "default"}, 2, "DEFAULT"),
+    "avx2": ({"OMP_NUM_THREADS": "2", **LOWERED_AVX2}, 2, "AVX2"),
+}
+HEADER = re.compile(r"^kernels: torch (\d+) threads, capability (\S+)", re.M)
+# The slow determinism test spawns server-like processes: once in the main run is enough.
+SELECTION = "kernels and not slow"
+
+
+def kernel_modules() -> list[str]:
+    """The test files that hold `kernels` tests (collecting only these keeps each child short)."""
+    return sorted(str(p) for p in (ROOT / "tests").glob("test_*.py")
+                  if p.name != Path(__file__).name and "pytest.mark.kernels" in p.read_text(encoding="utf-8"))
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", *LOWERED_AVX2, "PYTEST_ADDOPTS")}
+    env.update(extra, OMP_WAIT_POLICY="PASSIVE", LLAMA_EXPLORER_NO_PROBE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("config", CONFIGS)
+def test_kernel_sensitive_tests_pass_under(config):
+    extra, threads, capability = CONFIGS[config]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", SELECTION,
+                          *kernel_modules()], cwd=ROOT, env=child_env(extra), capture_output=True, text=True,
+                         timeout=900)
+    out = run.stdout + run.stderr
+    header = HEADER.search(out)
+    assert header, out[-3000:]
+    assert int(header.group(1)) == threads, header.group(0)
+    if capability is not None:
+        assert header.group(2) == capability, header.group(0)
+    assert run.returncode == 0, f"{config}:\n{out[-4000:]}"
+    assert re.search(r"\b\d+ passed\b", out), out[-2000:]
+
+
+def test_the_header_pattern_reads_what_conftest_prints():
+    from conftest import kernels_header
+
+    line = kernels_header()
+    match = HEADER.search(line)
+    assert match, line
+    import torch
+
+    assert int(match.group(1)) == torch.get_num_threads()
+    assert match.group(2) == torch.backends.cpu.get_cpu_capability()
