@@ -19,11 +19,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOWERED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+# With the main run (this machine's threads and best ISA): 1, 2 and 4 threads, torch's baseline
+# kernels (no SIMD dispatch) and AVX2 everywhere (torch, oneDNN and MKL lowered together).
 CONFIGS = {
     "1-thread": ({"OMP_NUM_THREADS": "1"}, 1, None),
-    "4-threads": ({"OMP_NUM_THREADS": "4"}, 4, None),
-    "default-isa": ({"OMP_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "default"}, 2, "DEFAULT"),
-    "avx2": ({"OMP_NUM_THREADS": "2", **LOWERED_AVX2}, 2, "AVX2"),
+    "4-threads-default-isa": ({"OMP_NUM_THREADS": "4", "ATEN_CPU_CAPABILITY": "default"}, 4, "DEFAULT"),
+    "2-threads-avx2": ({"OMP_NUM_THREADS": "2", **LOWERED_AVX2}, 2, "AVX2"),
 }
 HEADER = re.compile(r"^kernels: torch (\d+) threads, capability (\S+)", re.M)
 # The slow determinism test spawns server-like processes: once in the main run is enough.
@@ -48,7 +49,7 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("config", CONFIGS)
 def test_kernel_sensitive_tests_pass_under(config):
     extra, threads, capability = CONFIGS[config]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", SELECTION,
+    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", "-m", SELECTION,
                           *kernel_modules()], cwd=ROOT, env=child_env(extra), capture_output=True, text=True,
                          timeout=900)
     out = run.stdout + run.stderr
@@ -59,6 +60,12 @@ def test_kernel_sensitive_tests_pass_under(config):
         assert header.group(2) == capability, header.group(0)
     assert run.returncode == 0, f"{config}:\n{out[-4000:]}"
     assert re.search(r"\b\d+ passed\b", out), out[-2000:]
+
+
+def test_the_kernel_modules_are_the_ones_that_compare_kernels_results():
+    assert [Path(p).name for p in kernel_modules()] == [
+        "test_decode.py", "test_extend.py", "test_load_short.py", "test_native_step.py", "test_parity_hf.py",
+        "test_rebuilt_hooks.py", "test_twins.py"]
 
 
 def test_the_header_pattern_reads_what_conftest_prints():
