@@ -131,7 +131,7 @@ def test_fast_decode_keeps_the_greedy_tokens_of_full_recompute_smollm2():
 @pytest.mark.parametrize("keep, n_new", [(1, 1), (3, 9), (STABLE_ROWS, STABLE_ROWS + 3), (20, 1),
                                          (Q_BLOCK - 2, 5), (Q_BLOCK + 3, 10), (5, Q_BLOCK + 1)])
 def test_a_kept_prefix_plus_new_tokens_equals_recording_from_scratch(model, keep, n_new):
-    """A prompt changed from position `keep` on: only the changed positions run (issue 12's SwiGLU view)."""
+    """A prompt changed from position `keep` on: only the changed positions run (the SwiGLU view's replaced token)."""
     ids = ids_for(model.cfg.vocab_size, keep + 6, seed=11)  # the recorded prompt is longer than what is kept
     changed = ids[:keep] + ids_for(model.cfg.vocab_size, n_new, seed=12)
     grown = extend(model, record(model, ids), changed[keep:], keep=keep)
