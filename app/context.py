@@ -51,7 +51,7 @@ class ViewContext:
     def t(self, key: str, zh: str | None = None, **values) -> str:
         """The catalog message `key` in this visitor's language (app/i18n.py), placeholders filled from values.
 
-        (The old inline form t(english, chinese) still works while panels move to the catalogs; the catalog test
+        (The inline form t(english, chinese) returns one of its two texts without a catalog; the catalog test
         fails as long as any remains.)"""
         if zh is not None:
             return zh if self.lang == "zh" else key

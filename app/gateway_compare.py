@@ -1,4 +1,4 @@
-"""Part of the gateway (app/explorer.py re-exports it): compare mode's side B (issue 13). A side is (source, ids,
+"""Part of the gateway (app/explorer.py re-exports it): compare mode's side B. A side is (source, ids,
 specs): specs "" is the plain recording, else the same prompt and model run with what-if interventions (their
 string form, as in the What-if view and the URL); B goes through the gateway's one cache and forward lock."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Part of the gateway (app/explorer.py re-exports it): what a prompt's recording will cost before it runs, the
-refusal of one that cannot fit, and the timed recording with a per-layer progress callback (issue 14)."""
+refusal of one that cannot fit, and the timed recording with a per-layer progress callback."""
 from __future__ import annotations
 
 import time as _time

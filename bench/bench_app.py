@@ -116,7 +116,7 @@ def main() -> None:
     print(json.dumps(report, indent=2))
 
 
-# --------------------------------------------------------------------------- compare mode (issue 13)
+# --------------------------------------------------------------------------- compare mode
 def compare_switches(rounds: int = 3) -> dict:
     """View / layer / head switches with compare mode on (B = the same prompt with one word changed, so every view
     draws A, B and B − A; alone, and with A's own view below) against the same switches in single mode,

@@ -27,7 +27,7 @@ from load_server import free_port, start_server, stop_server, wait_healthy  # no
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 from machine import machine_line  # noqa: E402
 
-# 28 tokens of SmolLM2: the steps run at 28-36 tokens, around the 30 the issue asks about
+# 28 tokens of SmolLM2: the steps run at 28-36 tokens, around a 30-token classroom prompt
 PROMPT = ("In the morning the teacher wrote three equations on the board and asked the class to explain, one student"
           " at a time, how each of them")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

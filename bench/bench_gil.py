@@ -2,7 +2,7 @@
 
 Records a prompt on the default model (a) alone, (b) beside one thread running Python (one page drawing) at
 Python's default 5 ms switch interval and at the gateway's (app/lanes.py), (c) while N threads run Python the way
-page runs draw figures, as the server did before the lane, and (d) with those threads taking turns through the
+page runs draw figures, without the lane, and (d) with those threads taking turns through the
 drawing lane while the recording runs under the gateway's ForwardLock, at the gateway's interval. Each drawing
 "page run" is --page-ms of pure Python. Reports seconds per recording and the ratio to (a), and how many page runs
 the drawers finished meanwhile (the lane must not starve them).

@@ -158,7 +158,7 @@ def cmd_record(args) -> None:
     ids = prompt_ids(loaded, args.prompt, args.token_ids)
     names = args.names or None
     if names and not loaded.model.select_hooks(names):
-        raise CliError(f"no hook point matches {names}; see the README for the names")
+        raise CliError(f"no hook point matches {names}; see docs/hooks.md for the names")
     dtype = torch.float16 if args.float16 else torch.float32
     ivs, source_ids = what_if(loaded, args)
     size = plan(loaded.model, ids, names, dtype)
@@ -259,7 +259,7 @@ def cmd_generate(args) -> None:
         print(args.prompt + loaded.tokenizer.decode(new))
 
 
-# --- train-tiny (issue 4: the Pre-Norm / Post-Norm twins; see explorer_model/lab/train.py) ---
+# --- train-tiny (the Pre-Norm / Post-Norm twins; see explorer_model/lab/train.py) ---
 def cmd_train_tiny(args) -> None:
     from dataclasses import fields
     from pathlib import Path
@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "logits); the compiled decode step runs on one")
     s.set_defaults(fn=cmd_generate)
 
-    # --- train-tiny (issue 4) ---
+    # --- train-tiny ---
     s = sub.add_parser("train-tiny", help="train a tiny Pre-Norm or Post-Norm LLaMA on the shipped corpus")
     s.add_argument("--norm", choices=["pre", "post"], required=True)
     for flag, typ in (("layers", int), ("d-model", int), ("heads", int), ("kv-heads", int), ("d-ff", int),

@@ -8,7 +8,7 @@ One Pre-Norm block (LLaMA):
 The Post-Norm variant (original Transformer) computes h = Norm(x + Attn(x)), y = Norm(h + FFN(h)) and
 has no final norm, since every block output is already normalized.
 
-RoPE rotates adjacent pairs (see rope.py). Hook names and meanings follow TransformerLens; README lists them.
+RoPE rotates adjacent pairs (see rope.py). Hook names and meanings follow TransformerLens; docs/hooks.md lists them.
 """
 from __future__ import annotations
 

@@ -50,8 +50,8 @@ HAPROXY_CFG = Path(__file__).resolve().parents[1] / "docs" / "haproxy.cfg"
 
 
 def haproxy_config(front: int, backends: list[int], address: str = "127.0.0.1") -> str:
-    """docs/haproxy.cfg listening on address:front with one `server` line per process port (README: "More than one
-    process"; bench/bench_load.py --processes and the balancer's browser test run it)."""
+    """docs/haproxy.cfg listening on address:front with one `server` line per process port (docs/classroom.md: "Several
+    processes"; bench/bench_load.py --processes and the balancer's browser test run it)."""
     text = re.sub(r"bind \S*:\d+", f"bind {address}:{front}", HAPROXY_CFG.read_text())
     head = text[:text.index("    server p1 ")]
     return head + "".join(f"    server p{i} 127.0.0.1:{port} check cookie p{i}\n" for i, port in enumerate(backends, 1))
@@ -132,8 +132,8 @@ def haproxy_path() -> str | None:
 def serve_processes(port: int, address: str, url_host: str, env: dict, processes: int) -> None:
     """`serve --processes N`: N app servers on loopback ports, each with its own model, cache and lab worker and
     cores // N torch threads, behind HAProxy on address:port with docs/haproxy.cfg (a visitor stays with one
-    process). One process has one GIL: a second one draws and runs the model beside it (README, "Serving a
-    classroom")."""
+    process). One process has one GIL: a second one draws and runs the model beside it (docs/classroom.md, "Several
+    processes")."""
     exe = haproxy_path()
     if exe is None:
         raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")

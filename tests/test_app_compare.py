@@ -1,4 +1,4 @@
-"""Compare mode (issue 13): every view draws A and B side by side, and B − A where they line up; the figures show
+"""Compare mode: every view draws A and B side by side, and B − A where they line up; the figures show
 what the two recordings hold, computed here independently with torch from recordings made in this process.
 (The link, the switches, presets and downloads: test_app_compare_state.py.)"""
 from __future__ import annotations
@@ -112,7 +112,7 @@ def test_attention_a_b_and_the_difference_are_the_recordings(twins):
 
 
 def test_pre_vs_post_residual_curves_match_the_recordings(twins):
-    """Issue 13's Pre vs Post check: the residual RMS per layer of both twins, computed here from the tensors."""
+    """The Pre vs Post check: the residual RMS per layer of both twins, computed here from the tensors."""
     (_, ra), (_, rb) = twins
     rms_a, rms_b = stream_rms(ra), stream_rms(rb)
     for view, fig_id in (("norm", "compare_norm_stream"), ("normlab", "compare_normlab_stream")):

@@ -1,4 +1,4 @@
-"""Compare mode's state (issue 13): the link holds B and reopens the same comparison, switching view, layer,
+"""Compare mode's state: the link holds B and reopens the same comparison, switching view, layer,
 head or token runs no forward pass, a B that cannot run leaves A on the page, presets land on their lesson, and
 every download holds both sides."""
 from __future__ import annotations

@@ -91,7 +91,7 @@ def test_theta_and_angles(rope_page, reference):
     theta = model_inverse_frequencies(rec.cfg).double().numpy()
     np.testing.assert_allclose(decode(trace(by_id(rope_page, "rope_theta"), "theta_model")["y"]), theta, rtol=1e-7)
     y_axis = by_id(rope_page, "rope_theta")["layout"]["yaxis"]
-    assert y_axis["type"] == "log" and y_axis["dtick"] == 1  # labels at powers of ten only (issue 11.15)
+    assert y_axis["type"] == "log" and y_axis["dtick"] == 1  # labels at powers of ten only
     heat = by_id(rope_page, "rope_angles")["data"][0]
     exact = decode(heat["customdata"])
     np.testing.assert_allclose(exact, np.arange(len(ids))[:, None] * theta[None, :], rtol=1e-9)
@@ -247,7 +247,7 @@ def test_rope_links_to_the_no_rope_whatif():
 
 
 def test_rope_subplot_titles_are_short():
-    """Issue 11.9: every subplot title line fits its column at 768 px wide (12 px text: ≤ 7 px per character),
+    """Every subplot title line fits its column at 768 px wide (12 px text: ≤ 7 px per character),
     and the two rows of arrows leave room for the lower row's titles."""
     at = run_app(view="rope", prompt=PROMPT, layer=2, head=1, token=4)
     at.multiselect(key="rope_pairs").set_value(list(range(8))).run()

@@ -1,4 +1,4 @@
-"""Issue 11's "Done when", in Debian's Chromium: Chinese without byte escapes in every view, presenter mode on a
+"""In Debian's Chromium: Chinese without byte escapes in every view, presenter mode on a
 1280×720 projector, 768 px wide pages without clipped formulas, presets landing on their lesson (every download
 opened: test_browser_downloads.py).
 
@@ -23,7 +23,7 @@ ZH_PROMPT = "\u6df1\u5ea6\u5b66\u4e60\u5f88"  # 深度学习很: 10 SmolLM2 toke
 
 
 # --------------------------------------------------------------------------- 1. Chinese everywhere
-FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as issue 11 item 2 names it
+FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as the token labels name it
 
 
 def test_chinese_prompt_in_every_view_has_no_byte_escape(server, page):
@@ -222,7 +222,7 @@ def sidebar_token_piece(pg) -> str:
 def test_preset_lands_on_its_lesson(server, page, preset):
     if not hasattr(preset, "kind"):
         pytest.fail("presets are not lessons yet: app.presets.PRESETS are (label, label, prompt) tuples without a "
-                    "view or a lesson kind (issue 11 item 10 not on this main)")
+                    "view or a lesson kind")
     from app.i18n import t
 
     open_app(page, server, lang="en", view="tokens", prompt="Hello")

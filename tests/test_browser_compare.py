@@ -1,6 +1,6 @@
 """Compare mode in Chromium: A and B side by side in several views, B chosen in the sidebar, one view in Chinese.
 
-Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); the README's "Compare mode" ones come from
+Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); docs/views.md's "Compare mode" ones come from
 `SCREENSHOT_DIR=docs/screenshots pytest -m browser tests/test_browser_compare.py`.
 """
 from __future__ import annotations

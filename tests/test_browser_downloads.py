@@ -1,4 +1,4 @@
-"""Issue 11's first check, in Debian's Chromium: every download button of every view (the sidebar's recording, each
+"""In Debian's Chromium: every download button of every view (the sidebar's recording, each
 view's CSVs, every figure's PNG camera) delivers a file that opens, and its contents agree with the page: the
 recording's arrays and the CSVs' token axis with the prompt's tokens, a PNG with its signature and size."""
 from __future__ import annotations
@@ -58,7 +58,7 @@ def check_csv(name: str, data: bytes, labels: list[str]) -> None:
     assert not ragged, f"{name}: rows {ragged[:5]} do not have the header's {len(header)} columns"
     assert not garbled(text), f"{name}: byte escapes or U+FFFD: {garbled(text)[:3]}"
     assert "nan" not in {c.strip().lower() for r in rows[1:] for c in r}, f"{name}: masked cells written as nan"
-    # a matrix over the prompt's tokens names its columns by the tokens, in order (issue 11 items 2 and 15)
+    # a matrix over the prompt's tokens names its columns by the tokens, in order
     file = name.rsplit(" ", 1)[-1]
     if TOKEN_MATRIX.fullmatch(file):
         assert header[1:] == labels, f"{name}: columns {header[1:]} are not the prompt's tokens {labels}"

@@ -1,4 +1,4 @@
-"""Issue 10, model files: each class of hostile or careless input, several members each, through the Python API
+"""Model files: each class of hostile or careless input, several members each, through the Python API
 and the CLI. Every refusal is one line naming the problem, the CLI exits with status 2, and nothing is written:
 no weight cache, no recording. Where a damaged cache is involved the answer must be the right one, not a refusal.
 """

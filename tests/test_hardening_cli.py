@@ -1,4 +1,4 @@
-"""Issue 10, the command line and the Python API around it: text that is not text, oversized prompts, odd numbers,
+"""The command line and the Python API around it: text that is not text, oversized prompts, odd numbers,
 closed pipes, out-of-memory, and --out. Each ends in one line and exit status 2, and nothing is written or lost:
 a refused or failed `record` leaves the previous file byte for byte and no temporary beside it.
 """

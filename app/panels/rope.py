@@ -118,7 +118,7 @@ def _arrow(x: float, y: float, colour: str, **kw) -> dict:
 
 def arrows_figure(p: dict, pairs: list[int], t) -> go.Figure:
     rows = (("q", "q", "rot_q"), ("k", "k", "rot_k"))
-    # Short titles (issue 11.9): with up to 8 columns at 768 px wide a title has ~80 px; lengths are in the hover.
+    # Short titles: with up to 8 columns at 768 px wide a title has ~80 px; lengths are in the hover.
     titles = [f"{kind.upper()} · {i}" for kind, _, _ in rows for i in pairs]
     layout = grid_layout(2, len(pairs), titles, hspace=0.04, vspace=0.2, equal=True)
     circle = np.linspace(0, TWO_PI, 73)
@@ -166,7 +166,7 @@ def decay_figure(delta, y, env, t, mark: tuple[int, float] | None) -> go.Figure:
 
 
 def clock_figure(theta: np.ndarray, pairs: list[int], m: int, t) -> go.Figure:
-    # two short lines per title (issue 11.9): six clocks side by side leave ~110 px each at 768 px wide
+    # two short lines per title: six clocks side by side leave ~110 px each at 768 px wide
     titles = [t("rope.clock_sub", i=i, turns=f"{m * theta[i] / TWO_PI:.2g}") for i in pairs]
     layout = grid_layout(1, len(pairs), titles, hspace=0.04, equal=True)
     circle = np.linspace(0, TWO_PI, 73)

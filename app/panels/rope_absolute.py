@@ -1,5 +1,5 @@
 """RoPE view, second part: the original Transformer's sinusoidal position vectors, added to the embedding, beside
-RoPE, which turns only Q and K (issue 15 item 3). Data from explorer_model/analysis/encodings.py on this prompt's
+RoPE, which turns only Q and K. Data from explorer_model/analysis/encodings.py on this prompt's
 recording; W_v (to show what an added position vector does to V) comes from the gateway."""
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def _nice_step(span: float) -> float:
 
 
 def aligned_ranges(y_lo: float, y_hi: float, count_hi: float) -> tuple[list, list, list]:
-    """Ranges of the activation axis and the count axis with zero at the same height (issue 11.15), and count
+    """Ranges of the activation axis and the count axis with zero at the same height, and count
     ticks from zero up only (the part below zero is room, not negative counts)."""
     f = -y_lo / (y_hi - y_lo)  # height of zero as a fraction of the plot
     top = 1.05 * count_hi

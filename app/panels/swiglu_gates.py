@@ -1,4 +1,4 @@
-"""SwiGLU view: a gate keeps, weakens, closes or partly keeps (issue 15 item 5). For the selected token and layer,
+"""SwiGLU view: a gate keeps, weakens, closes or partly keeps. For the selected token and layer,
 every FFN neuron is put into one of four kinds by its recorded gate value g = SiLU(W_gate·n) (hook_act), with
 the thresholds of explorer_model.analysis.ffn (GATE_BOUNDS on |g|), and the neurons with the most at stake
 (largest |up|) shown as examples of each kind."""

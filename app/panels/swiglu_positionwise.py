@@ -1,4 +1,4 @@
-"""SwiGLU view: the FFN is position-wise (issue 15 item 4). Another token of the prompt is replaced (the changed
+"""SwiGLU view: the FFN is position-wise. Another token of the prompt is replaced (the changed
 prompt is recorded through the gateway); per position, the FFN input and output of the two runs are compared, and
 the selected token's FFN output is recomputed from its recorded input alone with the layer's weights."""
 from __future__ import annotations

@@ -75,7 +75,7 @@ def _check_layer(model: LlamaModel, layer: int | None) -> None:
 
 def _check_hook(model: LlamaModel, name: str) -> None:
     if name not in model.hook_dict:
-        raise ValueError(f"no hook point named {name!r} (see the README's hook list)")
+        raise ValueError(f"no hook point named {name!r} (see docs/hooks.md)")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Numbers the app's views draw, computed from a Recording (or logits) and returned as numpy.
 
-The panels in app/panels/ do not import torch; what they used to compute on tensors themselves lives here,
+The panels in app/panels/ do not import torch; what they would otherwise compute on tensors themselves lives here,
 as pure functions that tests can check against the recording independently.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ text), so the probe needs neither the corpus nor a tokenizer and takes a few sec
 """
 from __future__ import annotations
 
-# The lab lives in four modules by concept; this one keeps the old import path working.
+# The lab lives in four modules by concept; this one gathers them under one import path.
 from ..paths import ASSETS  # noqa: F401
 from .probe import (SWEEP_DEPTHS, init_gradients, last_first_ratio, lm_loss, probe,  # noqa: F401
                     profile_ratio, zipf_tokens)

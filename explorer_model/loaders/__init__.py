@@ -76,7 +76,7 @@ def _is_gguf(path: Path) -> bool:
 
 def resolve(source: str | os.PathLike) -> Path:
     """The file or folder a source names (named models included), without checking it."""
-    # --- named shipped twins (issue 4): "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
+    # --- named shipped twins: "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
     from .native import named_path
 
     named = named_path(source) if isinstance(source, str) and not Path(source).exists() else None
@@ -145,7 +145,7 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, d
             from .gguf import load_gguf
 
             fmt, (model, tokenizer, description) = "gguf", load_gguf(path, cache_dir, dtype=dtype)
-        elif is_native(path):  # issue 4: explorer_config.json + model.safetensors + tokenizer.model
+        elif is_native(path):  # the project's own format: explorer_config.json + model.safetensors + tokenizer.model
             from .native import load_native
 
             fmt, (model, tokenizer, description) = "native", load_native(path, dtype)
