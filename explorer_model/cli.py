@@ -420,7 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     # torch's unpickler warns about pickle protocols on the way to refusing a file; the user needs
     # our one line, not its internals.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a refused argument (2, one line) or --help (0): a status, as for every command
+        return e.code if isinstance(e.code, int) else 2
     from .runtime import keep_freed_memory
 
     keep_freed_memory()
