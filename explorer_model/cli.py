@@ -9,9 +9,12 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
+
+from .printable import printable, printable_json
 
 SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
 
@@ -24,6 +27,40 @@ DTYPE_HELP = ("weights' dtype: auto (default: float32 if it fits comfortably, el
 
 class CliError(Exception):
     pass
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl+C, so temporaries are removed on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (no usage dump) and exit status 2, like every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"llama-explorer: error: {printable(message)} (see --help)\n")
+
+
+def number(kind=int, low=None, high=None, what: str = ""):
+    """An argparse type: a finite number of `kind` within [low, high] (NaN, inf, out of range: refused)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {what or 'a number'} {bounds}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+PORT = number(int, 1, 65535, "a port number")
+POSITIVE = number(int, 1, 10**9, "a whole number")
 
 
 def one_line(e: BaseException) -> str:
@@ -107,17 +144,17 @@ def cmd_info(args) -> None:
         "decode_step": _decode_step(loaded.model),
     }
     if args.json:
-        print(json.dumps(info, indent=2, default=str))
+        print(printable_json(info, indent=2, default=str))
         return
-    print(f"{loaded.description}  [{loaded.format}, {loaded.dtype_name}]  loaded in {seconds:.2f} s")
+    print(printable(f"{loaded.description}  [{loaded.format}, {loaded.dtype_name}]  loaded in {seconds:.2f} s"))
     for k, v in info["config"].items():
-        print(f"  {k:<16} {v}")
+        print(printable(f"  {k:<16} {v}"))
     print("parameters:")
     for k, v in info["parameters"].items():
         print(f"  {k:<16} {v:>12,}")
     print(f"KV cache per token: {info['kv_cache_bytes_per_token_fp32']:,} bytes (fp32), "
           f"{info['kv_cache_bytes_per_token_fp16']:,} bytes (fp16)")
-    print(f"decode step: {info['decode_step']}")
+    print(printable(f"decode step: {info['decode_step']}"))
 
 
 def _decode_step(model) -> str:
@@ -139,7 +176,7 @@ def cmd_tokenize(args) -> None:
     tok = loaded.tokenizer
     rows = [{"id": i, "piece": tok.piece(i), "bytes": tok.token_bytes(i).hex(" ")} for i in ids]
     if args.json:
-        print(json.dumps({"ids": ids, "pieces": [r["piece"] for r in rows]}, ensure_ascii=False))
+        print(printable_json({"ids": ids, "pieces": [r["piece"] for r in rows]}))
         return
     for r in rows:
         print(f"{r['id']:>8}  {r['piece']!r:<24} {r['bytes']}")
@@ -163,7 +200,7 @@ def cmd_record(args) -> None:
     ivs, source_ids = what_if(loaded, args)
     size = plan(loaded.model, ids, names, dtype)
     check_fits(size, target)
-    print(f"recording {len(ids)} tokens: {target} will take {gb(size.file_bytes)}", flush=True)
+    print(printable(f"recording {len(ids)} tokens: {target} will take {gb(size.file_bytes)}"), flush=True)
     bar = args.progress or sys.stderr.isatty()
     try:
         with layer_progress(loaded.model, text_progress("recording")) if bar else contextlib.nullcontext():
@@ -175,7 +212,7 @@ def cmd_record(args) -> None:
     except OSError as e:  # disk full, file-size limit, permissions: the previous file is left as it was
         raise CliError(f"cannot write {target}: {e.strerror or one_line(e)}") from None
     changed = f" with {format_list(ivs)}" if ivs else ""
-    print(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {written}")
+    print(printable(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {written}"))
 
 
 def what_if(loaded, args):
@@ -223,8 +260,8 @@ def generation_bar(max_new: int):
 def cmd_generate(args) -> None:
     from .sampling import generate
 
-    if args.max_new_tokens < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
-        raise CliError("need --max-new-tokens >= 0, 0 < --top-p <= 1, --top-k >= 0")
+    if not 0 <= args.max_new_tokens <= 10**6 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
+        raise CliError("need 0 <= --max-new-tokens <= 1000000, 0 < --top-p <= 1, --top-k >= 0")
     t = args.temperature
     if not (t == 0 or (math.isfinite(t) and t >= MIN_TEMPERATURE)):  # logits / 1e-320 overflow to inf, then NaN
         raise CliError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t}")
@@ -254,9 +291,9 @@ def cmd_generate(args) -> None:
     if bar:
         bar.finish()
     if args.json:
-        print(json.dumps({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}, ensure_ascii=False))
-    else:
-        print(args.prompt + loaded.tokenizer.decode(new))
+        print(printable_json({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}))
+    else:  # the text's own lines and tabs stay; a terminal command from the prompt or the model does not
+        print(printable(args.prompt + loaded.tokenizer.decode(new), keep="\n\t"))
 
 
 # --- train-tiny (the Pre-Norm / Post-Norm twins; see explorer_model/lab/train.py) ---
@@ -273,13 +310,13 @@ def cmd_train_tiny(args) -> None:
     out = Path(args.out) if args.out else ASSETS / f"tiny-{tc.norm}"
     log = train_tiny(tc, out, **({"tokenizer_path": Path(args.tokenizer)} if args.tokenizer else {}))
     f = log["final"]
-    print(f"wrote {out}: train loss {f['train_loss']:.3f}, held-out {f['heldout_loss']:.3f} "
-          f"(unigram entropy {log['unigram_entropy_train']:.3f}) in {log['seconds']:.0f} s")
+    print(printable(f"wrote {out}: train loss {f['train_loss']:.3f}, held-out {f['heldout_loss']:.3f} "
+          f"(unigram entropy {log['unigram_entropy_train']:.3f}) in {log['seconds']:.0f} s"))
 # --- end train-tiny ---
 
 
 def cmd_serve(args) -> None:
-    from .serve import haproxy_path, serve
+    from .serve import haproxy_path, port_is_free, serve
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
@@ -287,16 +324,20 @@ def cmd_serve(args) -> None:
         from .memory import DTYPE_ENV
 
         os.environ[DTYPE_ENV] = args.dtype
-    if args.processes < 1:
-        raise CliError(f"--processes {args.processes}: at least 1")
     if args.processes > 1 and haproxy_path() is None:
         raise CliError("--processes needs HAProxy (Debian: apt install haproxy)")
-    serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
-          max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes)
+    address = "0.0.0.0" if args.share else "127.0.0.1"
+    try:  # before anything starts: a port another server holds, or one this user may not open
+        port_is_free(address, args.port)
+    except OSError as e:
+        raise CliError(f"cannot listen on port {args.port}: {e.strerror or one_line(e)}") from None
+    status = serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
+                   max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes)
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llama-explorer", description="See what a LLaMA model does inside.")
+    p = OneLineParser(prog="llama-explorer", description="See what a LLaMA model does inside.")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("info", help="config, parameter counts, KV-cache size")
@@ -330,15 +371,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("generate", help="continue a prompt (KV cache)")
     s.add_argument("source", help=SOURCE_HELP)
     s.add_argument("--prompt", required=True)
-    s.add_argument("--max-new-tokens", type=int, default=32)
+    s.add_argument("--max-new-tokens", type=number(int, 0, 10**6, "a token count"), default=32)
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    s.add_argument("--top-k", type=int, default=0)
+    s.add_argument("--top-k", type=number(int, 0, 10**9, "a token count"), default=0)
     s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--seed", type=number(int, 0, 2**64 - 1, "a seed"), default=None)
     s.add_argument("--json", action="store_true")
     s.add_argument("--progress", action="store_true", help="draw the prompt's pass layer by layer, then the new "
                    "tokens, on stderr (default: when stderr is a terminal)")
-    s.add_argument("--threads", type=int, help="CPU threads for the prompt's pass and the torch decode step "
+    s.add_argument("--threads", type=number(int, 1, 256, "a thread count"), help="CPU threads for the prompt's pass and the torch decode step "
                    "(default 2 on a machine with 4 or more cores, else 1; the count can change the last bits of the "
                    "logits); the compiled decode step runs on one")
     s.set_defaults(fn=cmd_generate)
@@ -346,9 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     # --- train-tiny ---
     s = sub.add_parser("train-tiny", help="train a tiny Pre-Norm or Post-Norm LLaMA on the shipped corpus")
     s.add_argument("--norm", choices=["pre", "post"], required=True)
-    for flag, typ in (("layers", int), ("d-model", int), ("heads", int), ("kv-heads", int), ("d-ff", int),
-                      ("context", int), ("batch", int), ("steps", int), ("warmup", int), ("lr", float),
-                      ("seed", int), ("log-every", int), ("threads", int)):
+    for flag, typ in (("layers", POSITIVE), ("d-model", POSITIVE), ("heads", POSITIVE), ("kv-heads", POSITIVE),
+                      ("d-ff", POSITIVE), ("context", POSITIVE), ("batch", POSITIVE), ("steps", POSITIVE),
+                      ("warmup", number(int, 0, 10**9, "a step count")), ("lr", number(float, 1e-12, 10.0, "a rate")),
+                      ("seed", number(int, 0, 2**32 - 1, "a seed")), ("log-every", POSITIVE),
+                      ("threads", number(int, 1, 256, "a thread count"))):
         s.add_argument(f"--{flag}", type=typ, help="default: see TrainConfig in explorer_model/lab/train.py")
     s.add_argument("--out", help="output folder (default assets/tiny-NORM)")
     s.add_argument("--tokenizer", help="SentencePiece model (default assets/tiny/tokenizer.model)")
@@ -357,15 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="start the explorer app in the browser")
     s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
-    s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--port", type=PORT, default=8501)
     s.add_argument("--share", action="store_true",
                    help="listen on the network for a classroom; visitors pick from a list of models, never a path")
     s.add_argument("--models-dir", help="with --share: a folder whose models (.gguf files, model folders) are offered")
-    s.add_argument("--max-tokens", type=int, help="longest prompt a visitor may run (default 512 shared, 2048 local)")
-    s.add_argument("--cache-mb", type=int, help="memory for cached recordings (default 2048)")
+    s.add_argument("--max-tokens", type=number(int, 1, 10**6, "a token count"), help="longest prompt a visitor may run (default 512 shared, 2048 local)")
+    s.add_argument("--cache-mb", type=number(int, 1, 10**8, "a size in MB"), help="memory for cached recordings (default 2048)")
     s.add_argument("--no-lab", action="store_true",
                    help="switch off the norm lab's training races and gradient probes (computed results still show)")
-    s.add_argument("--processes", type=int, default=1,
+    s.add_argument("--processes", type=number(int, 1, 64, "a process count"), default=1,
                    help="app server processes behind HAProxy on --port (each its own model and cache; needs haproxy)")
     s.set_defaults(fn=cmd_serve)
     for name in ("info", "tokenize", "record", "generate", "serve"):
@@ -377,13 +420,16 @@ def main(argv: list[str] | None = None) -> int:
     # torch's unpickler warns about pickle protocols on the way to refusing a file; the user needs
     # our one line, not its internals.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a refused argument (2, one line) or --help (0): a status, as for every command
+        return e.code if isinstance(e.code, int) else 2
     from .runtime import keep_freed_memory
 
     keep_freed_memory()
     # Our own warnings (e.g. an unwritable weight cache) are one line each, like the errors.
     formatwarning = warnings.formatwarning
-    warnings.formatwarning = lambda message, *_a, **_k: f"llama-explorer: warning: {one_line(Warning(message))}\n"
+    warnings.formatwarning = lambda message, *_a, **_k: f"llama-explorer: warning: {printable(one_line(Warning(message)))}\n"
     try:
         return _run(args)
     finally:
@@ -396,9 +442,15 @@ def _run(args) -> int:
     from .loaders import LoadError
     from .tokenizer import PromptError, TokenizerError
 
+    def stop(signum, _frame):
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        args.fn(args)
+        status = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except Stopped as e:  # what the signal's default action would report, after the cleanups ran
+        return 128 + e.signum
     except (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError) as e:
         return _fail(one_line(e))
     except KeyboardInterrupt:
@@ -413,12 +465,15 @@ def _run(args) -> int:
         return _fail("out of memory; try a shorter prompt, fewer hooks (--names) or a smaller model")
     except Exception as e:  # a case nobody foresaw: still one line (LLAMA_EXPLORER_DEBUG=1 shows the traceback)
         return _unexpected(e)
-    return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return status if isinstance(status, int) else 0
 
 
 def _fail(message: str) -> int:
     # backslashreplace: a path or prompt with bytes that are not UTF-8 is shown escaped, never a second error
-    line = f"llama-explorer: error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    line = f"llama-explorer: error: {printable(message)}".encode("utf-8", "backslashreplace").decode("utf-8")
     print(line, file=sys.stderr)
     return 2
 

@@ -34,6 +34,7 @@ def check_target(out: str | os.PathLike) -> Path:
         path = Path(out).expanduser()
     except RuntimeError:  # ~nosuchuser/...
         raise ExportError(f"{out}: no such user's home folder") from None
+    path = _through_links(path)
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file name inside it, e.g. {path / 'recording.npz'}")
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):
@@ -43,16 +44,35 @@ def check_target(out: str | os.PathLike) -> Path:
     return path
 
 
+def _through_links(path: Path) -> Path:
+    """Where a symbolic link leads: its target is written (the link stays a link). A link into /proc or /dev/fd
+    (`--out /dev/stdout`) names a stream, not a file, and is refused: renaming over it would replace the link."""
+    hop = path
+    for _ in range(40):  # the kernel's own limit on links in a row
+        if not hop.is_symlink():
+            return Path(os.path.realpath(path))
+        hop = Path(os.path.join(hop.parent, os.readlink(hop)))
+        if str(hop).startswith(("/proc/", "/dev/fd/")) or str(hop) in ("/proc", "/dev/fd"):
+            raise ExportError(f"{path} leads to a stream ({hop}), not a file; give a file name")
+    raise ExportError(f"{path}: too many symbolic links")
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path):
     """Yield a temporary path beside `path`; on success it replaces `path` in one rename, on any failure it is
-    removed and `path` is untouched."""
+    removed and `path` is untouched. Temporaries of earlier writers that died (SIGKILL) are removed first; the
+    rename never replaces a symbolic link or anything but a regular file."""
+    from .loaders.gguf import remove_stale_temporaries
+
+    remove_stale_temporaries(path.parent, path.name)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     # Over a file-size limit (ulimit -f) the kernel sends SIGXFSZ, which kills the process; ignored, the
     # write fails with EFBIG instead and is reported like a full disk.
     old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN) if hasattr(signal, "SIGXFSZ") else None
     try:
         yield tmp
+        if path.is_symlink() or (path.exists() and not stat.S_ISREG(path.lstat().st_mode)):
+            raise ExportError(f"{path} is no longer a regular file; nothing was replaced")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -2,6 +2,8 @@
 shared. The app (app/main.py) runs in the Streamlit subprocess; this module never imports it."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -12,6 +14,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .printable import printable
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"  # run as a script: never imported here
 
@@ -106,15 +110,83 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
         if hosts == ["127.0.0.1"]:
             print("No network interface with an address was found: only this machine can open the page.", flush=True)
         print("Shared mode: visitors choose from the default model, the shipped teaching models"
-              + (f" and the models in {models_dir}" if models_dir else "") + "; they cannot load paths.", flush=True)
+              + (f" and the models in {printable(models_dir)}" if models_dir else "") + "; they cannot load paths.",
+              flush=True)
     env = server_env(share, models_dir, max_tokens, cache_mb, lab)
+    if processes > 1:
+        return serve_processes(port, address, hosts[0], env, processes)
+    return supervise([streamlit_command(port, address, hosts[0])], [env], restart=False)
+
+
+def port_is_free(address: str, port: int) -> None:
+    """Raises OSError (EADDRINUSE, EACCES) when a server could not listen on address:port now."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a TIME_WAIT port is free
+        s.bind((address, port))
+
+
+def _die_with_parent() -> None:
+    """In a child, before it runs: Linux sends it SIGTERM when the process that started it dies, even by
+    SIGKILL, so no server outlives `serve`. Elsewhere nothing is done (the signal handlers still stop it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start(command: list[str], env: dict | None) -> subprocess.Popen:
+    return subprocess.Popen(command, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+
+RESTARTS_PER_MINUTE = 5  # a backend that dies faster than this is broken, not unlucky: stop and say so
+
+
+def say(line: str) -> None:
+    print(f"llama-explorer: {printable(line)}", file=sys.stderr, flush=True)
+
+
+def supervise(commands: list[list[str]], envs: list[dict | None], restart: bool) -> int:
+    """Run every command until SIGTERM, SIGHUP or SIGINT, then stop them all and return 128 + the signal.
+    With `restart`, a process that dies is started again (one line on stderr each time), at most
+    RESTARTS_PER_MINUTE times a minute; without, or beyond that, everything stops and the status is 1."""
+    procs = [start(c, e) for c, e in zip(commands, envs)]
+    stopping: list[int] = []
+    restarts: list[float] = []
+    status = 0
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
-        if processes > 1:
-            serve_processes(port, address, hosts[0], env, processes)
-        else:
-            subprocess.run(streamlit_command(port, address, hosts[0]), env=env, check=False)
-    except KeyboardInterrupt:
-        pass
+        while not stopping and not status:
+            for i, p in enumerate(procs):
+                code = p.poll()
+                if code is None or stopping:
+                    continue
+                name = Path(commands[i][0]).name if commands[i][1:2] != ["-c"] else f"app server {i + 1}"
+                restarts = [t for t in restarts if time.monotonic() - t < 60]
+                if not restart or len(restarts) >= RESTARTS_PER_MINUTE:
+                    say(f"error: {name} stopped with exit status {code}"
+                        + (f" after {len(restarts)} restarts in a minute" if restart else ""))
+                    status = 1
+                    break
+                restarts.append(time.monotonic())
+                say(f"{name} stopped with exit status {code}; restarting it ({len(restarts)} in the last minute)")
+                procs[i] = start(commands[i], envs[i])
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.terminate()
+        deadline = time.monotonic() + 15
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 + stopping[0] if stopping else status
 
 
 def free_port() -> int:
@@ -129,11 +201,11 @@ def haproxy_path() -> str | None:
     return exe if Path(exe).exists() else None
 
 
-def serve_processes(port: int, address: str, url_host: str, env: dict, processes: int) -> None:
+def serve_processes(port: int, address: str, url_host: str, env: dict, processes: int) -> int:
     """`serve --processes N`: N app servers on loopback ports, each with its own model, cache and lab worker and
     cores // N torch threads, behind HAProxy on address:port with docs/haproxy.cfg (a visitor stays with one
     process). One process has one GIL: a second one draws and runs the model beside it (docs/classroom.md, "Several
-    processes")."""
+    processes"). A process that dies is restarted; HAProxy's health checks send visitors to the others meanwhile."""
     exe = haproxy_path()
     if exe is None:
         raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")
@@ -143,18 +215,5 @@ def serve_processes(port: int, address: str, url_host: str, env: dict, processes
     with tempfile.TemporaryDirectory(prefix="llama_explorer_haproxy_") as tmp:
         cfg = Path(tmp) / "haproxy.cfg"
         cfg.write_text(haproxy_config(port, ports, address))
-        procs = [subprocess.Popen(streamlit_command(p, "127.0.0.1", url_host), env=each) for p in ports]
-        procs.append(subprocess.Popen([exe, "-db", "-f", str(cfg)]))
-        stop = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        try:
-            while all(p.poll() is None for p in procs):
-                time.sleep(0.5)
-        finally:
-            signal.signal(signal.SIGTERM, stop)
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        commands = [streamlit_command(p, "127.0.0.1", url_host) for p in ports] + [[exe, "-db", "-f", str(cfg)]]
+        return supervise(commands, [each] * processes + [None], restart=True)

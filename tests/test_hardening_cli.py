@@ -261,3 +261,125 @@ def test_file_size_limit_keeps_the_previous_file(previous):
                        preexec_fn=limit)
     one_line(r.returncode, r.stderr, "cannot write", "too large")
     untouched(previous)
+
+
+# --------------------------------------------------------------------------- every numeric argument
+BAD_NUMBERS = [["serve", "--port", "99999"], ["serve", "--port", "-1"], ["serve", "--port", "0"],
+               ["serve", "--max-tokens", "-5"], ["serve", "--max-tokens", "0"], ["serve", "--cache-mb", "0"],
+               ["serve", "--cache-mb", "nan"], ["serve", "--processes", "0"], ["serve", "--processes", "10**9"],
+               ["generate", "tiny-pre", "--prompt", "a", "--max-new-tokens", "1000000000000"],
+               ["generate", "tiny-pre", "--prompt", "a", "--top-k", "-1"],
+               ["train-tiny", "--norm", "pre", "--steps", "-1"], ["train-tiny", "--norm", "pre", "--lr", "nan"],
+               ["train-tiny", "--norm", "pre", "--lr", "inf"], ["train-tiny", "--norm", "pre", "--layers", "0"],
+               ["train-tiny", "--norm", "pre", "--batch", "99999999999"],
+               ["train-tiny", "--norm", "pre", "--threads", "0"], ["train-tiny", "--norm", "pre", "--warmup", "-3"]]
+
+
+def refused_before_starting(args, *needles):
+    """In its own process (a server that starts anyway must not outlive the test): one line, exit 2, promptly."""
+    proc = subprocess.Popen([sys.executable, "-m", "explorer_model.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        pytest.fail(f"{args} started instead of being refused")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    one_line(proc.returncode, err.decode(), *needles)
+    assert b"open http" not in out
+
+
+@pytest.mark.parametrize("args", BAD_NUMBERS, ids=" ".join)
+def test_every_numeric_argument_is_checked(args):
+    refused_before_starting(args, args[-2])
+
+
+def test_serve_on_a_port_in_use():
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        refused_before_starting(["serve", "--port", str(held.getsockname()[1])], "in use")
+
+
+# --------------------------------------------------------------------------- outside text is printed escaped
+def test_control_characters_from_files_and_arguments_are_escaped(tmp_path):
+    import gguf
+
+    from conftest import hf_model, write_gguf
+
+    evil = "\x1b[2J\x1b]0;owned\x07\nfake line\x9b"
+    add_name = gguf.GGUFWriter.add_name
+    gguf.GGUFWriter.add_name = lambda self, _name: add_name(self, evil)
+    try:
+        path = write_gguf(hf_model("gqa"), tmp_path / "m.gguf")
+    finally:
+        gguf.GGUFWriter.add_name = add_name
+    out = tmp_path / "r\x1b[31m\nx.npz"
+    for args in (["info", str(path)], ["info", str(path), "--json"],
+                 ["record", str(path), "--prompt", "hi", "--names", "hook_embed", "--out", str(out)],
+                 ["record", str(path), "--prompt", "hi", "--out", str(tmp_path / "no\x1b[2J" / "r.npz")]):
+        r = run(args)
+        text = (r.stdout + r.stderr).decode()
+        assert not set(text) & {"\x1b", "\x07", "\x9b"}, (args, text)
+        assert "fake line" not in text.splitlines() and "x.npz" not in text.splitlines(), text
+    assert "\\x1b[2J" in run(["info", str(path)]).stdout.decode()
+
+
+# --------------------------------------------------------------------------- links, signals and stale temporaries
+def test_out_through_a_link_to_stdout_is_refused(tmp_path):
+    link = tmp_path / "out.npz"
+    link.symlink_to("/proc/self/fd/1")
+    with open(tmp_path / "f.npz", "wb") as f:
+        r = subprocess.run([sys.executable, "-m", "explorer_model.cli", "record", "tiny-pre", "--prompt", "hi",
+                            "--out", str(link)], stdout=f, stderr=subprocess.PIPE, env=ENV, timeout=180)
+    one_line(r.returncode, r.stderr.decode(), "stream")
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
+
+
+def test_out_through_a_link_to_a_file_writes_the_file(tmp_path, capsys):
+    real = tmp_path / "real.npz"
+    real.write_bytes(b"old")
+    link = tmp_path / "link.npz"
+    link.symlink_to(real)
+    assert cli.main(["record", "tiny-pre", "--prompt", "hi", "--names", "hook_embed", "--out", str(link)]) == 0
+    assert link.is_symlink() and "hook_embed" in np.load(real).files
+
+
+@pytest.mark.parametrize("sig", [15, 1], ids=["SIGTERM", "SIGHUP"])
+def test_signal_during_record_leaves_no_temporary(tmp_path, sig):
+    out = tmp_path / "r.npz"
+    ids = ",".join(str(10 + i % 900) for i in range(400))
+    proc = subprocess.Popen([sys.executable, "-m", "explorer_model.cli", "record", "smollm2", "--token-ids", ids,
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    try:
+        import time
+
+        deadline = time.time() + 240
+        while not list(tmp_path.glob(".r.npz.*.tmp")):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_stale_temporaries_of_dead_writers_are_swept(tmp_path, capsys):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = tmp_path / f".r.npz.{dead.pid}.tmp", tmp_path / f".r.npz.{os.getppid()}.tmp"  # a live writer
+    other = tmp_path / f".other.npz.{dead.pid}.tmp"  # another file's: not this run's business
+    for f in (stale, live, other):
+        f.write_bytes(b"half a recording")
+    assert cli.main(["record", "tiny-pre", "--prompt", "hi", "--names", "hook_embed",
+                     "--out", str(tmp_path / "r.npz")]) == 0
+    assert not stale.exists() and live.exists() and other.exists()

@@ -293,11 +293,11 @@ def read_cache(file: Path):
 _TMP = re.compile(r"\..+\.(\d+)\.tmp")
 
 
-def remove_stale_temporaries(root: Path) -> None:
-    """Temporaries left by a first load that was killed mid-write (one per model, 4 bytes a parameter):
-    any whose writer process is gone."""
+def remove_stale_temporaries(root: Path, name: str | None = None) -> None:
+    """Temporaries `.<name>.<pid>.tmp` left by a writer that was killed mid-write (a first load: one per model,
+    4 bytes a parameter; a recording; a compile): any whose writer process is gone. `name`: only that file's."""
     with contextlib.suppress(OSError):
-        for tmp in root.glob(".*.tmp"):
+        for tmp in root.glob(f".{glob.escape(name)}.*.tmp" if name else ".*.tmp"):
             m = _TMP.fullmatch(tmp.name)
             if m and not _alive(int(m.group(1))):
                 tmp.unlink(missing_ok=True)
