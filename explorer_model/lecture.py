@@ -268,6 +268,8 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict
                 bad("from_lesson", k)
     kind = (lessons or {}).get(lesson) if isinstance(lesson, str) else None
     names = LESSON_VALUES.get(kind, ()) if kind else ()
+    if lessons is None and isinstance(lesson, str):
+        names = None  # the presets are not known here (the CLI): only the braces are checked
     caption = s.get("caption")
     if isinstance(caption, dict):
         for lang in LANGS:
@@ -281,7 +283,7 @@ def _check_placeholders(text: str, names, i, name, problems) -> None:
     if "{" in rest or "}" in rest:
         problems.append(Problem("braces", i, name, {"mark": "{name}", "escape": "{{ / }}"}))
     for m in PLACEHOLDER.finditer(text):
-        if m.group(1) and m.group(1) not in names:
+        if m.group(1) and names is not None and m.group(1) not in names:
             problems.append(Problem("placeholder", i, name, {"name": m.group(1),
                                                               "allowed": ", ".join(names) or "-"}))
 

@@ -80,7 +80,7 @@ def lan_addresses() -> list[str]:
 
 
 def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
-               cache_mb: int | None = None, lab: bool = True) -> dict[str, str]:
+               cache_mb: int | None = None, lab: bool = True, lecture: str | None = None) -> dict[str, str]:
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), LLAMA_EXPLORER_WARM_UP="1")
     if not lab:
         env["LLAMA_EXPLORER_LAB"] = "0"
@@ -92,11 +92,14 @@ def server_env(share: bool = False, models_dir: str | None = None, max_tokens: i
         env["LLAMA_EXPLORER_MAX_TOKENS"] = str(max_tokens)
     if cache_mb:
         env["LLAMA_EXPLORER_CACHE_MB"] = str(cache_mb)
+    if lecture:  # app/lecture_player.py opens it for every new visitor
+        env["LLAMA_EXPLORER_LECTURE"] = str(Path(lecture).expanduser().resolve())
     return env
 
 
 def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models_dir: str | None = None,
-          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1) -> None:
+          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1,
+          lecture: str | None = None) -> None:
     address = "0.0.0.0" if share else "127.0.0.1"
     query = "" if source == "smollm2" else f"?model={source}"
     hosts = (lan_addresses() if share else []) or ["127.0.0.1"]
@@ -107,7 +110,7 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
             print("No network interface with an address was found: only this machine can open the page.", flush=True)
         print("Shared mode: visitors choose from the default model, the shipped teaching models"
               + (f" and the models in {models_dir}" if models_dir else "") + "; they cannot load paths.", flush=True)
-    env = server_env(share, models_dir, max_tokens, cache_mb, lab)
+    env = server_env(share, models_dir, max_tokens, cache_mb, lab, lecture)
     try:
         if processes > 1:
             serve_processes(port, address, hosts[0], env, processes)

@@ -136,3 +136,26 @@ def test_shipped_lectures_are_valid_and_their_captions_hold_no_typed_numbers():
             for lang in L.LANGS:  # a number in a caption comes from the model, through a placeholder
                 text = L.PLACEHOLDER.sub("", step["caption"][lang])
                 assert not any(c.isdigit() for c in text), (path.name, i, lang)
+
+
+def test_serve_lecture_passes_the_file_to_the_server(monkeypatch, tmp_path):
+    from explorer_model import cli
+
+    seen = {}
+    monkeypatch.setattr("explorer_model.serve.subprocess.run", lambda cmd, env, check: seen.update(env=env))
+    shipped = ROOT / "assets" / "lectures" / "tutorial-000.toml"
+    assert cli.main(["serve", "--port", "8599", "--lecture", str(shipped)]) in (0, None)
+    assert seen["env"]["LLAMA_EXPLORER_LECTURE"] == str(shipped.resolve())
+
+
+def test_serve_refuses_a_lecture_with_mistakes_in_one_line(monkeypatch, tmp_path, capsys):
+    from explorer_model import cli
+
+    monkeypatch.setattr("explorer_model.serve.subprocess.run", lambda *a, **k: pytest.fail("server started"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(lecture_text('layer = "x"\nmodel = "/etc/passwd"'), encoding="utf-8")
+    assert cli.main(["serve", "--lecture", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step 1, layer: must be a whole number" in err[0] and "(and 1 more)" in err[0]
+    assert cli.main(["serve", "--lecture", str(tmp_path / "none.toml")]) == 2
+    assert "No such file" in capsys.readouterr().err
