@@ -176,10 +176,11 @@ def bar():
     step = steps[i]
     with st.container(border=True, key="lecture_bar"):
         left, mid, right = st.columns([1, 6, 1], vertical_alignment="center")
-        left.button(tr("lecture.previous"), key="lecture_prev", on_click=_move, args=(-1,), disabled=i == 0,
-                    use_container_width=True)
-        right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,), disabled=i == len(steps) - 1,
-                     use_container_width=True)
+        if not ss.get("room_following"):  # a follower's step is the presenter's (app/room_follow.py)
+            left.button(tr("lecture.previous"), key="lecture_prev", on_click=_move, args=(-1,), disabled=i == 0,
+                        use_container_width=True)
+            right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,),
+                         disabled=i == len(steps) - 1, use_container_width=True)
         mid.markdown(tr("lecture.counter", i=i + 1, n=len(steps), lecture=plain(_lang_text(ss["lecture"]["title"]))))
         st.subheader(plain(_lang_text(step.get("title"))), anchor=False)
         if ss.get("lecture_missing"):
@@ -188,7 +189,8 @@ def bar():
         text = _lang_text(step.get("caption"))
         if text and not any(m.group(1) for m in L.PLACEHOLDER.finditer(text)):
             slot.markdown(_plain_lines(L.fill(text, {})))
-    keyboard()
+    if not ss.get("room_following"):
+        keyboard()
     return slot
 
 

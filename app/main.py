@@ -13,7 +13,7 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, explorer, lecture_editor, lecture_player, prompt_cost
+from app import compare, explorer, lecture_editor, lecture_player, prompt_cost, room_follow
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -125,8 +125,10 @@ def main() -> None:
     side.apply_pending()
     read_url_once()
     lecture_player.start()  # a lecture link's (or `serve --lecture`'s) step, before the widgets exist
+    room_follow.sync()  # shared server: the presenter writes the room's step, followers take it
     page_top()
     lecture_slot = lecture_player.bar()
+    room_follow.controls()
     lecture_editor.editor()
     facts = side.choose_model()
     if facts is not None:

@@ -97,6 +97,16 @@ def server_env(share: bool = False, models_dir: str | None = None, max_tokens: i
     return env
 
 
+def room_env(port: int) -> dict[str, str]:
+    """A shared server's room (explorer_model/room.py): its SQLite file in the server's runtime folder (kept across
+    restarts) and a fresh secret key for the presenter's link."""
+    import secrets
+
+    from .room import ROOM_DB_ENV, ROOM_KEY_ENV, runtime_dir
+
+    return {ROOM_DB_ENV: str(runtime_dir(port) / "room.sqlite3"), ROOM_KEY_ENV: secrets.token_urlsafe(18)}
+
+
 def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models_dir: str | None = None,
           max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1,
           lecture: str | None = None) -> None:
@@ -111,6 +121,10 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
         print("Shared mode: visitors choose from the default model, the shipped teaching models"
               + (f" and the models in {models_dir}" if models_dir else "") + "; they cannot load paths.", flush=True)
     env = server_env(share, models_dir, max_tokens, cache_mb, lab, lecture)
+    if share:
+        env.update(room_env(port))
+        print(f"Presenter link (keep it to yourself: it moves every student's page): "
+              f"http://{hosts[0]}:{port}/?room_key={env['LLAMA_EXPLORER_ROOM_KEY']}&presenter=1", flush=True)
     try:
         if processes > 1:
             serve_processes(port, address, hosts[0], env, processes)

@@ -159,3 +159,17 @@ def test_serve_refuses_a_lecture_with_mistakes_in_one_line(monkeypatch, tmp_path
     assert len(err) == 1 and "step 1, layer: must be a whole number" in err[0] and "(and 1 more)" in err[0]
     assert cli.main(["serve", "--lecture", str(tmp_path / "none.toml")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_serve_share_prints_a_presenter_link_with_the_rooms_secret_key(monkeypatch, capsys, tmp_path):
+    from explorer_model import cli
+
+    seen = {}
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr("explorer_model.serve.subprocess.run", lambda cmd, env, check: seen.update(env=env))
+    assert cli.main(["serve", "--share", "--port", "8598"]) in (0, None)
+    key = seen["env"]["LLAMA_EXPLORER_ROOM_KEY"]
+    assert len(key) >= 20 and f"?room_key={key}&presenter=1" in capsys.readouterr().out
+    assert seen["env"]["LLAMA_EXPLORER_ROOM_DB"].startswith(str(tmp_path))
+    cli.main(["serve", "--share", "--port", "8598"])
+    assert seen["env"]["LLAMA_EXPLORER_ROOM_KEY"] != key  # a new key for every start; the room's file stays
