@@ -12,7 +12,10 @@ State (st.session_state):
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import threading
 from pathlib import Path
 
 import streamlit as st
@@ -25,6 +28,9 @@ from explorer_model import lecture as L
 from explorer_model.paths import ASSETS
 
 SHIPPED = ASSETS / "lectures"
+log = logging.getLogger("llama_explorer.lecture")
+_PREPARED: set[str] = set()
+_PREPARED_LOCK = threading.Lock()
 LECTURE_ENV = "LLAMA_EXPLORER_LECTURE"  # set by `serve --lecture FILE`
 
 
@@ -62,8 +68,51 @@ def open_lecture(data: bytes, name: str | None) -> bool:
         return False
     st.session_state.pop("lecture_problems", None)
     st.session_state.update(lecture={"title": lecture.title, "steps": lecture.steps}, lecture_name=name)
+    prepare(data, lecture.steps)
     go(0)
     return True
+
+
+def prepare(data: bytes, steps: list[dict]) -> None:
+    """On a server, once per lecture file: every step's recording (and lesson target) computed in the background
+    through the gateway, so each step opens from the cache when the lecturer gets there."""
+    from app.settings import warm_up_enabled
+
+    digest = hashlib.sha256(data).hexdigest()
+    with _PREPARED_LOCK:
+        if digest in _PREPARED or not warm_up_enabled():  # a server `serve` started, not AppTest
+            return
+        _PREPARED.add(digest)
+
+    def run() -> None:
+        for step in steps:
+            try:
+                _prepare_step(step)
+            except Exception:  # the step says what is wrong when it is opened
+                log.info("preparing a lecture step failed", exc_info=True)
+    threading.Thread(target=run, daemon=True, name="lecture-prepare").start()
+
+
+def _prepare_step(step: dict) -> None:
+    preset = BY_KEY.get(step.get("lesson"))
+    source = dict(preset.args).get("model_pick", step.get("model")) if preset else step.get("model")
+    source = source or explorer.DEFAULT_SOURCE
+    if source not in explorer.offered_models():
+        return
+    facts, _ = explorer.try_load(source)
+    if facts is None:
+        return
+    if "ids" in step:
+        body = list(step["ids"])
+    else:
+        body, _ = explorer.encode_prompt(source, preset.prompt if preset else step.get("prompt", ""),
+                                         min(explorer.DEFAULT_MAX_TOKENS, explorer.token_cap()))
+    bos = [facts.bos_id] if step.get("bos") and facts.bos_id is not None and not facts.add_bos else []
+    if not body:
+        return
+    explorer.recording(source, tuple(bos + body))
+    if preset is not None and preset.kind != "compare":
+        explorer.lesson_target(source, preset.key, tuple(bos + body))
 
 
 def start() -> None:

@@ -65,3 +65,24 @@ def test_every_step_of_a_shipped_lecture_lands(name):
                     assert ss[k] == step[k], where
         for k, v in step.get("choices", {}).items():
             assert ss[k] == v, where
+
+
+def test_a_server_prepares_every_steps_recording_in_the_background(monkeypatch):
+    import threading
+
+    from apptest_util import forwards
+
+    explorer.result_cache().clear()
+    monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
+    data = (P.SHIPPED / "tutorial-001.toml").read_bytes() + b"\n# prepared by the test\n"
+    lecture, _ = L.parse(data, P.view_keys(), P.lessons())
+    P.prepare(data, lecture.steps)
+    for t in threading.enumerate():
+        if t.name == "lecture-prepare":
+            t.join(600)
+    monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "0")
+    before = forwards()
+    for step in (1, 7):  # the pipeline's shapes; BOS then 深度学习很, each on its own tokens view
+        at = run_app(timeout=600, lecture="tutorial-001", step=step)
+        assert not at.exception and at.session_state["view"] == "tokens"
+    assert forwards() == before  # both opened from the recordings prepared in the background
