@@ -20,7 +20,7 @@ from babel.messages.pofile import read_po
 
 LANGS = ("en", "zh")
 # Key prefixes whose keys the app builds at run time (f"view.{key}"), so no literal t("...") names them.
-DYNAMIC_PREFIXES = ("view.", "preset.", "sidebar.why.")
+DYNAMIC_PREFIXES = ("view.", "preset.", "sidebar.why.", "lecture.err.", "lecture.edit_")
 LOCALES = Path(__file__).resolve().parent / "locales"
 log = logging.getLogger("llama_explorer.i18n")
 

@@ -13,7 +13,7 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, explorer, prompt_cost
+from app import compare, explorer, lecture_editor, lecture_player, prompt_cost, room_follow
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -61,14 +61,17 @@ def url_ids_once(facts) -> None:
     st.session_state.update(prompt=text, ids=ids, ids_text=text)
 
 
-def write_url(ids_param: str) -> None:
+def write_url(ids_param: str) -> dict:
     wanted = {k: str(st.session_state[k]) for k in URL_KEYS if st.session_state.get(k) not in (None, "")}
     wanted.update({k: "1" for k in URL_FLAGS if st.session_state.get(k)})
     if ids_param:
         wanted["ids"] = ids_param
     wanted["model"] = st.session_state.get("active_model", explorer.DEFAULT_SOURCE)
+    state = dict(wanted)
+    wanted.update(lecture_player.url_params())  # a shipped lecture's name and step
     if dict(st.query_params) != wanted:
         st.query_params.from_dict(wanted)
+    return state
 
 
 def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
@@ -98,6 +101,7 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
         values["other"] = pieces[target["key"]]
     if preset.kind == "split":
         values["example"] = pieces[target["token"]]
+    st.session_state["lesson_values"] = values  # a lecture step's caption may quote them
     st.info(tr(f"preset.lesson.{preset.kind}", **{k: plain(v) if isinstance(v, str) else v
                                                   for k, v in values.items()}), icon=None)
 
@@ -120,7 +124,12 @@ def page_top() -> None:
 def main() -> None:
     side.apply_pending()
     read_url_once()
+    lecture_player.start()  # a lecture link's (or `serve --lecture`'s) step, before the widgets exist
+    room_follow.sync()  # shared server: the presenter writes the room's step, followers take it
     page_top()
+    lecture_slot = lecture_player.bar()
+    room_follow.controls()
+    lecture_editor.editor()
     facts = side.choose_model()
     if facts is not None:
         explorer.warm_up()  # once per process: the lab twins, in the background
@@ -149,6 +158,7 @@ def main() -> None:
         return
     pieces = token_labels(facts, ids)
     apply_lesson(facts, ids, pieces)
+    lecture_player.caption(lecture_slot)
     layer, head, token = side.selection(facts, ids, pieces)
     side.download(source, ids)
 
@@ -160,7 +170,7 @@ def main() -> None:
     ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
                       extras=extras)
-    write_url(side.url_ids(source, prompt, body))
+    lecture_editor.note_state(write_url(side.url_ids(source, prompt, body)))
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for

@@ -326,14 +326,32 @@ def cmd_serve(args) -> None:
         os.environ[DTYPE_ENV] = args.dtype
     if args.processes > 1 and haproxy_path() is None:
         raise CliError("--processes needs HAProxy (Debian: apt install haproxy)")
+    if args.lecture:
+        check_lecture(args.lecture)
     address = "0.0.0.0" if args.share else "127.0.0.1"
     try:  # before anything starts: a port another server holds, or one this user may not open
         port_is_free(address, args.port)
     except OSError as e:
         raise CliError(f"cannot listen on port {args.port}: {e.strerror or one_line(e)}") from None
-    status = serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
-                   max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes)
-    return status
+    return serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
+                 max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes,
+                 lecture=args.lecture)
+
+
+def check_lecture(path: str) -> None:
+    """`serve --lecture FILE`: a file with mistakes is refused before the server starts (every visitor would see
+    them); the first mistake is the error's line, the count says how many more there are."""
+    from . import lecture
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(lecture.MAX_BYTES + 1)
+    except OSError as e:
+        raise CliError(f"--lecture {path}: {e.strerror or e}") from None
+    _, problems = lecture.parse(data)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CliError(f"--lecture {path}: {problems[0].english()}{more}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-mb", type=number(int, 1, 10**8, "a size in MB"), help="memory for cached recordings (default 2048)")
     s.add_argument("--no-lab", action="store_true",
                    help="switch off the norm lab's training races and gradient probes (computed results still show)")
+    s.add_argument("--lecture", metavar="FILE", help="open this lecture file (docs/lectures.md) for every visitor")
     s.add_argument("--processes", type=number(int, 1, 64, "a process count"), default=1,
                    help="app server processes behind HAProxy on --port (each its own model and cache; needs haproxy)")
     s.set_defaults(fn=cmd_serve)

@@ -84,7 +84,7 @@ def lan_addresses() -> list[str]:
 
 
 def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
-               cache_mb: int | None = None, lab: bool = True) -> dict[str, str]:
+               cache_mb: int | None = None, lab: bool = True, lecture: str | None = None) -> dict[str, str]:
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), LLAMA_EXPLORER_WARM_UP="1")
     if not lab:
         env["LLAMA_EXPLORER_LAB"] = "0"
@@ -96,11 +96,24 @@ def server_env(share: bool = False, models_dir: str | None = None, max_tokens: i
         env["LLAMA_EXPLORER_MAX_TOKENS"] = str(max_tokens)
     if cache_mb:
         env["LLAMA_EXPLORER_CACHE_MB"] = str(cache_mb)
+    if lecture:  # app/lecture_player.py opens it for every new visitor
+        env["LLAMA_EXPLORER_LECTURE"] = str(Path(lecture).expanduser().resolve())
     return env
 
 
+def room_env(port: int) -> dict[str, str]:
+    """A shared server's room (explorer_model/room.py): its SQLite file in the server's runtime folder (kept across
+    restarts) and a fresh secret key for the presenter's link."""
+    import secrets
+
+    from .room import ROOM_DB_ENV, ROOM_KEY_ENV, runtime_dir
+
+    return {ROOM_DB_ENV: str(runtime_dir(port) / "room.sqlite3"), ROOM_KEY_ENV: secrets.token_urlsafe(18)}
+
+
 def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models_dir: str | None = None,
-          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1) -> None:
+          max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1,
+          lecture: str | None = None) -> None:
     address = "0.0.0.0" if share else "127.0.0.1"
     query = "" if source == "smollm2" else f"?model={source}"
     hosts = (lan_addresses() if share else []) or ["127.0.0.1"]
@@ -112,7 +125,11 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
         print("Shared mode: visitors choose from the default model, the shipped teaching models"
               + (f" and the models in {printable(models_dir)}" if models_dir else "") + "; they cannot load paths.",
               flush=True)
-    env = server_env(share, models_dir, max_tokens, cache_mb, lab)
+    env = server_env(share, models_dir, max_tokens, cache_mb, lab, lecture)
+    if share:
+        env.update(room_env(port))
+        print(f"Presenter link (keep it to yourself: it moves every student's page): "
+              f"http://{hosts[0]}:{port}/?room_key={env['LLAMA_EXPLORER_ROOM_KEY']}&presenter=1", flush=True)
     if processes > 1:
         return serve_processes(port, address, hosts[0], env, processes)
     return supervise([streamlit_command(port, address, hosts[0])], [env], restart=False)

@@ -1,0 +1,141 @@
+"""Authoring a lecture in the page (the sidebar's "Lecture" box): open a file or a shipped lecture, add the view on
+screen as a step, edit the current step's title and caption, move it, delete it, download the file.
+
+A new step is the state the page's link holds (app/main.py hands it to note_state each run), the preset's lesson
+when one is active (its target is then found again on the model when the step opens) and the views' own choices.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import lecture_player as P
+from app.context import plain
+from app.i18n import t
+from explorer_model import lecture as L
+
+EDITED = ("title_en", "title_zh", "caption_en", "caption_zh")
+
+
+def note_state(url: dict) -> None:
+    """The page's state as its URL holds it, kept for "add this view as a step"."""
+    st.session_state["_lecture_here"] = dict(url)
+
+
+def step_from_state() -> dict:
+    ss = st.session_state
+    url = ss.get("_lecture_here") or {}
+    step: dict = {"title": {lang: t(f"view.{url.get('view', 'tokens')}", lang) for lang in L.LANGS},
+                  "caption": {lang: "" for lang in L.LANGS}}
+    for k in L.URL_FIELDS:
+        if k not in url:
+            continue
+        v = url[k]
+        kind = L.SCHEMA["step"][k][0]
+        if kind == "int":
+            step[k] = int(v)
+        elif kind == "bool":
+            step[k] = v == "1"
+        elif kind == "ids":
+            step[k] = [int(i) for i in v.split(",")]
+        else:
+            step[k] = v
+    if not url.get("token") or ss.get("_token_auto", True):
+        step.pop("token", None)  # the last token of whatever the prompt is
+    if ss.get("lesson") in P.lessons():
+        step["lesson"] = ss["lesson"]
+        for k in L.FROM_LESSON:
+            step.pop(k, None)
+    choices = {k: ss[k] for k, allowed in L.CHOICES.items() if k in ss and ss[k] in allowed
+               and type(ss[k]) is type(allowed[0])}
+    if choices:
+        step["choices"] = choices
+    return step
+
+
+def _add() -> None:
+    ss = st.session_state
+    if not ss.get("lecture"):
+        ss.update(lecture={"title": {lang: t("lecture.new_title", lang) for lang in L.LANGS}, "steps": []},
+                  lecture_name=None)
+    steps = ss["lecture"]["steps"]
+    at = ss.get("lecture_step", -1) + 1 if steps else 0
+    steps.insert(at, step_from_state())
+    ss["lecture_name"] = None  # edited: no longer the shipped file a link could name
+    ss["lecture_step"] = at
+
+
+def _swap(delta: int) -> None:
+    ss = st.session_state
+    steps, i = ss["lecture"]["steps"], ss["lecture_step"]
+    j = i + delta
+    if 0 <= j < len(steps):
+        steps[i], steps[j] = steps[j], steps[i]
+        ss.update(lecture_step=j, lecture_name=None)
+
+
+def _delete() -> None:
+    ss = st.session_state
+    steps = ss["lecture"]["steps"]
+    steps.pop(ss["lecture_step"])
+    if not steps:
+        P._close()
+        return
+    ss.update(lecture_step=min(ss["lecture_step"], len(steps) - 1), lecture_name=None)
+
+
+def _save_text() -> None:
+    ss = st.session_state
+    step = ss["lecture"]["steps"][ss["lecture_step"]]
+    for name in EDITED:
+        part, lang = name.split("_")
+        step.setdefault(part, {lang: "" for lang in L.LANGS})[lang] = ss.get(f"lecture_edit_{name}") or ""
+    ss["lecture_name"] = None
+
+
+def _upload() -> None:
+    f = st.session_state.get("lecture_upload")
+    if f is not None:
+        P.open_lecture(f.getvalue()[:L.MAX_BYTES + 1], None)
+
+
+def _open_shipped() -> None:
+    name = st.session_state.get("lecture_shipped")
+    if name in P.shipped():
+        P.open_lecture((P.SHIPPED / f"{name}.toml").read_bytes(), name)
+    st.session_state["lecture_shipped"] = None
+
+
+def editor() -> None:
+    ss = st.session_state
+    with st.sidebar.expander(P.tr("lecture.box"), expanded=False):
+        st.selectbox(P.tr("lecture.open_shipped"), P.shipped(), index=None, key="lecture_shipped",
+                     on_change=_open_shipped, placeholder=P.tr("lecture.choose"))
+        st.file_uploader(P.tr("lecture.open_file"), type=["toml"], key="lecture_upload", on_change=_upload)
+        st.button(P.tr("lecture.add"), key="lecture_add", on_click=_add, use_container_width=True)
+        if not ss.get("lecture"):
+            return
+        steps, i = ss["lecture"]["steps"], ss["lecture_step"]
+        st.caption(P.tr("lecture.editing", i=i + 1, n=len(steps)))
+        if ss.get("_lecture_edit_for") != (id(steps[i]), i):  # another step: its texts into the boxes
+            ss["_lecture_edit_for"] = (id(steps[i]), i)
+            for name in EDITED:
+                part, lang = name.split("_")
+                ss[f"lecture_edit_{name}"] = (steps[i].get(part) or {}).get(lang, "")
+        for name in EDITED:
+            widget = st.text_area if name.startswith("caption") else st.text_input
+            widget(P.tr(f"lecture.edit_{name}"), key=f"lecture_edit_{name}", on_change=_save_text,
+                   max_chars=L.MAX_TEXT)
+        problems: list[L.Problem] = []
+        L.check_step(steps[i], i + 1, P.view_keys(), P.lessons(), problems)
+        for p in problems:
+            st.warning(P.problem_line(p))
+        c = st.columns(3)
+        c[0].button(P.tr("lecture.up"), key="lecture_up", on_click=_swap, args=(-1,), disabled=i == 0)
+        c[1].button(P.tr("lecture.down"), key="lecture_down", on_click=_swap, args=(1,), disabled=i == len(steps) - 1)
+        c[2].button(P.tr("lecture.delete"), key="lecture_delete", on_click=_delete)
+        data = L.dumps(L.Lecture(ss["lecture"]["title"], steps)).encode("utf-8")  # built here: the callback has no session
+        st.download_button(P.tr("lecture.download"), data=data, file_name=f"{ss.get('lecture_name') or 'lecture'}.toml",
+                           mime="application/toml", on_click="ignore", key="lecture_download",
+                           use_container_width=True)
+        st.button(P.tr("lecture.close"), key="lecture_close", on_click=P._close)
+        st.caption(plain(P.tr("lecture.edit_hint")))

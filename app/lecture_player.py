@@ -1,0 +1,281 @@
+"""Lectures in the page: open one (shipped, uploaded, `serve --lecture FILE`, or `?lecture=NAME&step=I`), play it
+from the projector (step i / N, title, caption, Previous / Next, the clicker's keys) and author it ("add this view as
+a step", edit, reorder, delete, download). The file format is explorer_model/lecture.py.
+
+A step is applied the way a link is read: its fields set the same session state the URL's query parameters set
+(app/main.py), and a step with a lesson sets the preset's lesson, which app/main.py's apply_lesson finds on the model.
+
+State (st.session_state):
+  lecture        {"title": {en, zh}, "steps": [step tables]} or absent;  lecture_name  the shipped name or None
+  lecture_step   the step on screen (0-based);  lecture_missing  the model the current step names, when not offered
+  lecture_problems  lines saying why the last file did not open
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import streamlit as st
+
+from app import explorer
+from app.context import plain
+from app.i18n import t
+from app.presets import BY_KEY, PRESETS
+from explorer_model import lecture as L
+from explorer_model.paths import ASSETS
+
+SHIPPED = ASSETS / "lectures"
+log = logging.getLogger("llama_explorer.lecture")
+_PREPARED: set[str] = set()
+_PREPARED_LOCK = threading.Lock()
+LECTURE_ENV = "LLAMA_EXPLORER_LECTURE"  # set by `serve --lecture FILE`
+
+
+def tr(key: str, **values) -> str:
+    return t(key, st.session_state.get("lang", "en"), **values)
+
+
+def view_keys() -> list[str]:
+    from app.panels import VIEWS
+
+    return [v[0] for v in VIEWS]
+
+
+def lessons() -> dict[str, str]:
+    return {p.key: p.kind for p in PRESETS}
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.toml")) if SHIPPED.is_dir() else []
+
+
+def problem_line(p: L.Problem) -> str:
+    """One mistake in the reader's language: where (step, field) and what is allowed."""
+    what = tr(f"lecture.err.{p.code}", **{k: plain(v) for k, v in p.detail.items()})
+    if p.step:
+        return tr("lecture.where_step", step=p.step, field=plain(p.field or "-"), what=what)
+    return tr("lecture.where_file", field=plain(p.field or "-"), what=what) if p.field else what
+
+
+def open_lecture(data: bytes, name: str | None) -> bool:
+    """Parse and open a lecture at its first step; on mistakes keep what is open and list them."""
+    lecture, problems = L.parse(data, view_keys(), lessons())
+    if lecture is None:
+        st.session_state["lecture_problems"] = [problem_line(p) for p in problems[:20]]
+        return False
+    st.session_state.pop("lecture_problems", None)
+    st.session_state.update(lecture={"title": lecture.title, "steps": lecture.steps}, lecture_name=name)
+    prepare(data, lecture.steps)
+    go(0)
+    return True
+
+
+def prepare(data: bytes, steps: list[dict]) -> None:
+    """On a server, once per lecture file: every step's recording (and lesson target) computed in the background
+    through the gateway, so each step opens from the cache when the lecturer gets there."""
+    from app.settings import warm_up_enabled
+
+    digest = hashlib.sha256(data).hexdigest()
+    with _PREPARED_LOCK:
+        if digest in _PREPARED or not warm_up_enabled():  # a server `serve` started, not AppTest
+            return
+        _PREPARED.add(digest)
+
+    def run() -> None:
+        for step in steps:
+            try:
+                _prepare_step(step)
+            except Exception:  # the step says what is wrong when it is opened
+                log.info("preparing a lecture step failed", exc_info=True)
+    threading.Thread(target=run, daemon=True, name="lecture-prepare").start()
+
+
+def _prepare_step(step: dict) -> None:
+    preset = BY_KEY.get(step.get("lesson"))
+    source = dict(preset.args).get("model_pick", step.get("model")) if preset else step.get("model")
+    source = source or explorer.DEFAULT_SOURCE
+    if source not in explorer.offered_models():
+        return
+    facts, _ = explorer.try_load(source)
+    if facts is None:
+        return
+    if "ids" in step:
+        body = list(step["ids"])
+    else:
+        body, _ = explorer.encode_prompt(source, preset.prompt if preset else step.get("prompt", ""),
+                                         min(explorer.DEFAULT_MAX_TOKENS, explorer.token_cap()))
+    bos = [facts.bos_id] if step.get("bos") and facts.bos_id is not None and not facts.add_bos else []
+    if not body:
+        return
+    explorer.recording(source, tuple(bos + body))
+    if preset is not None and preset.kind != "compare":
+        explorer.lesson_target(source, preset.key, tuple(bos + body))
+
+
+def start() -> None:
+    """Once per session, before the widgets: the link's lecture (?lecture=NAME&step=I) or the server's (--lecture)."""
+    ss = st.session_state
+    if ss.get("_lecture_started"):
+        return
+    ss["_lecture_started"] = True
+    name = st.query_params.get("lecture")
+    if name is not None:
+        if not L.NAME.match(name) or name not in shipped():
+            ss["lecture_problems"] = [tr("lecture.no_such", name=plain(name), names=", ".join(shipped()))]
+            return
+        if not open_lecture((SHIPPED / f"{name}.toml").read_bytes(), name):
+            return
+    elif os.environ.get(LECTURE_ENV):
+        path = Path(os.environ[LECTURE_ENV])
+        try:
+            data = path.read_bytes()[:L.MAX_BYTES + 1]
+        except OSError as e:
+            ss["lecture_problems"] = [tr("lecture.unreadable", error=plain(e.strerror or e))]
+            return
+        if not open_lecture(data, None):
+            return
+    else:
+        return
+    try:
+        wanted = int(st.query_params.get("step", "1")) - 1
+    except ValueError:
+        wanted = 0
+    go(min(max(wanted, 0), len(ss.lecture["steps"]) - 1))
+
+
+def go(i: int) -> None:
+    """Open step i: set the state its fields name (a button's callback or before the widgets exist)."""
+    ss = st.session_state
+    steps = ss["lecture"]["steps"]
+    i = min(max(i, 0), len(steps) - 1)
+    ss["lecture_step"] = i
+    step = steps[i]
+    model = step.get("model")
+    if model is not None and model not in explorer.offered_models():
+        ss["lecture_missing"] = model  # this step stays unopened; the others still open
+        return
+    ss.pop("lecture_missing", None)
+    preset = BY_KEY.get(step.get("lesson"))
+    prompt = preset.prompt if preset else step.get("prompt")
+    if prompt is not None or "ids" in step:
+        ss.update(prompt=prompt or "", ids=None, ids_text=None, ids_history=[])
+    if "ids" in step:
+        ss["_url_ids"] = ",".join(str(v) for v in step["ids"])  # checked against the vocabulary as a link's are
+    ss.pop("my_prompt", None)
+    state = {"bos": bool(step.get("bos", False)), "cmp": step.get("cmp", "")}
+    for k in ("view", "layer", "head", "token", "presenter", "whatif", "whatif_source", "cmp_prompt", "cmp_model",
+              "cmp_iv", "cmp_align"):
+        if k in step:
+            state[k] = step[k]
+        elif k.startswith(("cmp_", "whatif")):
+            ss.pop(k, None)  # a step holds its whole comparison: nothing of the previous step's stays
+    if model is not None:
+        state.update(active_model=model, model_pick=model)
+    state["_token_auto"] = "token" not in step
+    if preset is not None:
+        state.update(view=preset.view, lesson=preset.key, _lesson_pending=True)
+        if preset.kind == "compare":
+            state.update(dict(preset.args))
+            if "model_pick" in state:
+                state["active_model"] = state["model_pick"]
+    else:
+        ss.pop("lesson", None)
+    state.update(step.get("choices", {}))
+    ss.update(state)
+
+
+def _move(delta: int) -> None:
+    go(st.session_state.get("lecture_step", 0) + delta)
+
+
+def _close() -> None:
+    for k in ("lecture", "lecture_name", "lecture_step", "lecture_missing"):
+        st.session_state.pop(k, None)
+
+
+def url_params() -> dict[str, str]:
+    """The link's lecture and step (1-based), for a shipped lecture: a copied link reopens it there."""
+    ss = st.session_state
+    if ss.get("lecture") and ss.get("lecture_name"):
+        return {"lecture": ss["lecture_name"], "step": str(ss.get("lecture_step", 0) + 1)}
+    return {}
+
+
+def _lang_text(table: dict) -> str:
+    lang = st.session_state.get("lang", "en")
+    return (table or {}).get(lang) or (table or {}).get("en") or ""
+
+
+def _plain_lines(text: str) -> str:
+    return "  \n".join(plain(line) for line in text.split("\n"))
+
+
+def bar():
+    """The player, in the main area (never the folded sidebar): step i / N, Previous / Next, title and caption.
+    Returns the caption's slot (filled by caption() once the lesson's values are computed) or None."""
+    ss = st.session_state
+    for line in ss.pop("lecture_problems", None) or []:
+        st.error(line)
+    if not ss.get("lecture"):
+        return None
+    steps, i = ss["lecture"]["steps"], ss.get("lecture_step", 0)
+    step = steps[i]
+    with st.container(border=True, key="lecture_bar"):
+        left, mid, right = st.columns([1, 6, 1], vertical_alignment="center")
+        if not ss.get("room_following"):  # a follower's step is the presenter's (app/room_follow.py)
+            left.button(tr("lecture.previous"), key="lecture_prev", on_click=_move, args=(-1,), disabled=i == 0,
+                        use_container_width=True)
+            right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,),
+                         disabled=i == len(steps) - 1, use_container_width=True)
+        mid.markdown(tr("lecture.counter", i=i + 1, n=len(steps), lecture=plain(_lang_text(ss["lecture"]["title"]))))
+        st.subheader(plain(_lang_text(step.get("title"))), anchor=False)
+        if ss.get("lecture_missing"):
+            st.warning(tr("lecture.model_missing", model=plain(ss["lecture_missing"])))
+        slot = st.empty()
+        text = _lang_text(step.get("caption"))
+        if text and not any(m.group(1) for m in L.PLACEHOLDER.finditer(text)):
+            slot.markdown(_plain_lines(L.fill(text, {})))
+    if not ss.get("room_following"):
+        keyboard()
+    return slot
+
+
+def caption(slot) -> None:
+    """The current step's caption with its {name} placeholders filled from the lesson computed on this model
+    (app/main.py's apply_lesson keeps its values)."""
+    ss = st.session_state
+    if slot is None or not ss.get("lecture"):
+        return
+    step = ss["lecture"]["steps"][ss.get("lecture_step", 0)]
+    text = _lang_text(step.get("caption"))
+    if text and ss.get("lesson") == step.get("lesson") and ss.get("lesson_values") is not None:
+        slot.markdown(_plain_lines(L.fill(text, ss["lesson_values"])))
+
+
+# A clicker sends → ← PageDown PageUp or space: Streamlit has no key handler, so a script in a frame
+# (same origin, one pixel high) listens on the page and clicks the player's buttons, found by their keys' class names.
+KEYS_JS = """<script>
+const win = window.parent, doc = win.document;
+if (win.__lectureKeys) doc.removeEventListener("keydown", win.__lectureKeys, true);
+win.__lectureKeys = function (e) {
+  const el = e.target, tag = ((el && el.tagName) || "").toLowerCase();
+  if (tag === "input" || tag === "textarea" || tag === "select" || (el && el.isContentEditable)) return;
+  if (e.altKey || e.ctrlKey || e.metaKey) return;
+  let key = null;
+  if (e.key === "ArrowRight" || e.key === "PageDown" || (e.key === " " && !e.shiftKey)) key = "lecture_next";
+  else if (e.key === "ArrowLeft" || e.key === "PageUp" || (e.key === " " && e.shiftKey)) key = "lecture_prev";
+  if (!key) return;
+  const button = doc.querySelector(".st-key-" + key + " button");
+  if (!button) return;
+  e.preventDefault(); e.stopPropagation();
+  if (!button.disabled) button.click();
+};
+doc.addEventListener("keydown", win.__lectureKeys, true);
+</script>"""
+
+
+def keyboard() -> None:
+    st.iframe(KEYS_JS, height=1)

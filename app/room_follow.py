@@ -1,0 +1,99 @@
+"""The room on a shared server: the presenter's page (opened with the secret key `serve --share` prints) drives it,
+every other page follows the presenter's lecture step within a second, until its visitor chooses "explore on my
+own" ("back to the lecture" rejoins at the current step).
+
+The key is checked here, on the server, against the one the server was started with: a follower's page never
+writes the room, whatever its URL or messages say. The room's state is explorer_model/room.py (SQLite, shared by the
+server's processes). Session state: room_presenter (the key matched), room_following, room_detached, room_seen (the
+room version this page shows), _room_sent (what the presenter last wrote).
+"""
+from __future__ import annotations
+
+import hmac
+import os
+
+import streamlit as st
+
+from app import lecture_player as P
+from explorer_model import lecture as L
+from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
+
+POLL_SECONDS = 0.5
+_ROOMS: dict[str, Room] = {}
+
+
+def room() -> Room | None:
+    path = os.environ.get(ROOM_DB_ENV)
+    if not path:
+        return None
+    if path not in _ROOMS:
+        _ROOMS[path] = Room(path)
+    return _ROOMS[path]
+
+
+def is_presenter() -> bool:
+    ss = st.session_state
+    if "room_presenter" not in ss:  # once per session: the link's key, compared in constant time
+        secret, given = os.environ.get(ROOM_KEY_ENV, ""), st.query_params.get("room_key", "")
+        ss["room_presenter"] = bool(secret) and hmac.compare_digest(given.encode(), secret.encode())
+    return ss["room_presenter"]
+
+
+def sync() -> None:
+    """Before the widgets: the presenter writes the step on screen; a follower takes the room's step."""
+    r, ss = room(), st.session_state
+    if r is None:
+        return
+    if is_presenter():
+        ss["room_following"] = False
+        if ss.get("lecture"):
+            sent = (L.dumps(L.Lecture(ss["lecture"]["title"], ss["lecture"]["steps"])), ss.get("lecture_name") or "",
+                    ss.get("lecture_step", 0))
+            if ss.get("_room_sent") != sent:
+                r.publish(*sent)
+                ss["_room_sent"] = sent
+        return
+    current = r.current()
+    ss["room_following"] = current is not None and not ss.get("room_detached")
+    if not ss["room_following"] or current["version"] == ss.get("room_seen"):
+        return
+    ss["room_seen"] = current["version"]
+    lecture, _ = L.parse(current["lecture"], P.view_keys(), P.lessons())
+    if lecture is None:  # the presenter's page validated it: nothing else is ever written
+        return
+    if ss.get("lecture", {}).get("steps") != lecture.steps:
+        ss["lecture"] = {"title": lecture.title, "steps": lecture.steps}
+    ss["lecture_name"] = current["name"] or None
+    P.go(current["step"])
+
+
+def _detach() -> None:
+    st.session_state.update(room_detached=True, room_following=False)
+
+
+def _rejoin() -> None:
+    st.session_state.update(room_detached=False, room_seen=None)
+
+
+@st.fragment(run_every=POLL_SECONDS)
+def _poll() -> None:
+    """A follower's page asks the room for its version twice a second and reruns when the presenter moved."""
+    r = room()
+    if r is not None and st.session_state.get("room_following") and r.version() != st.session_state.get("room_seen"):
+        st.rerun(scope="app")
+
+
+def controls() -> None:
+    """In the main area, under the player: what this page is in the room, and the way out or back."""
+    r, ss = room(), st.session_state
+    if r is None:
+        return
+    if is_presenter():
+        st.caption(P.tr("room.presenting"))
+    elif ss.get("room_following"):
+        c1, c2 = st.columns([3, 1], vertical_alignment="center")
+        c1.caption(P.tr("room.following"))
+        c2.button(P.tr("room.detach"), key="room_detach", on_click=_detach, use_container_width=True)
+        _poll()
+    elif ss.get("room_detached") and r.version():
+        st.button(P.tr("room.rejoin"), key="room_rejoin", on_click=_rejoin)

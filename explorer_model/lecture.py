@@ -1,0 +1,374 @@
+"""Lecture files: an ordered list of steps, each an app state (the state a link holds) plus a title and a caption in
+English and Chinese. Parsing, validation and writing; pure (no Streamlit, no model), so the CLI and the tests use it
+as the app does (app/lecture_player.py). The format is documented in docs/lectures.md, whose field table is
+`schema_markdown()` of SCHEMA below.
+
+A file is TOML:
+
+    format = 1
+    title = { en = "One LLaMA block", zh = "一个 LLaMA 块" }
+
+    [[step]]
+    title = { en = "The first-token sink", zh = "首词汇聚" }
+    caption = { en = "Most heads park attention on position {key}.", zh = "…" }
+    lesson = "sink"            # a preset: its prompt, and where to look found on the loaded model
+    [step.choices]
+    attn_kind = "scores"
+
+Validation never raises on a file's content: `parse` returns (lecture or None, problems), one Problem per mistake,
+naming the step (1-based), the field and what is allowed. The page and the CLI turn a Problem into one line in the
+reader's language (catalog keys `lecture.err.{code}`).
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+import dataclasses
+from dataclasses import dataclass
+
+FORMAT = 1
+MAX_BYTES = 256 * 1024  # a lecture of 200 steps with long captions is ~100 KB
+MAX_STEPS = 200
+MAX_TEXT = 2000  # a title or caption
+MAX_PROMPT = 8000
+MAX_IDS = 2048
+MAX_DEPTH = 4  # file > step > title/choices > value: anything deeper is not a lecture
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a model or shipped-lecture name: never a path
+PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)(?::(\.\d[f%]|\d?%|d))?\}")
+LANGS = ("en", "zh")
+
+# The per-view choices a step may set: the widget keys of the views and the values each offers.
+CHOICES: dict[str, tuple] = {
+    "attn_kind": ("pattern", "scores"),
+    "norm_which": ("ln1", "ln2"),
+    "rope_decay_src": ("recorded", "ones"),
+    "residual_log": (False, True),
+    "swiglu_quantity": ("pre", "act", "up", "post", "all"),
+    "whatif_norm": ("ln1", "ln2", "ln_final"),
+    "whatif_branch": ("hook_attn_out", "hook_mlp_out"),
+    "whatif_mean": (False, True),
+    "lab_ffn": ("relu", "swiglu"),
+    "lab_init": ("xavier", "llama"),
+    "lab_norm": ("layer", "rms"),
+}
+
+# The values each kind of lesson computes on the model (app/lessons.py), usable as {name} in a caption.
+LESSON_VALUES: dict[str, tuple] = {
+    "link": ("layer", "head", "weight", "query", "other"),
+    "sink": ("layer", "head", "share"),
+    "induction": ("layer", "head", "score", "period"),
+    "lens": ("layer", "n_layers", "piece", "top", "rank0"),
+    "split": ("chars", "tokens", "split", "example"),
+    "special": ("special", "tokens"),
+    "compare": (),
+}
+
+# field: (kind, what it holds). Kinds: text (en/zh table), str, name, int, bool, ids, choices, plus the step's URL
+# names: each step field except title/caption/lesson/choices is the query parameter of the same name.
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "lecture": {
+        "format": ("int", "format version, 1"),
+        "title": ("text", "the lecture's title: { en = \"…\", zh = \"…\" }"),
+        "step": ("steps", "the steps, in order: one [[step]] table each"),
+    },
+    "step": {
+        "title": ("text", "the step's title, English and Chinese (required)"),
+        "caption": ("text", "what to say, English and Chinese; {name} is a value the lesson computed"),
+        "model": ("name", "a model the server offers (smollm2, tiny-pre, tiny-post, a --models-dir entry)"),
+        "prompt": ("prompt", "the prompt text"),
+        "ids": ("ids", "the prompt as token ids, instead of prompt"),
+        "bos": ("bool", "prepend the model's BOS token"),
+        "view": ("view", "the view to open"),
+        "layer": ("int", "layer (clamped to the model)"),
+        "head": ("int", "head (clamped to the model)"),
+        "token": ("int", "token position (clamped to the prompt; omitted: the last)"),
+        "lesson": ("lesson", "a preset whose target is found on the loaded model; gives prompt, view, layer, head, token"),
+        "whatif": ("str", "What-if interventions, as in the What-if view, e.g. \"no-mask\""),
+        "whatif_source": ("prompt", "the source prompt of a patch intervention"),
+        "cmp": ("cmp", "compare mode: prompt, model or whatif"),
+        "cmp_prompt": ("prompt", "B's prompt (cmp = \"prompt\")"),
+        "cmp_model": ("name", "B's model (cmp = \"model\")"),
+        "cmp_iv": ("str", "B's interventions (cmp = \"whatif\")"),
+        "cmp_align": ("str", "positions paired by hand, \"i-j, …\""),
+        "presenter": ("bool", "presenter mode on or off"),
+        "choices": ("choices", "the view's own choices: " + ", ".join(CHOICES)),
+    },
+}
+FROM_LESSON = ("prompt", "ids", "view", "layer", "head", "token")  # a lesson step takes these from its preset
+URL_FIELDS = tuple(k for k in SCHEMA["step"] if k not in ("title", "caption", "lesson", "choices"))
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str  # catalog key lecture.err.{code}
+    step: int | None = None  # 1-based; None: the file or its title
+    field: str = ""
+    detail: dict = dataclasses.field(default_factory=dict)
+
+    def english(self) -> str:
+        where = f"step {self.step}, " if self.step else ""
+        what = f"{self.field}: " if self.field else ""
+        return f"{where}{what}{ENGLISH[self.code].format(**self.detail)}"
+
+
+ENGLISH = {  # the CLI's lines (the app reads the catalogs)
+    "too_big": "the file has {size} bytes; a lecture file may have at most {limit}",
+    "not_text": "the file is not UTF-8 text",
+    "syntax": "not valid TOML: {error}",
+    "too_deep": "nested deeper than a lecture file is ({limit} levels)",
+    "unknown": "unknown field; allowed: {allowed}",
+    "type": "must be {kind}",
+    "required": "is required",
+    "format": "must be {format}",
+    "no_steps": "the lecture has no [[step]]",
+    "too_many": "{n} steps; a lecture may have at most {limit}",
+    "too_long": "longer than {limit} characters",
+    "name": "must be a name (letters, digits, . _ -), not a path",
+    "choice": "must be one of: {allowed}",
+    "range": "must be between {lo} and {hi}",
+    "both": "give prompt or ids, not both",
+    "from_lesson": "comes from the lesson; leave it out",
+    "placeholder": "{{{name}}} is not a value of this step's lesson (allowed: {allowed})",
+    "braces": "has a brace that is not a {mark} placeholder (write {escape})",
+}
+
+KIND_WORDS = {"int": "a whole number ≥ 0", "bool": "true or false", "str": "a string", "text": "a table { en, zh }",
+              "ids": "a list of token ids ≥ 0", "table": "a table", "steps": "a list of [[step]] tables"}
+
+
+@dataclass
+class Lecture:
+    title: dict  # {"en": …, "zh": …}
+    steps: list[dict]  # validated step tables (plain TOML values)
+
+
+def _depth(v, d: int = 0) -> int:
+    if isinstance(v, dict):
+        return max([_depth(x, d + 1) for x in v.values()], default=d + 1)
+    if isinstance(v, list):
+        return max([_depth(x, d + 1) for x in v], default=d + 1)
+    return d
+
+
+def parse(data: bytes | str, views=(), lessons: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
+    """(the lecture, []) or (None or the lecture with the good steps, problems). views: the view keys the app has;
+    lessons: {preset key: preset kind}. A lecture is returned only without problems."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if len(data) > MAX_BYTES:
+        return None, [Problem("too_big", detail={"size": len(data), "limit": MAX_BYTES})]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, [Problem("not_text")]
+    if max((len(m) for m in re.findall(r"[\[{]+", text)), default=0) > 2 * MAX_DEPTH:
+        return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]  # before tomllib recurses into it
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return None, [Problem("syntax", detail={"error": str(e)[:200]})]
+    except RecursionError:
+        return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]
+    if _depth(raw) > MAX_DEPTH:
+        return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]
+    return check(raw, views, lessons)
+
+
+def check(raw: dict, views=(), lessons: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
+    problems: list[Problem] = []
+    for k in raw:
+        if k not in SCHEMA["lecture"]:
+            problems.append(Problem("unknown", field=str(k)[:40], detail={"allowed": ", ".join(SCHEMA["lecture"])}))
+    if raw.get("format", FORMAT) != FORMAT or isinstance(raw.get("format"), bool):
+        problems.append(Problem("format", field="format", detail={"format": FORMAT}))
+    title = _text(raw.get("title"), None, "title", problems)
+    steps = raw.get("step")
+    if steps is None:
+        problems.append(Problem("no_steps"))
+        steps = []
+    elif not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        problems.append(Problem("type", field="step", detail={"kind": KIND_WORDS["steps"]}))
+        steps = []
+    elif len(steps) > MAX_STEPS:
+        problems.append(Problem("too_many", detail={"n": len(steps), "limit": MAX_STEPS}))
+        steps = []
+    elif not steps:
+        problems.append(Problem("no_steps"))
+    good = [check_step(s, i, views, lessons, problems) for i, s in enumerate(steps, 1)]
+    if problems:
+        return None, problems
+    return Lecture(title=title, steps=good), []
+
+
+def _text(v, step, name, problems) -> dict:
+    if not isinstance(v, dict) or set(v) != set(LANGS) or not all(isinstance(v[k], str) for k in LANGS):
+        problems.append(Problem("type" if v is not None else "required", step, name, {"kind": KIND_WORDS["text"]}))
+        return {k: "" for k in LANGS}
+    for k in LANGS:
+        if len(v[k]) > MAX_TEXT:
+            problems.append(Problem("too_long", step, f"{name}.{k}", {"limit": MAX_TEXT}))
+    return {k: v[k] for k in LANGS}
+
+
+def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict:
+    """The step table as given when right; each mistake appended to problems."""
+    allowed = SCHEMA["step"]
+    start = len(problems)
+
+    def bad(code, name, **detail):
+        problems.append(Problem(code, i, name, detail))
+
+    for k in s:
+        if k not in allowed:
+            bad("unknown", str(k)[:40], allowed=", ".join(allowed))
+    _text(s.get("title"), i, "title", problems)
+    if "caption" in s:
+        _text(s["caption"], i, "caption", problems)
+    lesson = s.get("lesson")
+    for k, v in s.items():
+        kind = allowed.get(k, ("",))[0]
+        if kind in ("str", "prompt", "name", "cmp", "view", "lesson"):
+            limit = MAX_PROMPT if kind == "prompt" else MAX_TEXT
+            if not isinstance(v, str):
+                bad("type", k, kind=KIND_WORDS["str"])
+            elif len(v) > limit:
+                bad("too_long", k, limit=limit)
+            elif kind == "name" and not NAME.match(v):
+                bad("name", k)
+            elif kind == "cmp" and v not in ("", "prompt", "model", "whatif"):
+                bad("choice", k, allowed="prompt, model, whatif")
+            elif kind == "view" and views and v not in views:
+                bad("choice", k, allowed=", ".join(views))
+            elif kind == "lesson" and lessons is not None and v not in lessons:
+                bad("choice", k, allowed=", ".join(lessons))
+        elif kind == "int" and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 100_000):
+            bad("type", k, kind=KIND_WORDS["int"])
+        elif kind == "bool" and not isinstance(v, bool):
+            bad("type", k, kind=KIND_WORDS["bool"])
+        elif kind == "ids":
+            if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                           and 0 <= x < 2**31 for x in v):
+                bad("type", k, kind=KIND_WORDS["ids"])
+            elif len(v) > MAX_IDS:
+                bad("too_long", k, limit=MAX_IDS)
+        elif kind == "choices":
+            if not isinstance(v, dict):
+                bad("type", k, kind=KIND_WORDS["table"])
+                continue
+            for ck, cv in v.items():
+                if ck not in CHOICES:
+                    bad("unknown", f"choices.{str(ck)[:40]}", allowed=", ".join(CHOICES))
+                elif type(cv) is not type(CHOICES[ck][0]) or cv not in CHOICES[ck]:
+                    bad("choice", f"choices.{ck}", allowed=", ".join(str(c).lower() for c in CHOICES[ck]))
+    if "prompt" in s and "ids" in s:
+        bad("both", "ids")
+    if isinstance(lesson, str):
+        for k in FROM_LESSON:
+            if k in s:
+                bad("from_lesson", k)
+    kind = (lessons or {}).get(lesson) if isinstance(lesson, str) else None
+    names = LESSON_VALUES.get(kind, ()) if kind else ()
+    if lessons is None and isinstance(lesson, str):
+        names = None  # the presets are not known here (the CLI): only the braces are checked
+    caption = s.get("caption")
+    if isinstance(caption, dict):
+        for lang in LANGS:
+            if isinstance(caption.get(lang), str):
+                _check_placeholders(caption[lang], names, i, f"caption.{lang}", problems)
+    return dict(s) if len(problems) == start else {}
+
+
+def _check_placeholders(text: str, names, i, name, problems) -> None:
+    rest = PLACEHOLDER.sub("", text)
+    if "{" in rest or "}" in rest:
+        problems.append(Problem("braces", i, name, {"mark": "{name}", "escape": "{{ / }}"}))
+    for m in PLACEHOLDER.finditer(text):
+        if m.group(1) and names is not None and m.group(1) not in names:
+            problems.append(Problem("placeholder", i, name, {"name": m.group(1),
+                                                              "allowed": ", ".join(names) or "-"}))
+
+
+def fill(text: str, values: dict) -> str:
+    """A caption with its {name} / {name:.2f} / {name:.0%} placeholders filled from the lesson's values
+    (a missing value stays as typed); {{ and }} are literal braces. No attribute or index access."""
+    def one(m):
+        if m.group(0) in ("{{", "}}"):
+            return m.group(0)[0]
+        if m.group(1) not in values:
+            return m.group(0)
+        v = values[m.group(1)]
+        try:
+            return format(v, m.group(2) or "")
+        except (TypeError, ValueError):
+            return str(v)
+    return PLACEHOLDER.sub(one, text)
+
+
+def step_params(step: dict) -> dict[str, str]:
+    """The step's state as the URL's query parameters (app/main.py reads the same names)."""
+    out = {}
+    for k in URL_FIELDS:
+        if k in step:
+            v = step[k]
+            out[k] = ",".join(str(i) for i in v) if k == "ids" else ("1" if v else "0") if isinstance(v, bool) else str(v)
+    return out
+
+
+# --------------------------------------------------------------------------- writing
+def _quote(s: str) -> str:
+    """A TOML basic string: backslash, quote and every control character escaped."""
+    out = []
+    for c in s:
+        if c == "\\":
+            out.append("\\\\")
+        elif c == '"':
+            out.append('\\"')
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return _quote(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"a lecture holds no {type(v).__name__}")
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _quote(k)
+
+
+def dumps(lecture: Lecture) -> str:
+    """The lecture as TOML text that parse() reads back to the same lecture."""
+    lines = ["# LLaMA Explorer lecture (docs/lectures.md describes every field)", f"format = {FORMAT}",
+             f"title = {_value(lecture.title)}", ""]
+    for step in lecture.steps:
+        lines.append("[[step]]")
+        for k in SCHEMA["step"]:
+            if k in step:
+                lines.append(f"{k} = {_value(step[k])}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def schema_markdown() -> str:
+    """The field table of docs/lectures.md (a test checks the page holds it)."""
+    rows = ["| where | field | kind | what it holds |", "|---|---|---|---|"]
+    for where, fields in SCHEMA.items():
+        for k, (kind, what) in fields.items():
+            rows.append(f"| {where} | `{k}` | {kind} | {what.replace('|', '/')} |")
+    return "\n".join(rows)

@@ -1,0 +1,113 @@
+"""The lecture player and editor in the page (app/lecture_player.py, app/lecture_editor.py), driven by AppTest."""
+from __future__ import annotations
+
+import pytest
+from apptest_util import run_app
+from streamlit.testing.v1 import AppTest
+
+from app import lecture_player as P
+from app.context import plain
+from explorer_model import lecture as L
+
+SHIPPED_000 = L.parse((P.SHIPPED / "tutorial-000.toml").read_bytes(), P.view_keys(), P.lessons())[0]
+
+
+def counter(at) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith(("**Step", "**第")))
+
+
+def test_a_lecture_link_opens_its_step_and_next_previous_move_through_it():
+    at = run_app(lecture="tutorial-000", step=2)
+    assert not at.exception and not at.error
+    n = len(SHIPPED_000.steps)
+    assert counter(at) == f"**Step 2 / {n}** · Inside one LLaMA block"
+    assert at.session_state["view"] == "block"
+    assert at.subheader[0].value == plain(SHIPPED_000.steps[1]["title"]["en"])  # shown as typed
+    at.button(key="lecture_next").click().run()
+    assert counter(at).startswith(f"**Step 3 / {n}**") and at.query_params["step"] in ("3", ["3"])
+    at.button(key="lecture_next").click().run()  # step 4: the twins, compared
+    assert at.session_state["active_model"] == "tiny-pre" and at.session_state["cmp_model"] == "tiny-post"
+    at.button(key="lecture_prev").click().run()
+    at.button(key="lecture_prev").click().run()
+    assert counter(at).startswith(f"**Step 2 / {n}**") and at.session_state["active_model"] == "smollm2"
+    assert not at.session_state["cmp"]  # the twins' comparison did not stay
+    assert at.button(key="lecture_prev").disabled is False
+    at.button(key="lecture_prev").click().run()
+    assert at.button(key="lecture_prev").disabled is True
+
+
+def test_a_lesson_step_shows_its_caption_with_the_models_numbers():
+    at = run_app(lecture="tutorial-000", step=7, lang="zh")
+    assert not at.exception and not at.error
+    values = at.session_state["lesson_values"]
+    caption = next(m.value for m in at.markdown if "“it”的查询向量" in m.value)
+    assert f"第 {values['layer']} 层第 {values['head']} 个头" in caption and f"{values['weight']:.0%}" in caption
+    assert at.session_state["layer"] == values["layer"] and at.session_state["attn_kind"] == "scores"
+    assert "{" not in caption
+
+
+def test_an_unknown_lecture_name_says_so():
+    at = run_app(lecture="../../etc/passwd")
+    assert "no shipped lecture" in at.error[0].value and "tutorial-000" in at.error[0].value
+    assert not at.exception
+
+
+def test_add_edit_reorder_delete_and_download(tmp_path):
+    at = run_app(view="norm", layer=2, prompt="Hello there")
+    at.button(key="lecture_add").click().run()
+    assert counter(at) == "**Step 1 / 1** · My lecture"
+    step = at.session_state["lecture"]["steps"][0]
+    assert step["view"] == "norm" and step["layer"] == 2 and step["prompt"] == "Hello there"
+    assert step["title"] == {"en": "RMSNorm", "zh": "RMSNorm"} or step["title"]["en"]
+    at.text_area(key="lecture_edit_caption_en").input("<b>not bold</b> [x](http://e)").run()
+    at.text_input(key="lecture_edit_title_zh").input("第一步").run()
+    assert at.session_state["lecture"]["steps"][0]["caption"]["en"] == "<b>not bold</b> [x](http://e)"
+    assert "\\<b\\>not bold\\</b\\> \\[x\\](http\\://e)" in [m.value for m in at.markdown]  # shown as typed
+    at.segmented_control(key="view").set_value("attention").run()
+    at.button(key="lecture_add").click().run()
+    steps = at.session_state["lecture"]["steps"]
+    assert [s["view"] for s in steps] == ["norm", "attention"] and at.session_state["lecture_step"] == 1
+    at.button(key="lecture_up").click().run()
+    assert [s["view"] for s in at.session_state["lecture"]["steps"]] == ["attention", "norm"]
+    assert at.session_state["lecture_step"] == 0
+    data = at.get("download_button")[0]
+    lec, found = L.parse(L.dumps(L.Lecture(at.session_state["lecture"]["title"], at.session_state["lecture"]["steps"])))
+    assert found == [] and [s["view"] for s in lec.steps] == ["attention", "norm"]
+    assert data is not None
+    at.button(key="lecture_delete").click().run()
+    assert [s["view"] for s in at.session_state["lecture"]["steps"]] == ["norm"]
+    assert counter(at) == "**Step 1 / 1** · My lecture"
+    at.button(key="lecture_delete").click().run()
+    assert "lecture" not in at.session_state and not at.exception
+
+
+def test_a_step_whose_model_is_missing_says_so_and_the_others_open(tmp_path, monkeypatch):
+    text = ('format = 1\ntitle = { en = "t", zh = "讲" }\n'
+            '[[step]]\ntitle = { en = "one", zh = "一" }\nmodel = "no-such-model"\nview = "rope"\n'
+            '[[step]]\ntitle = { en = "two", zh = "二" }\nmodel = "smollm2"\nview = "norm"\n')
+    path = tmp_path / "l.toml"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setenv("LLAMA_EXPLORER_LECTURE", str(path))
+    at = run_app()
+    assert "no-such-model" in at.warning[0].value and at.session_state["view"] != "rope"
+    at.button(key="lecture_next").click().run()
+    assert at.session_state["view"] == "norm" and not at.warning and not at.exception
+
+
+def test_a_file_with_mistakes_lists_them_one_line_each(tmp_path, monkeypatch):
+    path = tmp_path / "bad.toml"
+    path.write_text('format = 1\ntitle = { en = "t", zh = "讲" }\n[[step]]\ntitle = { en = "a", zh = "甲" }\n'
+                    'layer = "x"\nview = "nowhere"\n', encoding="utf-8")
+    monkeypatch.setenv("LLAMA_EXPLORER_LECTURE", str(path))
+    at = run_app(lang="zh")
+    lines = [e.value for e in at.error]
+    assert lines[0].startswith("第 1 步，layer：类型应为") and lines[1].startswith("第 1 步，view：应为以下之一")
+    assert "lecture" not in at.session_state and not at.exception
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_presenter_mode_keeps_the_player_in_the_main_area(lang):
+    at = run_app(lecture="tutorial-001", step=1, presenter=1, lang=lang)
+    assert not at.exception
+    assert at.main.button(key="lecture_next") is not None and at.main.button(key="lecture_prev") is not None
+    assert isinstance(at, AppTest)

@@ -1,0 +1,76 @@
+"""The room of a shared server: its SQLite store (explorer_model/room.py) and the pages that drive and follow it
+(app/room_follow.py), the presenter's key checked on the server."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from apptest_util import run_app
+
+from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
+
+
+def test_the_store_is_shared_between_processes_in_wal_mode_and_survives_a_restart(tmp_path):
+    path = tmp_path / "room.sqlite3"
+    room = Room(path)
+    assert room.version() == 0 and room.current() is None
+    assert room.publish("lecture text", "tutorial-000", 3) == 1
+    assert room.publish("lecture text", "tutorial-000", 3) == 1  # nothing changed: same version
+    code = (f"from explorer_model.room import Room; r = Room({str(path)!r}); "
+            "print(r.current()['step'], r.publish('lecture text', 'tutorial-000', 4))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["3", "2"]  # another process read the step and moved it
+    assert room.current() == {"version": 2, "lecture": "lecture text", "name": "tutorial-000", "step": 4}
+    again = Room(path)  # a restarted server process
+    assert again.version() == 2
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+@pytest.fixture
+def shared_room(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+    monkeypatch.setenv(ROOM_DB_ENV, str(tmp_path / "room.sqlite3"))
+    monkeypatch.setenv(ROOM_KEY_ENV, "the-secret-key")
+    return Room(tmp_path / "room.sqlite3")
+
+
+def step_of(at) -> int:
+    return at.session_state["lecture_step"]
+
+
+def test_the_presenter_drives_followers_who_may_detach_and_rejoin(shared_room):
+    presenter = run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
+    assert not presenter.exception and "room_key" not in presenter.query_params  # the key leaves the address bar
+    assert shared_room.current()["step"] == 1 and shared_room.current()["name"] == "tutorial-000"
+    student = run_app()
+    assert step_of(student) == 1 and student.session_state["view"] == "block"
+    assert not student.button(key="room_detach").disabled
+    assert [b.key for b in student.button if b.key in ("lecture_next", "lecture_prev")] == []  # no way to move
+    presenter.button(key="lecture_next").click().run()
+    assert shared_room.current()["step"] == 2
+    student.run()  # what the poll's rerun does
+    assert step_of(student) == 2
+    student.button(key="room_detach").click().run()
+    student.segmented_control(key="view").set_value("rope").run()
+    presenter.button(key="lecture_next").click().run()
+    student.run()
+    assert step_of(student) == 2 and student.session_state["view"] == "rope"  # exploring on their own
+    student.button(key="room_rejoin").click().run()
+    assert step_of(student) == 3 and student.session_state["active_model"] == "tiny-pre"  # the current step: the twins
+
+
+def test_a_student_with_a_wrong_key_or_a_lecture_link_never_moves_the_room(shared_room):
+    run_app(lecture="tutorial-000", step=5, room_key="the-secret-key")
+    assert shared_room.current()["step"] == 4
+    version = shared_room.version()
+    for query in ({"room_key": "guess"}, {"room_key": "the-secret-ke"}, {"lecture": "tutorial-001", "step": 9},
+                  {"room_key": ""}):
+        at = run_app(**query)
+        assert not at.exception
+        for key in ("lecture_next", "lecture_add", "lecture_delete"):
+            found = [b for b in at.button if b.key == key]
+            if found:
+                found[0].click().run()
+    assert shared_room.version() == version and shared_room.current()["step"] == 4
