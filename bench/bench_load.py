@@ -24,6 +24,10 @@ With --processes N (N > 1) the server is `llama-explorer serve --share --process
 in front of N app processes (each its own model and cache, torch threads = cores / N); the visitors load the page
 first to get the balancer's cookie, memory is the whole process tree's and the bound N times one server's.
 
+The server's CPU seconds (user + system, all its processes, from /proc) over the load give the work per action,
+which unlike wall time does not depend on what else the machine runs; a quiet visitor alone afterwards gives
+the CPU of each action kind (--quiet-prompts). --taskset confines the server to some cores.
+
 Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5] [--processes 1]   (prints a JSON report;
 exit status 0 when there were no errors, memory stayed under the bound and recordings were identical)
 """
@@ -49,7 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from load_determinism import determinism  # noqa: E402
-from load_server import free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
+from load_server import CpuMeter, free_port, MemorySampler, rss_kb, start_server, stop_server, tree_pids, wait_healthy  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 from machine import machine_line  # noqa: E402
@@ -188,8 +192,10 @@ outcomes: collections.Counter = collections.Counter()
 
 
 async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], args, deadline: float,
-                      times: dict[str, list[float]], errors: list[dict]) -> int:
-    """All actions of one visitor; returns how many it completed."""
+                      times: dict[str, list[float]], errors: list[dict], cpu=None) -> int:
+    """All actions of one visitor; returns how many it completed. With `cpu` (a function returning the server's
+    CPU seconds so far), the server CPU of each action goes to times["cpu:<action>"]: meaningful only when this
+    visitor is the server's only one."""
     from app.panels import VIEWS
 
     all_views = [x[0] for x in VIEWS]  # the server's option order
@@ -202,7 +208,14 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
     async def act(name: str, query: str = "", widget=None, refused: bool = False, **wanted) -> None:
         nonlocal done, action
         action = name
+        cpu0 = cpu() if cpu else 0.0
         dt, problems = await v.rerun(query, widget)
+        if cpu:
+            await asyncio.sleep(0.3)  # the server's work after script_finished (sending, session bookkeeping)
+            used = cpu() - cpu0
+            times.setdefault(f"cpu:{name}", []).append(used)
+            if name == "switch_view":
+                times.setdefault(f"cpu:switch_view:{state['view']}", []).append(used)
         if refused:  # an oversized prompt: refused with one message, or cut by the text box (max_chars)
             said = [p for p in problems if p.startswith("error: ") and "characters" in p]
             outcomes["refused" if said else "cut by the text box"] += 1
@@ -266,6 +279,23 @@ async def run_visitors(port: int, args, deadline: float) -> tuple[dict, list, li
     return times, errors, list(done)
 
 
+def quiet_visitor_cpu(port: int, args, meter: CpuMeter) -> dict:
+    """Server CPU seconds per action kind, measured around each action of one visitor alone on the server (fresh
+    prompts, no think time): what each kind costs, which the mix's total cannot attribute."""
+    from app.panels import VIEWS
+
+    quiet = argparse.Namespace(**{**vars(args), "ramp": 0.0, "think": 0.0})
+    times: dict = {a: [] for a in ACTIONS}
+    errors: list = []
+    asyncio.run(visitor_run(args.visitors + 1, port, make_prompts(10_000, args.quiet_prompts, args.seed + 1),
+                            [x[0] for x in VIEWS], quiet, time.monotonic() + 600, times, errors, cpu=meter.read))
+    out = {k.split(":", 1)[1]: {"n": len(v), "mean": round(sum(v) / len(v), 3), "max": round(max(v), 3)}
+           for k, v in times.items() if k.startswith("cpu:")}
+    if errors:
+        out["errors"] = errors[:3]
+    return out
+
+
 # --------------------------------------------------------------------------- the whole run
 def run(args) -> dict:
     t_start = time.monotonic()
@@ -284,7 +314,9 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
     port = free_port()
     # one server, or `serve --processes N`: N servers behind HAProxy (docs/haproxy.cfg) pinning each visitor to one
-    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes)
+    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes, args.taskset)
+    if args.taskset:
+        report["server_taskset"] = args.taskset
     sampler = MemorySampler([proc.pid])
     sampler.start()
     client_cpu0 = time.process_time()
@@ -311,11 +343,18 @@ def run(args) -> dict:
         report["first_page_s"] = round(asyncio.run(warm_up()), 2)
         report["rss_after_first_page_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
         deadline = t_start + args.max_seconds - 60  # leave a minute to finish the runs in progress
-        t0 = time.monotonic()
+        meter = CpuMeter(proc.pid)
+        t0, cpu0 = time.monotonic(), meter.read()
         times, errors, done = asyncio.run(asyncio.wait_for(run_visitors(port, args, deadline),
                                                            args.max_seconds - (time.monotonic() - t_start)))
         report["load_seconds"] = round(time.monotonic() - t0, 1)
         report["loadavg_after"] = round(os.getloadavg()[0], 2)
+        cpu_s = meter.read() - cpu0
+        report["server_cpu"] = {"seconds": round(cpu_s, 1), "per_action_s": round(cpu_s / max(1, sum(done)), 3),
+                                "cores_busy": round(cpu_s / report["load_seconds"], 2),
+                                "actions_per_s": round(sum(done) / report["load_seconds"], 2)}
+        if args.quiet_prompts:
+            report["server_cpu"]["per_kind_quiet_visitor_s"] = quiet_visitor_cpu(port, args, meter)
     except asyncio.TimeoutError:
         times, errors, done = {a: [] for a in ACTIONS}, [{"problem": "the whole run exceeded --max-seconds"}], []
     except RuntimeError as e:  # the server did not start or its first page failed
@@ -380,14 +419,20 @@ def parse_args(argv=None):
     p.add_argument("--processes", type=int, default=1,
                    help="server processes behind HAProxy (docs/haproxy.cfg), each with its own model and cache "
                         "and its share of the cores as torch threads")
+    p.add_argument("--quiet-prompts", type=int, default=2,
+                   help="after the load, one visitor alone types this many prompts with the server's CPU read around "
+                        "each action: server CPU per action kind (0: skip)")
+    p.add_argument("--taskset", default="", metavar="CPUS",
+                   help="confine the server to these cores (taskset -c CPUS, e.g. 0): a stand-in for a slower host")
     p.add_argument("--no-determinism", action="store_true")
     p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    print(machine_line(), file=sys.stderr, flush=True)
-    report = run(parse_args(argv))
+    line = machine_line()
+    print(line, file=sys.stderr, flush=True)
+    report = {"machine": line, **run(parse_args(argv))}
     print(json.dumps(report, indent=2, ensure_ascii=False))
     return 0 if report["ok"] else 1
 

@@ -48,12 +48,44 @@ def rss_kb(pids: list[int]) -> dict[str, int]:
     return total
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far, their waited-for children included: the work
+    a server did, which unlike wall time does not depend on what else the machine runs."""
+    ticks = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / CLOCK_TICKS
+
+
+class CpuMeter:
+    """Server CPU seconds of a process tree between two readings. A process of the tree that ends between them
+    takes its CPU time along (unless its parent waited for it), so the tree is re-read at every sample and the
+    largest figure each pid reached is kept."""
+
+    def __init__(self, root: int):
+        self.root, self.seen = root, {}
+
+    def read(self) -> float:
+        for p in tree_pids(self.root):
+            self.seen[p] = max(self.seen.get(p, 0.0), cpu_seconds([p]))
+        return sum(self.seen.values())
+
+
 class MemorySampler(threading.Thread):
     """Peak RSS of a process tree, sampled from /proc."""
 
     def __init__(self, pids: list[int], every: float = 0.2):
         super().__init__(daemon=True)
         self.pids, self.every, self.samples = list(pids), every, 0
+        self.cpu = [CpuMeter(p) for p in self.pids]  # read at each sample, so short-lived processes are counted
         self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
         self.last = dict(self.peak)
         self.history: list[int] = []  # VmRSS of every sample, kB
@@ -62,11 +94,15 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             self.last = rss_kb([p for root in self.pids for p in tree_pids(root)])
+            self.cpu_seconds()
             self.samples += 1
             self.history.append(self.last["VmRSS"])
             if self.last["VmRSS"] > self.peak["VmRSS"]:
                 self.peak = self.last
             self._halt.wait(self.every)
+
+    def cpu_seconds(self) -> float:
+        return sum(m.read() for m in self.cpu)
 
     def stop(self) -> None:
         self._halt.set()
@@ -74,9 +110,10 @@ class MemorySampler(threading.Thread):
 
 
 def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path,
-                 processes: int = 1) -> subprocess.Popen:
+                 processes: int = 1, taskset: str = "") -> subprocess.Popen:
     """One shared server as `serve --share` runs it, or with processes > 1 the `serve --share --processes N` command
-    itself (app servers behind HAProxy); in its own process group, so stopping it stops all of it."""
+    itself (app servers behind HAProxy); in its own process group, so stopping it stops all of it. With `taskset`
+    (a CPU list such as "0") the whole server is confined to those cores."""
     from explorer_model.serve import server_env, streamlit_command
 
     log = open(log_path, "wb")
@@ -87,6 +124,8 @@ def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_pa
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     else:
         cmd, env = streamlit_command(port, "127.0.0.1"), server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb)
+    if taskset:
+        cmd = ["taskset", "-c", taskset] + cmd
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
