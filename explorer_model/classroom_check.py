@@ -89,12 +89,13 @@ def verdict(times: dict, cpu_s: float, load_s: float, students: int, peak_rss_mb
     # Two processes help when there is a second core to use and the one process was the limit: it kept about one
     # core busy (page runs queue behind each other, whatever the other cores do) and waits exceeded a target.
     slow = any(p95[g] is not None and p95[g] > TARGETS[g] for g in TARGETS)
-    helps = cores >= 2 and two["students"] > one["students"] and (busy >= 0.7 or slow or one["students"] < students)
+    helps = cores >= 2 and ((two["students"] > one["students"] and (busy >= 0.7 or slow or one["students"] < students))
+                            or (slow and busy >= 0.7))
     return {"actions": done, "load_seconds": round(load_s, 1), "p95_s": p95,
             "own_time_s": {g: round(m, 3) if m is not None else None for g, m in own.items()},
             "server_cpu": {"seconds": round(cpu_s, 2), "per_action_s": round(per_action, 4),
                            "cores_busy": round(busy, 2)},
-            "actions_per_student_per_s": round(rate, 4), "cores": cores,
+            "actions_per_student_per_s": round(rate, 4), "cores": cores, "targets_missed": slow,
             "estimate_one_process": one, "estimate_two_processes": two, "processes_2_helps": helps,
             "peak_rss_mb": round(peak_rss_mb)}
 
@@ -192,6 +193,10 @@ def answer(report: dict, lang: str) -> str:
              served_switch=one["within_1.5s_switch"], rss=report["peak_rss_mb"])
     if report["processes_2_helps"]:
         text += " " + t("classroom_check.p2_helps", lang, cores=report["cores"], served2=two["students"])
+    elif report["targets_missed"]:
+        slowest = max(TARGETS, key=lambda g: (report["own_time_s"][g] or 0) / TARGETS[g])
+        text += " " + t("classroom_check.too_slow", lang, own=seconds(report["own_time_s"][slowest]),
+                        target=f"{TARGETS[slowest]:g}")
     elif report["cores"] < 2:
         text += " " + t("classroom_check.p2_one_core", lang)
     else:

@@ -88,3 +88,18 @@ def test_the_answer_speaks_chinese_when_asked():
     text = C.answer(report, "zh")
     assert "学生" in text and "MB" in text
     assert C.default_lang({"LANG": "zh_CN.UTF-8"}) == "zh" and C.default_lang({"LANG": "C.UTF-8"}) == "en"
+
+
+def test_a_machine_too_slow_for_the_targets_is_told_so():
+    """Waits over the targets with the server busy: never 'not needed'; when an action alone is too slow, the answer
+    says that more processes cannot fix it."""
+    times = {a: [] for a in L.ACTIONS}
+    times["new_prompt"] = [1.6] * 10 + [10.0] * 10
+    times["switch_view"] = [0.2] * 50
+    v = C.verdict(times, cpu_s=80.0, load_s=100.0, students=30, peak_rss_mb=3000, cores=2)
+    assert v["targets_missed"] and v["processes_2_helps"]
+    report = {**v, "students": 30, "pace_s": 10.0, "errors": 0, "error_examples": []}
+    assert "processes 2" in C.answer(report, "en") and "not needed" not in C.answer(report, "en")
+    one = C.verdict(times, cpu_s=80.0, load_s=100.0, students=30, peak_rss_mb=3000, cores=1)
+    text = C.answer({**one, "students": 30, "pace_s": 10.0, "errors": 0, "error_examples": []}, "en")
+    assert "1.6 s" in text and "not needed" not in text
