@@ -35,6 +35,12 @@ class ViewContext:
     # the visitor's for the sidebar's "back to my prompt".
     extras: dict = field(default_factory=dict)
 
+    def figure_digest(self) -> tuple:
+        """What a figure drawn from this context may depend on (app/gateway_figures.py): the model (its facts
+        object: a reloaded file gets new facts), the prompt, the selection, the language and presenter mode."""
+        return (self.source, id(self.facts), tuple(self.ids), tuple(self.pieces), self.layer, self.head, self.token,
+                self.lang, self.presenter)
+
     @property
     def cfg(self):
         return self.facts.cfg

@@ -416,5 +416,8 @@ from app.gateway_costs import BIG_LAYERS, BIG_WIDTH, PromptTooBig, _record_measu
 from app.gateway_compare import (changed_recording, changed_recording_npz, compare_lesson,  # noqa: E402
                                  pair_derived)
 
+from app.gateway_figures import figure  # noqa: E402
+
+__all__ += ["figure"]
 __all__ += ["prompt_cost", "PromptTooBig", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
             "changed_recording_npz", "compare_lesson"]

@@ -5,12 +5,16 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import json
 from typing import Sequence
 
 import numpy as np
 import plotly.basedatatypes
 import plotly.graph_objects as go
+import plotly.io
 import streamlit as st
+
+from app import explorer
 
 from .context import ViewContext
 
@@ -101,11 +105,43 @@ def _thin_axis(axis, length: float, font_px: int) -> None:
     axis.update(tickmode="array", tickvals=shown, ticktext=[str(c) for c in shown], tickfont=dict(size=font_px))
 
 
-def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None,
-         **chart_args):
+def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None, **chart_args):
     """Render with Plotly's own PNG download button. Presenter mode scales the figure and every font (tick labels
     PRESENTER_FONT px on every axis, titles, legend, hover, annotations) and thins labels again for the larger font.
-    chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
+    `fig` is a figure, or a function of no arguments that builds one: then the finished figure is kept in the
+    gateway's cache under what the function closes over (app/gateway_figures.py), and a page run that asks for it
+    again builds nothing. chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
+    if callable(fig):
+        fig = ServedFigure(explorer.figure(fig, lambda built: spec(finish(built, ctx, height)),
+                                           (key, ctx.presenter, height)))
+        width = fig.to_dict().get("layout", {}).get("width")
+    else:
+        width = finish(fig, ctx, height).layout.width
+    config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2}}
+    return st.plotly_chart(fig, key=key, config=config, width="content" if width else "stretch", **chart_args)
+
+
+def spec(fig: go.Figure) -> dict:
+    """The figure as the browser receives it (Plotly's JSON, arrays base64-typed), read back into plain dicts."""
+    return json.loads(plotly.io.to_json(fig, validate=False))
+
+
+class ServedFigure(plotly.basedatatypes.BaseFigure):
+    """A finished figure's spec, handed to st.plotly_chart as a figure. Streamlit turns a figure into JSON through
+    `to_dict()` and re-encodes what that returns; a plain dict it would first rebuild into a Figure, validating
+    every property (tens of ms a chart). This hands over the cached spec as it is: no graph objects are built, and
+    encoding plain dicts is a third of encoding a figure. Plotly's own constructor is not run: nothing but
+    `to_dict` is ever asked of it."""
+
+    def __init__(self, spec_dict: dict):  # noqa: D107  (BaseFigure.__init__ deliberately not called)
+        object.__setattr__(self, "_spec", spec_dict)
+
+    def to_dict(self) -> dict:
+        return self._spec
+
+
+def finish(fig: go.Figure, ctx: ViewContext, height: int | None) -> go.Figure:
+    """The figure as shown: its height, log axes' ticks, presenter mode's sizes (see `show`)."""
     if height and not (fig.layout.yaxis.scaleanchor and fig.layout.height):  # heatmaps size themselves
         fig.update_layout(height=height)
     # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
@@ -123,9 +159,7 @@ def show(fig: go.Figure, ctx: ViewContext, key: str, filename: str | None = None
         if fig.layout.height:  # the main figure must still fit the first 1280×720 screen
             fig.update_layout(height=min(int(fig.layout.height * 1.2), PRESENTER_MAX_H))
         thin_ticks(fig, big)
-    config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2}}
-    return st.plotly_chart(fig, key=key, config=config, width="content" if fig.layout.width else "stretch",
-                           **chart_args)
+    return fig
 
 
 def to_csv(header: Sequence[str], rows) -> str:

@@ -127,6 +127,14 @@ class ResultCache:
         with self._lock:
             return list(self._items)
 
+    def discard(self, kind: str) -> int:
+        """Drop every entry of one kind (the first element of its key); how many were dropped."""
+        with self._lock:
+            gone = [k for k in self._items if k[0] == kind]
+            for k in gone:
+                del self._items[k], self._bytes[k]
+            return len(gone)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

@@ -1,7 +1,9 @@
 """Drawing time of each view, without Streamlit's page run around it: the Python a classroom server's pages share.
 
 Each view's `draw` is called in bare mode (no browser, no AppTest) for fresh SmolLM2 prompts: "first" when the
-view meets the prompt (its view data computed and cached), "again" for the same prompt (figures only). Both
+view meets the prompt (its view data computed and cached, its figures built), "again" for the same prompt with the
+gateway's cached figures dropped (figures built from cached view data), "cached" for the same prompt with its
+figures in the cache (what a view switch back or a rerun costs: handing cached figures to Streamlit). All three
 with Plotly's property-path parser memoized (as app/plots.py sets it up) and with Plotly's own parser,
 interleaved per prompt, so the ratio is measured in one run.
 
@@ -37,6 +39,7 @@ from machine import machine_line  # noqa: E402
 SOURCE = explorer.DEFAULT_SOURCE
 MEMOIZED = B._str_to_dict_path_full
 MODES = {"memoized": MEMOIZED, "plotly": MEMOIZED.__wrapped__}
+WHEN = ("first", "again", "cached")
 
 
 def context(text: str) -> ViewContext:
@@ -49,7 +52,8 @@ def context(text: str) -> ViewContext:
 
 
 def main() -> None:
-    print(machine_line(), file=sys.stderr, flush=True)
+    line = machine_line()
+    print(line, file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=4, help="fresh prompts per mode")
     args = ap.parse_args()
@@ -62,7 +66,9 @@ def main() -> None:
             B._str_to_dict_path_full = parse
             ctx = context(f"The quick brown fox number {r} jumps over the lazy dog ({mode}), said the teacher.")
             for view, draw in VIEWS:
-                for when in ("first", "again"):
+                for when in WHEN:
+                    if when == "again":
+                        explorer.result_cache().discard("figure")
                     t = time.perf_counter()
                     draw(ctx)
                     times.setdefault(mode, {}).setdefault(view, {}).setdefault(when, []).append(time.perf_counter() - t)
@@ -70,10 +76,10 @@ def main() -> None:
     out = {mode: {view: {when: round(statistics.median(v), 4) for when, v in by.items()} for view, by in per.items()}
            for mode, per in times.items()}
     for mode in out:
-        out[mode]["all_views"] = {when: round(sum(v[when] for v in out[mode].values()), 4) for when in ("first", "again")}
+        out[mode]["all_views"] = {when: round(sum(v[when] for v in out[mode].values()), 4) for when in WHEN}
     out["ratio_memoized_vs_plotly"] = {when: round(out["memoized"]["all_views"][when] / out["plotly"]["all_views"][when], 3)
-                                       for when in ("first", "again")}
-    print(json.dumps(out, indent=1))
+                                       for when in WHEN}
+    print(json.dumps({"machine": line, **out}, indent=1))
 
 
 if __name__ == "__main__":

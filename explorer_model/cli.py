@@ -354,6 +354,18 @@ def check_lecture(path: str) -> None:
         raise CliError(f"--lecture {path}: {problems[0].english()}{more}")
 
 
+def cmd_classroom_check(args) -> None:
+    from .classroom_check import answer, run_check
+
+    for name in ("students", "pace", "duration"):
+        if getattr(args, name) <= 0:
+            raise CliError(f"--{name} {getattr(args, name)}: must be more than 0")
+    report = run_check(students=args.students, pace=args.pace, duration=args.duration, model=args.model,
+                       progress=not args.no_progress)
+    report["answer"] = answer(report, args.lang)
+    print(json.dumps(report, indent=1, ensure_ascii=False) if args.json else report["answer"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="llama-explorer", description="See what a LLaMA model does inside.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -430,6 +442,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--processes", type=number(int, 1, 64, "a process count"), default=1,
                    help="app server processes behind HAProxy on --port (each its own model and cache; needs haproxy)")
     s.set_defaults(fn=cmd_serve)
+
+    from .classroom_check import default_lang
+
+    s = sub.add_parser("classroom-check", help="will this machine hold a class? a one-minute run with simulated "
+                                               "students on a private server, answered in one paragraph")
+    s.add_argument("--students", type=int, default=30, help="simulated students (default 30)")
+    s.add_argument("--pace", type=float, default=10.0, help="mean seconds between one student's actions (default 10)")
+    s.add_argument("--duration", type=float, default=60.0, help="seconds the students keep typing prompts (default 60)")
+    s.add_argument("--model", default=None, help="the model the students visit (default: the page's, smollm2)")
+    s.add_argument("--lang", choices=("en", "zh"), default=default_lang(), help="language of the answer "
+                                                                               "(default: from LANG)")
+    s.add_argument("--json", action="store_true", help="print the whole report as JSON (the answer included)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.set_defaults(fn=cmd_classroom_check)
     for name in ("info", "tokenize", "record", "generate", "serve"):
         sub.choices[name].add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP)
     return p

@@ -125,6 +125,8 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
         print("Shared mode: visitors choose from the default model, the shipped teaching models"
               + (f" and the models in {printable(models_dir)}" if models_dir else "") + "; they cannot load paths.",
               flush=True)
+        print("How many students this machine holds: `llama-explorer classroom-check` (about a minute, before the "
+              "lesson).", flush=True)
     env = server_env(share, models_dir, max_tokens, cache_mb, lab, lecture)
     if share:
         env.update(room_env(port))

@@ -49,21 +49,25 @@ def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -
     sub, labels = m[lo:hi, lo:hi], ctx.labels[lo:hi]
     name = ctx.t("attention.value.pattern" if kind == "pattern" else "attention.value.scores")
     q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
-    fig = plots.heatmap(
-        sub, labels, labels, colorscale="Blues" if kind == "pattern" else "RdBu_r",
-        zmin=0 if kind == "pattern" else None, zmax=1 if kind == "pattern" else None,
-        zmid=None if kind == "pattern" else 0.0,
-        title=ctx.t("attention.head.title", layer=ctx.layer, head=head_label(ctx, ctx.head), value=name),
-        x_title=k_title, y_title=q_title, value_name=name)
-    # Clicking a visible (not masked) cell picks the query/key pair of "Which heads link these two tokens?".
-    qs, ks = np.tril_indices(hi - lo)
-    text = [f"{q_title}: {labels[q]}<br>{k_title}: {labels[k]}<br>{name}: {sub[q, k]:.4f}" for q, k in zip(qs, ks)]
     pair = attention_links.pair()
-    fig.add_trace(click_overlay(qs, ks, labels, labels, text,
-                                selected=None if pair is None else (pair[0] - lo, pair[1] - lo)))
-    fig.data[0].hoverinfo = "skip"  # the overlay's markers carry the hover text
-    fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
-    plots.show(clickable(fig), ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
+
+    def figure() -> go.Figure:
+        fig = plots.heatmap(
+            sub, labels, labels, colorscale="Blues" if kind == "pattern" else "RdBu_r",
+            zmin=0 if kind == "pattern" else None, zmax=1 if kind == "pattern" else None,
+            zmid=None if kind == "pattern" else 0.0,
+            title=ctx.t("attention.head.title", layer=ctx.layer, head=head_label(ctx, ctx.head), value=name),
+            x_title=k_title, y_title=q_title, value_name=name)
+        # Clicking a visible (not masked) cell picks the query/key pair of "Which heads link these two tokens?".
+        qs, ks = np.tril_indices(hi - lo)
+        text = [f"{q_title}: {labels[q]}<br>{k_title}: {labels[k]}<br>{name}: {sub[q, k]:.4f}"
+                for q, k in zip(qs, ks)]
+        fig.add_trace(click_overlay(qs, ks, labels, labels, text,
+                                    selected=None if pair is None else (pair[0] - lo, pair[1] - lo)))
+        fig.data[0].hoverinfo = "skip"  # the overlay's markers carry the hover text
+        fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
+        return clickable(fig)
+    plots.show(figure, ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
                height=500, on_select=attention_links.pick_pair_callback("attn_head", lo),
                selection_mode="points")
     if hi - lo < len(ctx.ids):
@@ -110,28 +114,31 @@ def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: i
     titles = [""] * (n_rows * n_cols)
     for h, (r, c) in slots.items():
         titles[r * n_cols + c] = head_label(ctx, h)
-    layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.06, vspace=0.08)
-    labels = ctx.labels[lo:hi]
-    ticks = thinned(labels)
-    q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
-    traces = []
-    for h, (r, c) in slots.items():
-        xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
-        traces.append(go.Heatmap(z=mats[h, lo:hi, lo:hi], x=labels, y=labels,
-                                 coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya, meta=h,
-                                 hovertemplate=f"{q_title}: %{{y}}<br>{k_title}: %{{x}}<br>%{{z:.4f}}"
-                                               f"<extra>{head_label(ctx, h)}</extra>"))
-        # Token labels on the outer axes only, every k-th one: at 49 tokens a small multiple has room for ~16.
-        layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", tickmode="array", tickvals=ticks,
-                                        showticklabels=c == 0, tickfont=dict(size=9))
-        layout["xaxis" + xa[1:]].update(type="category", tickmode="array", tickvals=ticks,
-                                        showticklabels=r == n_rows - 1, tickangle=-60, tickfont=dict(size=9))
-    fig = go.Figure(traces, layout)
-    fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
-                                     cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
-                      title=ctx.t("attention.grid.title", layer=ctx.layer), meta=dict(id="attn_grid"),
-                      margin=dict(l=90, r=10, t=70, b=90))  # room for the outer axes' token labels
-    plots.show(fig, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=300 * n_rows + 160)
+
+    def figure() -> go.Figure:
+        layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.06, vspace=0.08)
+        labels = ctx.labels[lo:hi]
+        ticks = thinned(labels)
+        q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
+        traces = []
+        for h, (r, c) in slots.items():
+            xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
+            traces.append(go.Heatmap(z=mats[h, lo:hi, lo:hi], x=labels, y=labels,
+                                     coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya, meta=h,
+                                     hovertemplate=f"{q_title}: %{{y}}<br>{k_title}: %{{x}}<br>%{{z:.4f}}"
+                                                   f"<extra>{head_label(ctx, h)}</extra>"))
+            # Token labels on the outer axes only, every k-th one: at 49 tokens a small multiple has room for ~16.
+            layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", tickmode="array", tickvals=ticks,
+                                            showticklabels=c == 0, tickfont=dict(size=9))
+            layout["xaxis" + xa[1:]].update(type="category", tickmode="array", tickvals=ticks,
+                                            showticklabels=r == n_rows - 1, tickangle=-60, tickfont=dict(size=9))
+        fig = go.Figure(traces, layout)
+        fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
+                                         cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
+                          title=ctx.t("attention.grid.title", layer=ctx.layer), meta=dict(id="attn_grid"),
+                          margin=dict(l=90, r=10, t=70, b=90))  # room for the outer axes' token labels
+        return fig
+    plots.show(figure, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=300 * n_rows + 160)
 
 
 def draw_overview(ctx: ViewContext) -> None:
@@ -145,16 +152,15 @@ def draw_overview(ctx: ViewContext) -> None:
     head_t, layer_t = ctx.t("attention.axis.head"), ctx.t("attention.axis.layer")
     c1, c2 = st.columns(2)
     with c1:
-        fig = plots.heatmap(entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("attention.entropy_nats"),
-                            title=ctx.t("attention.overview.entropy"), x_title=head_t, y_title=layer_t)
-        fig.update_layout(meta=dict(id="attn_entropy"))
-        plots.show(fig, ctx, key="attn_entropy", filename="attention_entropy", height=620)
+        plots.show(lambda: plots.heatmap(
+            entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("attention.entropy_nats"),
+            title=ctx.t("attention.overview.entropy"), x_title=head_t, y_title=layer_t,
+        ).update_layout(meta=dict(id="attn_entropy")), ctx, key="attn_entropy", filename="attention_entropy", height=620)
     with c2:
-        fig = plots.heatmap(sink, heads, layers, colorscale="Reds", zmin=0, zmax=1,
-                            value_name=ctx.t("attention.overview.sink_value"),
-                            title=ctx.t("attention.overview.sink"), x_title=head_t, y_title=layer_t)
-        fig.update_layout(meta=dict(id="attn_sink"))
-        plots.show(fig, ctx, key="attn_sink", filename="attention_sink", height=620)
+        plots.show(lambda: plots.heatmap(
+            sink, heads, layers, colorscale="Reds", zmin=0, zmax=1, value_name=ctx.t("attention.overview.sink_value"),
+            title=ctx.t("attention.overview.sink"), x_title=head_t, y_title=layer_t,
+        ).update_layout(meta=dict(id="attn_sink")), ctx, key="attn_sink", filename="attention_sink", height=620)
     st.caption(ctx.t("attention.overview.caption"))
     rows = [(layer, h, h // ctx.cfg.n_rep, entropy[i, h], sink[i, h])
             for i, layer in enumerate(shown) for h in range(ctx.cfg.n_heads)]

@@ -199,7 +199,7 @@ def draw_diagrams(ctx: ViewContext) -> None:
     t, cfg, T = ctx.t, ctx.cfg, len(ctx.ids)
     left, right = st.columns(2)
     with left:
-        plots.show(block_figure(cfg, T, cfg.norm_placement, t), ctx, key="block_diagram", filename="block")
+        plots.show(lambda: block_figure(cfg, T, cfg.norm_placement, t), ctx, key="block_diagram", filename="block")
     with right:
         blockcode.draw_code(ctx)
     blockcode.draw_node_buttons(ctx)
@@ -211,7 +211,7 @@ def draw_diagrams(ctx: ViewContext) -> None:
         else:
             st.latex(r"h = x + \mathrm{Attn}\big(\mathrm{RMSNorm}(x)\big)")
             st.latex(r"y = h + W_{down}\big(\mathrm{SiLU}(W_{gate}\,n) \odot W_{up}\,n\big),\qquad n = \mathrm{RMSNorm}(h)")
-    plots.show(model_figure(cfg, T, t), ctx, key="block_model_diagram", filename="model")
+    plots.show(lambda: model_figure(cfg, T, t), ctx, key="block_model_diagram", filename="model")
 
 
 def draw_flow(ctx: ViewContext) -> None:
@@ -227,7 +227,7 @@ def draw_flow(ctx: ViewContext) -> None:
                          f"block_{L}_numbers.csv", "block_csv_flow")
     with right:
         data = layer_norms_data(ctx.rec, ctx.token)
-        plots.show(layer_norms_figure(data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
+        plots.show(lambda: layer_norms_figure(data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
                    filename="block_norms_by_layer")
     with plots.explainer(ctx, t("block.flow.more")):
         st.markdown(t("block.flow.explain", label=plain(ctx.labels[ctx.token]), n=len(ctx.ids)))

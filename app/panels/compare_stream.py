@@ -32,7 +32,7 @@ def draw_curve_panels(pair: Pair, fields, fig_id: str) -> None:
     ca, cb = pair_curves(pair)
     panels = [(pair.t(CURVE_KEYS[f]), [("A", "A", ca.depth, getattr(ca, f)), ("B", "B", cb.depth, getattr(cb, f))])
               for f in fields]
-    plots.show(F.curves_grid(fig_id, panels, x_title=pair.t("compare.depth"), cols=len(fields), height=330),
+    plots.show(lambda: F.curves_grid(fig_id, panels, x_title=pair.t("compare.depth"), cols=len(fields), height=330),
                pair.a, key=fig_id)
 
 

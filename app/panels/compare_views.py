@@ -107,7 +107,7 @@ def draw_attention(pair: Pair) -> None:
     if m["diff"] is not None:
         js = row_js(pair)
         st.caption(t("compare.js_caption"))
-        plots.show(F.bars_figure("compare_attention_js", pair.diff_labels(), [("js", t("compare.js_name"), js)],
+        plots.show(lambda: F.bars_figure("compare_attention_js", pair.diff_labels(), [("js", t("compare.js_name"), js)],
                                  title=t("compare.js_title", layer=a.layer, head=a.head), y_title="nats",
                                  highlight=sorted(pair.changed())), a, key="compare_attention_js")
     S.draw_curve_panels(pair, ("attn_entropy", "sink_share"), "compare_attention_curves")  # every layer, any shapes
@@ -134,7 +134,7 @@ def draw_swiglu(pair: Pair) -> None:
     plots.show(fig, a, key="compare_swiglu")
     if pair.positions and a.layer == b.layer:
         change = pair.cached(f"ffn:{a.layer}", ffn_change, a.layer, pair.pairs)
-        plots.show(F.bars_figure("compare_swiglu_change", pair.diff_labels(), [("B-A", t("compare.ffn_change_name"), change)],
+        plots.show(lambda: F.bars_figure("compare_swiglu_change", pair.diff_labels(), [("B-A", t("compare.ffn_change_name"), change)],
                                  title=t("compare.ffn_change_title", layer=a.layer), y_title="‖Δ‖ / ‖A‖",
                                  highlight=sorted(pair.changed())), a, key="compare_swiglu_change")
     S.draw_curve_panels(pair, ("gate_sparsity",), "compare_swiglu_curves")
@@ -154,7 +154,7 @@ def draw_block(pair: Pair) -> None:
         xa, xb = (ca.stream_depth, cb.stream_depth) if f.startswith("stream") else (ca.depth, cb.depth)
         panels.append((t(CURVE_KEYS[f]), [("A", "A", xa, getattr(ca, f)), ("B", "B", xb, getattr(cb, f))]))
     st.caption(t("compare.block_caption"))
-    plots.show(F.curves_grid("compare_block", panels, x_title=t("compare.depth")), pair.a, key="compare_block")
+    plots.show(lambda: F.curves_grid("compare_block", panels, x_title=t("compare.depth")), pair.a, key="compare_block")
     rows = []
     for side, c in (("A", ca), ("B", cb)):
         for f in CURVE_FIELDS:

@@ -71,10 +71,10 @@ def draw(ctx: ViewContext) -> None:
     data = cost_data({this: ctx.cfg, REFERENCE: families.FAMILIES[REFERENCE]}, T)
     left, right = st.columns(2)
     with left:
-        plots.show(cost_figure(data, "score_bytes_per_layer", t("tokens.costs.mem_title", bytes=SCORE_BYTES),
+        plots.show(lambda: cost_figure(data, "score_bytes_per_layer", t("tokens.costs.mem_title", bytes=SCORE_BYTES),
                                t("tokens.costs.mem_y"), T), ctx, key="tokens_costs_mem", filename="attention_memory")
     with right:
-        plots.show(cost_figure(data, "attention_flops", t("tokens.costs.flops_title"), "FLOPs", T,
+        plots.show(lambda: cost_figure(data, "attention_flops", t("tokens.costs.flops_title"), "FLOPs", T,
                                dashed="matmul_flops"), ctx, key="tokens_costs_flops", filename="attention_flops")
     cross = {name: costs.crossover_length(cfg) for name, cfg in ((this, ctx.cfg), (REFERENCE, families.FAMILIES[REFERENCE]))}
     st.caption(t("tokens.costs.caption", this=this, T=T, share=100 * float(data[this]["attention_share"][lengths(T).index(T)]),
@@ -86,7 +86,7 @@ def draw(ctx: ViewContext) -> None:
     rows = costs.kv_cache_table({this: ctx.cfg, **{n: families.FAMILIES[n] for n in KV_MODELS}}, CONTEXT, KV_BYTES)
     left, right = st.columns([3, 2])
     with left:
-        plots.show(kv_figure(rows, t), ctx, key="tokens_costs_kv", filename="kv_cache_per_token")
+        plots.show(lambda: kv_figure(rows, t), ctx, key="tokens_costs_kv", filename="kv_cache_per_token")
     df = pd.DataFrame([{t("tokens.costs.col_model"): r["name"], "H": r["n_heads"], "H_kv": r["n_kv_heads"],
                         t("tokens.costs.col_kind"): r["kind"], t("tokens.costs.col_per_token"): r["bytes_per_token"],
                         t("tokens.costs.col_mha"): r["mha_bytes_per_token"],

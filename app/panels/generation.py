@@ -129,7 +129,7 @@ def draw_loss_strip(ctx: ViewContext) -> None:
         st.info(t("residual.loss_needs_two_tokens"))
         return
     pl = position_losses(ctx.rec)
-    plots.show(loss_strip_figure(pl, ctx.labels, t), ctx, key="residual_loss_strip",
+    plots.show(lambda: loss_strip_figure(pl, ctx.labels, t), ctx, key="residual_loss_strip",
                height=190 if not ctx.presenter else 240)
     worst = int(np.argmax(pl.losses))
     st.caption(t("residual.loss_caption", mean=pl.mean, n=len(pl.losses), worst=ctx.labels[worst + 1],
@@ -161,7 +161,7 @@ def draw_prediction(ctx: ViewContext) -> None:
 
     data = steps_data(ctx.rec.logits[0, -1], temp, top_k, top_p, seed=seed, n_ctx=len(ids))
     names = [candidate_label(tok, ids, int(i)) for i in data["ids"]]
-    plots.show(steps_figure(data, names, t), ctx, key="residual_steps", height=440)
+    plots.show(lambda: steps_figure(data, names, t), ctx, key="residual_steps", height=440)
     s = data["survivors"]
     st.caption(t("residual.tokens_left", raw=s[0], tempered=s[1], top_k=s[2], top_p=s[3]))
 

@@ -162,7 +162,7 @@ def draw_intro(ctx: ViewContext) -> None:
 
 def draw_divisors(ctx: ViewContext, which: str) -> np.ndarray:
     z = divisor_matrix(ctx.rec, which)
-    plots.show(divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which)), ctx, key="norm_divisor_fig",
+    plots.show(lambda: divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which)), ctx, key="norm_divisor_fig",
                filename=f"rms_divisor_{which}")
     st.caption(ctx.t("norm.divisor_caption"))
     return z
@@ -173,14 +173,14 @@ def draw_final(ctx: ViewContext) -> None:
     if d is None:
         st.info(ctx.t("norm.no_final"))
     else:
-        plots.show(final_figure(d, ctx.labels, ctx.t), ctx, key="norm_final_fig", filename="rms_divisor_final")
+        plots.show(lambda: final_figure(d, ctx.labels, ctx.t), ctx, key="norm_final_fig", filename="rms_divisor_final")
 
 
 def draw_vectors(ctx: ViewContext, which: str) -> dict:
     v = norm_vectors(ctx.rec, ctx.cfg, ctx.facts.gammas[f"blocks.{ctx.layer}.{which}"], ctx.layer, ctx.token, which)
     st.subheader(ctx.t("norm.vectors_heading", token=plain(ctx.labels[ctx.token]), layer=ctx.layer,
                        norm=norm_name(ctx, which)))
-    plots.show(vectors_figure(v, ctx.t), ctx, key="norm_vectors_fig", filename=f"rmsnorm_{which}_L{ctx.layer}")
+    plots.show(lambda: vectors_figure(v, ctx.t), ctx, key="norm_vectors_fig", filename=f"rmsnorm_{which}_L{ctx.layer}")
     top = outlier_dims(v["x"])
     share = float(np.sum(v["x"][top] ** 2) / max(np.sum(v["x"] ** 2), 1e-30))
     st.caption(ctx.t("norm.vectors_caption", scale=v["scale"], rms_x=rms(v["x"]), rms_n=rms(v["normalized"]),
@@ -191,7 +191,7 @@ def draw_vectors(ctx: ViewContext, which: str) -> dict:
 
 def draw_gamma(ctx: ViewContext, v: dict, which: str) -> None:
     g = v["gamma"]
-    plots.show(gamma_figure(g, ctx.t, norm_name(ctx, which)), ctx, key="norm_gamma_fig",
+    plots.show(lambda: gamma_figure(g, ctx.t, norm_name(ctx, which)), ctx, key="norm_gamma_fig",
                filename=f"gamma_{which}_L{ctx.layer}")
     st.caption(ctx.t("norm.gamma_caption", lo=g.min(), med=np.median(g), hi=g.max(), neg=int((g < 0).sum()),
                      d=len(g), at_dims=", ".join(f"{d}: {g[d]:.3g}" for d in outlier_dims(v["x"]))))
@@ -202,7 +202,7 @@ def draw_layernorm(ctx: ViewContext, v: dict) -> dict:
     st.subheader(ctx.t("norm.vs_heading"))
     st.markdown(ctx.t("norm.vs_text", mean=c["mean"], std=c["std"], rms=c["rms"],
                       ratio=abs(c["mean"]) / max(c["std"], 1e-30), diff=np.abs(c["diff"]).max()))
-    plots.show(layernorm_figure(c, ctx.t), ctx, key="norm_layernorm_fig", filename=f"layernorm_vs_rmsnorm_L{ctx.layer}")
+    plots.show(lambda: layernorm_figure(c, ctx.t), ctx, key="norm_layernorm_fig", filename=f"layernorm_vs_rmsnorm_L{ctx.layer}")
     return c
 
 

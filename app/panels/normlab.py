@@ -93,13 +93,13 @@ def draw_twins(ctx: ViewContext) -> dict | None:
     st.markdown(t("normlab.tiny_pre_and_tiny_post", cfg_n_layers=cfg.n_layers, cfg_d_model=cfg.d_model, len_twins_pre_1=len(twins['pre'][1])))
     res = {v: lab.residual_norms(twins[v][2]) for v in twins}
     layers_x = ["emb"] + [f"L{i}" for i in range(cfg.n_layers)]
-    plots.show(twin_lines_figure("normlab_resid", t("normlab.residual_stream_size_after_each"),
+    plots.show(lambda: twin_lines_figure("normlab_resid", t("normlab.residual_stream_size_after_each"),
                                  layers_x, {v: (variant_name(t, v), res[v], COLORS[v], "solid") for v in res}, t,
                                  "‖x‖", t("normlab.layer")), ctx, key="normlab_resid_fig")
     st.caption(t("normlab.pre_norm_lets_the_residual", res_pre_1=res['pre'][1], res_pre_12=res['pre'][-1], res_post_1=res['post'][-1]))
     sc = {f"{v}_{w}": (f"{variant_name(t, v)} {w}", lab.norm_scales(twins[v][2], w), COLORS[v],
                        "solid" if w == "ln1" else "dot") for v in twins for w in ("ln1", "ln2")}
-    plots.show(twin_lines_figure("normlab_scales", t("normlab.norm_divisors_per_layer_mean"),
+    plots.show(lambda: twin_lines_figure("normlab_scales", t("normlab.norm_divisors_per_layer_mean"),
                                  layers_x[1:], sc, t, t("normlab.divisor"), t("normlab.layer")), ctx, key="normlab_scales_fig")
     st.caption(t("normlab.a_pre_norm_divisor_is"))
     cols = st.columns(2)
@@ -108,9 +108,9 @@ def draw_twins(ctx: ViewContext) -> dict | None:
         labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
         layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
-            plots.show(twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
+            plots.show(lambda: twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
             top, probs = lab.top_predictions(rec)
-            plots.show(top_figure([plain(candidate_label(loaded, list(ids), int(i))) for i in top], probs, t, v), ctx,
+            plots.show(lambda: top_figure([plain(candidate_label(loaded, list(ids), int(i))) for i in top], probs, t, v), ctx,
                        key=f"normlab_top_{v}_fig")
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))
@@ -141,7 +141,7 @@ def draw_train_logs(ctx: ViewContext) -> None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         with col:
-            plots.show(train_grad_figure(curves[v], t, v), ctx, key=f"normlab_train_grads_{v}_fig")
+            plots.show(lambda: train_grad_figure(curves[v], t, v), ctx, key=f"normlab_train_grads_{v}_fig")
     fin = {v: logs[v].get("final", {}) for v in logs}
     tc = logs["post"].get("train_config", {})
     ratio = {v: [g[-1] / g[0] for g in (curves[v]["grad_down"][0], curves[v]["grad_down"][-1])] for v in curves}

@@ -52,24 +52,24 @@ def draw_init(ctx: ViewContext) -> dict | None:
     prof, sweep = r["profile"], r["sweep"]
     ratio = {v: lab.last_first_ratio(prof[v]["grad_down"]) for v in prof}
     grows = {v: sum(x > 1 for x in prof[v]["ratio_seeds"]) for v in prof}
-    plots.show(variants_figure("normlab_init_profile", t("normlab.w_down_per_layer_at", depth=depth),
+    plots.show(lambda: variants_figure("normlab_init_profile", t("normlab.w_down_per_layer_at", depth=depth),
                                range(depth), {v: prof[v]["grad_down"] for v in prof}, t, t("normlab.layer"),
                                t("normlab.gradient_norm")), ctx, key="normlab_init_profile_fig")
     st.caption(t("normlab.last_first_layer_ratio_pre", ratio_pre=ratio['pre'], ratio_post=ratio['post'], ratio_deepnorm=ratio['deepnorm'], grows_pre=grows['pre'], len_r_seeds=len(r['seeds']), grows_post=grows['post'], grows_deepnorm=grows['deepnorm']) + init_lesson(t, ffn, init))
     depths = r["depths"]
-    plots.show(variants_figure("normlab_init_depth", t("normlab.last_layer_s_w_down"),
+    plots.show(lambda: variants_figure("normlab_init_depth", t("normlab.last_layer_s_w_down"),
                                depths, {v: sweep[v]["last_grad"] for v in sweep}, t, t("normlab.layers_n_log"),
                                t("normlab.gradient_norm_log"), log_y=True, log_x=True), ctx, key="normlab_init_depth_fig")
     lg = {v: sweep[v]["last_grad"] for v in sweep}
     st.caption(t("normlab.from_to_layers_the_last", depths_0=depths[0], depths_1=depths[-1], lg_pre_0=lg['pre'][0], lg_pre_1=lg['pre'][-1], lg_post_0=lg['post'][0], lg_post_1=lg['post'][-1], lg_deepnorm_0=lg['deepnorm'][0], lg_deepnorm_1=lg['deepnorm'][-1]))
     cols = st.columns(2)
     with cols[0]:
-        plots.show(variants_figure("normlab_init_resid", t("normlab.residual_rms_after_each_block", depth=depth),
+        plots.show(lambda: variants_figure("normlab_init_resid", t("normlab.residual_rms_after_each_block", depth=depth),
                                    range(depth), {v: prof[v]["resid_rms"] for v in prof}, t, t("normlab.layer"), "RMS"),
                    ctx, key="normlab_init_resid_fig")
     oc = {v: sweep[v]["output_change"] for v in sweep}
     with cols[1]:
-        plots.show(variants_figure("normlab_init_update", t("normlab.output_change_after_one_adam", lr=o.probe_lr),
+        plots.show(lambda: variants_figure("normlab_init_update", t("normlab.output_change_after_one_adam", lr=o.probe_lr),
                                    depths, oc, t, t("normlab.layers_n_log"), t("normlab.rms_change_of_the_logits"), log_x=True),
                    ctx, key="normlab_init_update_fig")
     st.caption(t("normlab.left_pre_norm_s_residual", prof_pre_resid_rms_0=prof['pre']['resid_rms'][0], prof_pre_resid_rms_1=prof['pre']['resid_rms'][-1], depths_1=depths[-1], oc_pre_1=oc['pre'][-1], oc_post_1=oc['post'][-1], oc_deepnorm_1=oc['deepnorm'][-1], depths_0=depths[0], oc_pre_0=oc['pre'][0], oc_post_0=oc['post'][0], oc_deepnorm_0=oc['deepnorm'][0]))

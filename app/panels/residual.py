@@ -91,11 +91,12 @@ def draw_norms(ctx: ViewContext) -> None:
     rows = [t("residual.layer_in", layer=l) for l in range(n_layers)] + [t("residual.layer_out", layer=n_layers - 1)]
     log = st.toggle(t("residual.colour_by_log_one_huge"), key="residual_log")
     cap = norm_colour_cap(norms)
-    fig = plots.heatmap(np.log10(norms) if log else norms, ctx.labels, rows, colorscale="Viridis",
-                        zmin=None if log or cap is None else 0.0, zmax=None if log or cap is None else cap,
-                        title=t("residual.x_per_layer_and_token"), x_title=t("residual.token"),
-                        y_title=t("residual.residual_stream_entering_layer"),
-                        value_name="log10 ‖x‖₂" if log else "‖x‖₂", fmt=".3f" if log else ".2f")
+    fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
+        np.log10(norms) if log else norms, ctx.labels, rows, colorscale="Viridis",
+        zmin=None if log or cap is None else 0.0, zmax=None if log or cap is None else cap,
+        title=t("residual.x_per_layer_and_token"), x_title=t("residual.token"),
+        y_title=t("residual.residual_stream_entering_layer"),
+        value_name="log10 ‖x‖₂" if log else "‖x‖₂", fmt=".3f" if log else ".2f")
     plots.show(fig, ctx, key="residual_norms", height=min(900, 200 + 18 * len(rows)))
     capped = "" if log or cap is None else t("residual.colours_stop_at_so_the", cap=cap)
     st.caption(t("residual.each_block_only_adds_to") + capped)
@@ -106,8 +107,7 @@ def draw_norms(ctx: ViewContext) -> None:
 
 def draw_contributions(ctx: ViewContext) -> None:
     attn, mlp = contributions_data(ctx.rec)
-    fig = contributions_figure(attn, mlp, ctx.token, ctx.pieces[ctx.token], ctx.t)
-    plots.show(fig, ctx, key="residual_contrib", height=420)
+    plots.show(lambda: contributions_figure(attn, mlp, ctx.token, ctx.pieces[ctx.token], ctx.t), ctx, key="residual_contrib", height=420)
 
 
 def lens_positions(ctx: ViewContext) -> int:
@@ -129,8 +129,7 @@ def draw_lens(ctx: ViewContext) -> None:
     ids = [int(i) for i in ctx.ids]
     text = [[generation.candidate_label(ctx.facts, ids[:start + p + 1], int(i)) for p, i in enumerate(row)]
             for row in top_ids]
-    fig = logit_lens_figure(top_probs, text, ctx.labels[start:], t)
-    plots.show(fig, ctx, key="residual_lens", height=min(1000, 160 + 22 * top_ids.shape[0]))
+    plots.show(lambda: logit_lens_figure(top_probs, text, ctx.labels[start:], t), ctx, key="residual_lens", height=min(1000, 160 + 22 * top_ids.shape[0]))
     st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=T - start) if start else ""))
 
     def csv() -> str:

@@ -194,7 +194,7 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
                       diff=100 * (total / (published * 1e9) - 1)))
     left, right = st.columns([3, 2])
     with left:
-        plots.show(param_figure(rows, name, t), ctx, key="tokens_params_bar", filename="parameters")
+        plots.show(lambda: param_figure(rows, name, t), ctx, key="tokens_params_bar", filename="parameters")
     with right:
         if cfg.tie_embeddings:
             st.markdown(t("tokens.params.tied", extra=cfg.vocab_size * cfg.d_model))

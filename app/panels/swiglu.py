@@ -213,8 +213,9 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
                         format_func=lambda q: t("swiglu.all_four") if q == "all" else quantity_name(t, q))
     k = int(c2.number_input(t("swiglu.topk"), 1, min(256, ctx.cfg.d_ff), 32, key="swiglu_topk"))
     neurons = top_neurons(vals["post"], k)
-    fig = heatmap_figure(vals, neurons, ctx.labels, quantity or "post", t)
-    fig.update_layout(meta={"id": "swiglu_heatmap"})  # lets tests find the main figure
+    # meta lets tests find the main figure
+    fig = lambda: heatmap_figure(vals, neurons, ctx.labels, quantity or "post", t).update_layout(  # noqa: E731
+        meta={"id": "swiglu_heatmap"})
     rows = len(ctx.ids) * (2 if quantity == "all" else 1)
     plots.show(fig, ctx, key="swiglu_heatmap", filename=f"swiglu_layer{ctx.layer}",
                height=int(min(900, 160 + 20 * rows)))
@@ -230,7 +231,7 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
 
 def draw_silu(ctx: ViewContext, vals: dict) -> None:
     gates = vals["pre"].ravel()
-    plots.show(silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420)
+    plots.show(lambda: silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420)
     z = np.linspace(-6, 0, 60001)  # the minimum of SiLU, found numerically rather than typed in
     y = silu(z)
     st.caption(ctx.t("swiglu.silu_caption", neg=float((gates < 0).mean()), lowest=f"{y.min():.3f}",
@@ -241,7 +242,7 @@ def draw_sparsity(ctx: ViewContext) -> None:
     t = ctx.t
     thr = float(st.number_input(t("swiglu.threshold"), 0.0, 10.0, 0.1, 0.01, key="swiglu_threshold"))
     act_frac, post_frac = sparsity_data(ctx.rec, thr)
-    plots.show(sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380)
+    plots.show(lambda: sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380)
     st.caption(t("swiglu.sparsity_caption"))
 
 
@@ -255,7 +256,7 @@ def draw_token(ctx: ViewContext, vals: dict) -> None:
     c1.dataframe({heads[0]: [int(i) for i in idx], **{h: table[:, c] for c, h in enumerate(heads[1:])}},
                  hide_index=True, height=460)
     with c2:
-        plots.show(token_neurons_figure(idx, table, piece, t), ctx, key="swiglu_token", height=420)
+        plots.show(lambda: token_neurons_figure(idx, table, piece, t), ctx, key="swiglu_token", height=420)
     label = t("swiglu.csv_token")
     plots.csv_button(ctx, label, label,
                      plots.to_csv(["neuron", *QUANTITIES], ([int(i), *row.tolist()] for i, row in zip(idx, table))),
@@ -308,7 +309,7 @@ def draw_compare(ctx: ViewContext) -> None:
     sim_pre = similarity_data(rec_a, rec_b, i, j, "mlp.hook_pre")
     c1, c2 = st.columns([3, 2])
     with c1:
-        plots.show(similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400)
+        plots.show(lambda: similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400)
     label = t("swiglu.csv_similarity")
     plots.csv_button(ctx, label, label,
                      plots.to_csv(["layer", "cosine_hook_act", "cosine_hook_pre"],

@@ -53,7 +53,7 @@ def draw(ctx: ViewContext) -> None:
     lo, mid, hi = gk.bounds
     c1, c2 = st.columns([3, 2])
     with c1:
-        plots.show(gates_figure(gk, t), ctx, key="swiglu_gates_fig", filename=f"gate_kinds_L{ctx.layer}_tok{ctx.token}")
+        plots.show(lambda: gates_figure(gk, t), ctx, key="swiglu_gates_fig", filename=f"gate_kinds_L{ctx.layer}_tok{ctx.token}")
     with c2:
         st.markdown(t("swiglu.gates_rule", lo=lo, mid=mid, hi=hi))
         counts = " · ".join(f"{kind_name(t, k)} **{gk.counts[k]}**" for k in gk.kinds)

@@ -156,7 +156,7 @@ def draw_bos(ctx: ViewContext) -> None:
     first_label = ctx.pieces[1] if first else ctx.pieces[0]
     bos_label = ctx.pieces[0] if first else facts.piece(facts.bos_id)
     a, b = sink_by_layer(rec_bare), sink_by_layer(rec_bos)
-    plots.show(bos_figure(a, b, first_label, bos_label, t), ctx, key="tokens_bos_fig", filename="bos_sink")
+    plots.show(lambda: bos_figure(a, b, first_label, bos_label, t), ctx, key="tokens_bos_fig", filename="bos_sink")
     st.caption(t("tokens.bos.caption", label=plain(first_label), piece=piece, bare=float(a.mean()), bos=float(b.mean())))
 
 
@@ -171,12 +171,13 @@ def draw_embedding(ctx: ViewContext) -> None:
                               key="tokens_embed_dims")
     left, right = st.columns(2)
     with left:
-        plots.show(embedding_bar_figure(emb[ctx.token], ctx.labels[ctx.token], n_dims, t), ctx,
+        plots.show(lambda: embedding_bar_figure(emb[ctx.token], ctx.labels[ctx.token], n_dims, t), ctx,
                    key="tokens_embed_bar", filename="embedding_row")
     with right:
-        fig = plots.heatmap(emb[:, :n_dims], [str(d) for d in range(n_dims)], ctx.labels, colorscale="RdBu",
-                            zmid=0.0, title=t("tokens.embed.heat_title", n=n_dims),
-                            x_title=t("tokens.axis.dimension"), y_title="token", value_name=t("tokens.axis.value"))
+        fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
+            emb[:, :n_dims], [str(d) for d in range(n_dims)], ctx.labels, colorscale="RdBu",
+            zmid=0.0, title=t("tokens.embed.heat_title", n=n_dims),
+            x_title=t("tokens.axis.dimension"), y_title="token", value_name=t("tokens.axis.value"))
         plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows",
                    height=min(120 + 18 * len(ctx.ids), 600))
     with plots.explainer(ctx, t("tokens.embed.more")):

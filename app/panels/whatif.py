@@ -182,16 +182,16 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
-        plots.show(distribution_figure(d, name, t), ctx, key="whatif_dist", height=420)
+        plots.show(lambda: distribution_figure(d, name, t), ctx, key="whatif_dist", height=420)
     with right:
-        plots.show(moved_figure(d, name, t), ctx, key="whatif_moved", height=420)
-    plots.show(kl_figure(kl, t), ctx, key="whatif_kl", height=340)
+        plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420)
+    plots.show(lambda: kl_figure(kl, t), ctx, key="whatif_kl", height=340)
     start = max(0, len(ids) - KL_MAX_POS)
     st.caption(t("whatif.averaged_over_positions_a_layer", start=start, len_ids_1=len(ids) - 1))
     own0 = M.next_token_logprobs(ctx.rec.logits, ids).exp().numpy()
     own1 = run["own"]
     if len(ids) > 1:
-        plots.show(own_token_figure(own0, own1, ctx.labels, t), ctx, key="whatif_own", height=360)
+        plots.show(lambda: own_token_figure(own0, own1, ctx.labels, t), ctx, key="whatif_own", height=360)
         if any(isinstance(iv, I.NoMask) for iv in ivs):
             st.caption(t("whatif.without_the_mask_every_position"))
     if any(isinstance(iv, (I.NoMask, I.NoRope)) for iv in ivs):
@@ -280,7 +280,7 @@ def draw_sweep(ctx: ViewContext) -> None:
         return
     delta = np.asarray(res["delta"])
     target = candidate_namer(ctx)(int(res["target"]))
-    plots.show(sweep_figure(delta, res["layers"], target, res["p_clean"], t), ctx, key="whatif_sweep",
+    plots.show(lambda: sweep_figure(delta, res["layers"], target, res["p_clean"], t), ctx, key="whatif_sweep",
                height=min(900, 160 + 22 * len(res["layers"])))
     l, h = np.unravel_index(np.argmin(delta), delta.shape)
     st.caption(t("whatif.biggest_drop_layer_head_p", res_layers_l=res['layers'][l], h=h, delta_l_h=delta[l, h]))
