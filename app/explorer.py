@@ -20,15 +20,15 @@ import logging
 import threading
 
 import numpy as np
-import streamlit as st
 import torch
 
 from app.facts import ModelFacts, facts_of
 from app.lanes import LANE, ForwardLock, quick_thread_switches
 from app.result_cache import ResultCache
+from app.room_memo import room_memo
 from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
                           offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
-                          token_cap, warm_up_enabled, public_port)
+                          token_cap, warm_up_enabled, public_port, without_paths)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
@@ -72,7 +72,7 @@ SMALL_FORWARD_FLOPS = 1e9
 
 
 # --------------------------------------------------------------------------- models
-@st.cache_resource(max_entries=3, show_spinner=False)
+@room_memo(max_entries=3)
 def _load(source: str, version: tuple | None) -> LoadedModel:
     loaded = load(source)
     # What exists now (libraries, the model, the server) lives as long as the process: out of the collector's sight,
@@ -102,9 +102,14 @@ def try_load(source: str) -> tuple[ModelFacts | None, str | None]:
     try:
         return facts(source), None
     except LoadError as e:
-        return None, str(e)
+        return None, visitor_message(e, source)
     except (MemoryError, OSError, ValueError, RuntimeError) as e:
-        return None, f"{type(e).__name__}: {e}"
+        return None, visitor_message(f"{type(e).__name__}: {e}", source)
+
+
+def visitor_message(error, source: str = "") -> str:
+    """An error's line as a visitor may read it: on a shared server without any server path (settings)."""
+    return without_paths(str(error), source) if shared() else str(error)
 
 
 def facts(source: str) -> ModelFacts:
@@ -113,7 +118,7 @@ def facts(source: str) -> ModelFacts:
     return _facts(_ident(source), loaded)
 
 
-@st.cache_resource(max_entries=3, show_spinner=False)
+@room_memo(max_entries=3)
 def _facts(ident, _loaded: LoadedModel) -> ModelFacts:
     return facts_of(ident if isinstance(ident, str) else ident[0], _loaded)
 
@@ -153,7 +158,7 @@ def check_interventions(source: str, specs: str) -> list:
 
 
 # --------------------------------------------------------------------------- the cache
-@st.cache_resource(show_spinner=False)
+@room_memo()
 def result_cache() -> ResultCache:
     return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory)
 
@@ -376,7 +381,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead", "public_port",
-           "forwards_ahead"]
+           "forwards_ahead", "visitor_message"]
 
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices
