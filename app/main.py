@@ -167,7 +167,7 @@ def main() -> None:
             draw(ctx)
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
-        st.error(tr("app.view_failed", error=plain(e)))
+        st.error(tr("app.view_failed", error=plain(explorer.visitor_message(e, source))))
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
         ctx.rec = explorer.RecordingRef(source, tuple(ids))
 

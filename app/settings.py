@@ -7,6 +7,7 @@ that is a symlink leading out of the folder is not offered.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from explorer_model.paths import ASSETS
@@ -103,3 +104,17 @@ def public_port() -> int | None:
     """The port visitors open when this process serves behind `serve --processes` (the balancer's), else None."""
     value = os.environ.get("LLAMA_EXPLORER_PUBLIC_PORT", "")
     return int(value) if value.isdigit() else None
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/])(?:~|[A-Za-z]:)?[/\\](?:[^\s/\\:'\"]+[/\\])*([^\s/\\:'\",;]*)")
+
+
+def without_paths(text: str, source: str) -> str:
+    """A message for a visitor of a shared server: the model's server path named as the visitor typed it, any other
+    absolute path cut to its last part (an error from a loader or the system names files in full)."""
+    text = str(text)
+    path = resolve_source(source)
+    for form in {path, str(Path(path).expanduser().resolve())} - {source}:
+        if form and form not in (".", "/"):
+            text = text.replace(form, source)
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "…", text)
