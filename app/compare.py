@@ -18,7 +18,7 @@ import streamlit as st
 
 from app import explorer
 from app.context import ViewContext, plain, token_labels
-from app.i18n import t
+from app.i18n import error_text, t
 from app.panels.compare_common import Pair, map_layer, partner
 from app.panels.compare_views import HOOKS
 from explorer_model.analysis import compare as C
@@ -145,6 +145,8 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
         rec_b = explorer.changed_recording(spec["source"], ids_b, spec["specs"])
     except explorer.PromptError:
         return None, tr("compare.prompt_refused", limit=explorer.prompt_char_limit())
+    except explorer.RunRefused as e:  # too big or too long for this server, like A
+        return None, error_text(e, st.session_state.get("lang", "en"))
     except ValueError as e:
         return None, tr("compare.bad_iv", error=plain(e))
     rec_a = ctx.rec

@@ -28,14 +28,17 @@ from app.result_cache import ResultCache
 from app.room_memo import room_memo
 from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
                           offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
-                          token_cap, warm_up_enabled, public_port, without_paths)
+                          token_cap, warm_up_enabled, public_port, without_paths,
+                          max_run_seconds)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 from explorer_model.tokenizer import PromptError, check_prompt
 from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
+from explorer_model import memory as _memory
 from explorer_model.memory import forward_flops
+from explorer_model.stable import STABLE_ROWS as _STABLE_ROWS
 from explorer_model.recording import Recording, record
 from explorer_model.recording import extend as extend_recording
 from explorer_model.runtime import release_freed_memory
@@ -150,17 +153,30 @@ def embedding_rows(source: str, ids) -> np.ndarray:
 
 
 def check_interventions(source: str, specs: str) -> list:
-    """Parsed interventions, or ValueError with one line when a spec does not parse or does not fit the model."""
-    ivs = I.parse_list(specs)
+    """Parsed interventions (repeats collapsed), or ValueError with one line when a spec does not parse or does not
+    fit the model; RunRefused for more distinct changes than the model has heads (layers × heads: a change per head
+    is the most a what-if can mean)."""
+    cfg = _model(source).cfg
+    limit = max(cfg.n_layers * cfg.n_heads, 2 * cfg.n_layers)
+    try:
+        ivs = I.parse_list(specs, limit=limit)
+    except I.TooMany as e:
+        raise RunRefused("run.too_many", n=e.count, limit=limit) from None
     for iv in ivs:
         iv.check(_model(source).model)
     return ivs
 
 
+def _admit_unless_cached(key: tuple, source: str, seconds: float, keeps: int = 0, tokens: int = 0) -> None:
+    """The gateway's one check before a run (gateway_costs.admit); a cached result costs nothing."""
+    if result_cache().peek(key) is None:
+        admit(source, seconds, keeps, tokens)
+
+
 # --------------------------------------------------------------------------- the cache
 @room_memo()
 def result_cache() -> ResultCache:
-    return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory)
+    return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory, strict=shared())
 
 
 def stored_bytes() -> int:
@@ -219,7 +235,12 @@ def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int 
         _forward()
         return new
     key = ("continuation", _ident(source), ids, n, float(temperature), int(top_k), float(top_p), int(seed))
-    return result_cache().get(key, run, _FORWARD) if n else []
+    if not n:
+        return []
+    cfg = _model(source).cfg  # the prompt once, then each new token one row through every matrix
+    _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(
+        source, 1, n * _memory.forward_flops(cfg, 1) / max(1, _STABLE_ROWS)))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def recording_npz(source: str, ids) -> bytes:
@@ -290,7 +311,10 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
         _forward()
         parts = [p for p in (left, (arg.numpy(), prob.numpy()), right) if p is not None]
         return np.concatenate([p[0] for p in parts], 1), np.concatenate([p[1] for p in parts], 1)
-    return result_cache().get(("lens", _ident(source), ids, int(start)), run, _FORWARD)
+    key, cfg = ("lens", _ident(source), ids, int(start)), _model(source).cfg
+    _admit_unless_cached(key, source, pass_seconds(source, 0, 2.0 * cfg.n_layers * max(1, len(ids) - int(start))
+                                                   * cfg.vocab_size * cfg.d_model))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
@@ -300,7 +324,7 @@ def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
     ids, source_ids = tuple(ids), tuple(source_ids)
 
     def run() -> dict:
-        rec = record(_model(source).model, list(ids), names=WHATIF_NAMES, interventions=I.parse_list(specs),
+        rec = record(_model(source).model, list(ids), names=WHATIF_NAMES, interventions=ivs,
                      source_tokens=list(source_ids) or None)
         _forward(1 + bool(source_ids))
         start = max(0, len(ids) - KL_MAX_POS)
@@ -309,7 +333,12 @@ def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
                 "rot": [(rec[f"blocks.{l}.attn.hook_rot_q"], rec[f"blocks.{l}.attn.hook_rot_k"])
                         for l in range(rec.cfg.n_layers)],
                 "resid": {n: rec[n][:, start:].clone() for n in rec.names if n.endswith("hook_resid_post")}}
-    return result_cache().get(("whatif", _ident(source), ids, specs, source_ids), run, _FORWARD)
+    key = ("whatif", _ident(source), ids, specs, source_ids)
+    ivs = check_interventions(source, specs) if result_cache().peek(key) is None else []
+    _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(source, len(source_ids))
+                         + intervention_seconds(source, ivs, len(ids)),
+                         _memory.recording_bytes(_model(source).cfg, len(ids), names=WHATIF_NAMES), len(ids))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
@@ -322,7 +351,10 @@ def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
         kl = M.lens_kl(_model(source).model, {n: clean[n][:, start:] for n in changed["resid"]}, changed["resid"])
         _forward()
         return kl.numpy()
-    return result_cache().get(("whatif_kl", _ident(source), ids, specs, source_ids), run, _FORWARD)
+    key, cfg = ("whatif_kl", _ident(source), ids, specs, source_ids), _model(source).cfg
+    _admit_unless_cached(key, source, pass_seconds(source, 0, 4.0 * cfg.n_layers * min(len(ids), KL_MAX_POS)
+                                                   * cfg.vocab_size * cfg.d_model))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None, first: int = 0) -> dict:
@@ -334,7 +366,17 @@ def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None, first
         res = M.head_sweep(_model(source).model, recording(source, ids), layers, mean, progress)
         _forward()
         return {**res, "delta": res["delta"].numpy() if torch.is_tensor(res["delta"]) else res["delta"]}
-    return result_cache().get(("sweep", _ident(source), ids, int(n_layers), bool(mean), int(first)), run, _FORWARD)
+    key = ("sweep", _ident(source), ids, int(n_layers), bool(mean), int(first))
+    _admit_unless_cached(key, source, sweep_seconds(source, len(ids), int(first), int(n_layers)))
+    return result_cache().get(key, run, _FORWARD)
+
+
+def sweep_seconds(source: str, n_tokens: int, first: int, n_layers: int) -> float:
+    """A head sweep's time: from each swept layer on, n_heads more copies of the prompt run through every block."""
+    cfg = _model(source).cfg
+    last = min(first + n_layers, cfg.n_layers)
+    copies = sum(cfg.n_heads * (min(layer, last - 1) - first + 1) for layer in range(first, cfg.n_layers))
+    return pass_seconds(source, n_tokens) * copies / max(1, cfg.n_layers)
 
 
 def cached_head_sweep(source: str, ids, n_layers: int, mean: bool, first: int = 0) -> dict | None:
@@ -417,9 +459,10 @@ __all__ += ["lesson_target"]
 
 
 # --------------------------------------------------------------------------- more parts of the gateway
-from app.gateway_costs import BIG_LAYERS, BIG_WIDTH, PromptTooBig, _record_measured, prompt_cost  # noqa: E402
+from app.gateway_costs import (BIG_LAYERS, BIG_WIDTH, PromptTooBig, RunRefused, _record_measured,  # noqa: E402
+                               admit, intervention_seconds, pass_seconds, prompt_cost)
 from app.gateway_compare import (changed_recording, changed_recording_npz, compare_lesson,  # noqa: E402
                                  pair_derived)
 
-__all__ += ["prompt_cost", "PromptTooBig", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
+__all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
             "changed_recording_npz", "compare_lesson"]

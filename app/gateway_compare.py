@@ -27,7 +27,11 @@ def changed_recording(source: str, ids, specs: str = "") -> Recording:
         rec = gw.record(gw._model(source).model, list(ids), interventions=ivs)
         gw._forward()
         return rec
-    return gw.result_cache().get(("recording", gw._ident(source), ids, gw.I.format_list(ivs)), run, gw._FORWARD)
+    key = ("recording", gw._ident(source), ids, gw.I.format_list(ivs))
+    cost = gw.prompt_cost(source, ids)  # B keeps what A's recording of these ids keeps, and runs the changes too
+    gw._admit_unless_cached(key, source, cost["seconds"] + gw.intervention_seconds(source, ivs, len(ids)),
+                            cost["recording"], len(ids))
+    return gw.result_cache().get(key, run, gw._FORWARD)
 
 
 def pair_derived(name: str, sides, fn, *args):

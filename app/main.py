@@ -18,6 +18,7 @@ from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
 from app.presets import BY_KEY
+from app.i18n import error_text
 from app.sidebar import tr
 
 log = logging.getLogger("llama_explorer.app")
@@ -165,6 +166,8 @@ def main() -> None:
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
             draw(ctx)
+    except explorer.RunRefused as e:  # a run this server cannot give (memory, or the forward lock's time bound)
+        st.error(error_text(e, ctx.lang))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
         st.error(tr("app.view_failed", error=plain(explorer.visitor_message(e, source))))

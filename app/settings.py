@@ -40,6 +40,17 @@ def lab_enabled() -> bool:
     return os.environ.get("LLAMA_EXPLORER_LAB", "1") != "0"
 
 
+def max_run_seconds() -> float | None:
+    """The longest a visitor's run may hold the forward lock (estimated before it starts), or None for no bound:
+    LLAMA_EXPLORER_MAX_RUN_SECONDS (0: none), by default 20 s on a shared server, none on a local one."""
+    value = os.environ.get("LLAMA_EXPLORER_MAX_RUN_SECONDS", "")
+    try:
+        seconds = float(value) if value else (20.0 if shared() else 0.0)
+    except ValueError:
+        seconds = 20.0 if shared() else 0.0
+    return seconds if seconds > 0 and seconds == seconds else None
+
+
 def cache_budget_bytes() -> int:
     return int(float(os.environ.get("LLAMA_EXPLORER_CACHE_MB", 2048)) * 2**20)
 
