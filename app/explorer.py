@@ -15,7 +15,6 @@ sweep, a lens and a lab experiment one each), for the tests.
 from __future__ import annotations
 
 import gc
-import io
 import logging
 import threading
 
@@ -243,14 +242,11 @@ def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int 
     return result_cache().get(key, run, _FORWARD)
 
 
-def recording_npz(source: str, ids) -> bytes:
+def recording_npz(source: str, ids):
+    """The recording as an .npz download: an open file built on disk (gateway_exports), refused (RunRefused) when
+    over this server's download cap."""
     ids = tuple(ids)
-
-    def pack() -> bytes:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **recording(source, ids).to_numpy())
-        return buf.getvalue()
-    return result_cache().get(("npz", _ident(source), ids), pack)
+    return npz_file(source, len(ids), lambda: recording(source, ids))
 
 
 def derived(name: str, source: str, ids, fn, *args):
@@ -461,8 +457,9 @@ __all__ += ["lesson_target"]
 # --------------------------------------------------------------------------- more parts of the gateway
 from app.gateway_costs import (BIG_LAYERS, BIG_WIDTH, PromptTooBig, RunRefused, _record_measured,  # noqa: E402
                                admit, intervention_seconds, pass_seconds, prompt_cost)
+from app.gateway_exports import check_export, export_cap_bytes, npz_bytes, npz_file  # noqa: E402
 from app.gateway_compare import (changed_recording, changed_recording_npz, compare_lesson,  # noqa: E402
                                  pair_derived)
 
 __all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
-            "changed_recording_npz", "compare_lesson"]
+            "changed_recording_npz", "compare_lesson", "check_export", "export_cap_bytes", "npz_bytes"]
