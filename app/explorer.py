@@ -447,11 +447,11 @@ __all__ += ["layer_weights"]
 
 # --------------------------------------------------------------------------- parts of the gateway in their own files
 # Imported last: they call back into this module (result_cache, _forward, _model) when they run.
-from app.lab_jobs import (LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,  # noqa: E402
-                          lab_worker_threads)
+from app.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length,  # noqa: E402
+                          lab_race, lab_worker_threads)
 from app.lessons import lesson_target, patch_lesson  # noqa: E402
 
-__all__ += ["lesson_target"]
+__all__ += ["lesson_target", "LabBusy"]
 
 
 # --------------------------------------------------------------------------- more parts of the gateway

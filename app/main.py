@@ -166,7 +166,7 @@ def main() -> None:
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
             draw(ctx)
-    except explorer.RunRefused as e:  # a run this server cannot give (memory, or the forward lock's time bound)
+    except (explorer.RunRefused, explorer.LabBusy) as e:  # a run this server cannot give now: memory, time, queue
         st.error(error_text(e, ctx.lang))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
