@@ -13,7 +13,7 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, explorer, prompt_cost
+from app import compare, explorer, prompt_cost, state_guard
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -121,7 +121,10 @@ def page_top() -> None:
 def main() -> None:
     side.apply_pending()
     read_url_once()
+    dropped = state_guard.check_state({"view": tuple(v[0] for v in VIEWS), "cmp": compare.MODES})
     page_top()
+    if dropped:
+        st.info(tr("app.state_reset"))
     facts = side.choose_model()
     if facts is not None:
         explorer.warm_up()  # once per process: the lab twins, in the background
@@ -180,4 +183,9 @@ if explorer.pages_ahead():  # a frozen page would look broken: say why it waits
     _waiting.caption(tr("app.queue_pages", n=explorer.pages_ahead()))
 with explorer.page_run():  # one page draws at a time; forward passes run beside it (app/lanes.py)
     _waiting.empty()
-    main()
+    try:
+        main()
+    except Exception:  # a value no entry check foresaw: one line, and the settings back to their defaults
+        log.exception("page run failed")
+        state_guard.reset_widgets()
+        st.error(tr("app.state_reset"))
