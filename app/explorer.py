@@ -461,5 +461,6 @@ from app.gateway_exports import check_export, export_cap_bytes, npz_bytes, npz_f
 from app.gateway_compare import (changed_recording, changed_recording_npz, compare_lesson,  # noqa: E402
                                  pair_derived)
 
-__all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
+__all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "pass_seconds", "intervention_seconds",
+            "npz_file", "max_run_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
             "changed_recording_npz", "compare_lesson", "check_export", "export_cap_bytes", "npz_bytes"]
