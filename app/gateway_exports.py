@@ -1,7 +1,7 @@
 """Part of the gateway (app/explorer.py re-exports it): a recording's .npz download, built on disk.
 
 Every array (derived attention patterns materialized) is written one at a time into a temporary file
-(explorer_model.export.save_npz), so building a download holds one array beside the recording, not the whole
+(the members of explorer_model.export.save_npz), so building a download holds one array beside the recording, not the whole
 file in memory. Its size is known before anything is built (every hook's shape is a + b·n + c·n² elements, as
 memory.recording_bytes fits): a download over `export_cap_bytes()` is refused in one line, and downloads being
 built at once share that cap (Streamlit keeps the file it sends in memory, so the cap counts against the
@@ -73,7 +73,7 @@ def npz_file(source: str, n_tokens: int, get_recording):
         folder = tempfile.mkdtemp(prefix="llama-explorer-npz-")  # private (0700) to this server's user
         path = os.path.join(folder, "recording.npz")
         try:
-            _export.save_npz(rec, path)
+            _write_npz(rec, path)
             del rec
             handle = open(path, "rb")
         finally:
@@ -86,6 +86,22 @@ def npz_file(source: str, n_tokens: int, get_recording):
     finally:
         with _BUILDING_LOCK:
             _BUILDING["bytes"] -= size
+
+
+def _write_npz(rec, path: str) -> None:
+    """The members of export.save_npz, one array at a time, into a file of this server's private folder. Not
+    save_npz itself: its atomic rename sets a signal handler, which only the main thread may do, and Streamlit
+    builds a download in a worker thread (the folder is private and removed: no rename is needed)."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name in [*rec.names, "token_ids"]:
+            arr = rec.token_ids.numpy() if name == "token_ids" else _export._as_numpy(rec[name])
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+            del arr
 
 
 def _numel(shape) -> int:
