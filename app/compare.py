@@ -18,7 +18,7 @@ import streamlit as st
 
 from app import explorer
 from app.context import ViewContext, plain, token_labels
-from app.i18n import t
+from app.i18n import error_text, t
 from app.panels.compare_common import Pair, map_layer, partner
 from app.panels.compare_views import HOOKS
 from explorer_model.analysis import compare as C
@@ -145,6 +145,8 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
         rec_b = explorer.changed_recording(spec["source"], ids_b, spec["specs"])
     except explorer.PromptError:
         return None, tr("compare.prompt_refused", limit=explorer.prompt_char_limit())
+    except explorer.RunRefused as e:  # too big or too long for this server, like A
+        return None, error_text(e, st.session_state.get("lang", "en"))
     except ValueError as e:
         return None, tr("compare.bad_iv", error=plain(e))
     rec_a = ctx.rec
@@ -204,9 +206,14 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
         st.warning(err)
         return False
     source_b, ids_b, specs_b = pair.b.source, tuple(int(i) for i in pair.b.ids), pair.specs_b
-    st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime="application/octet-stream",
-                               data=lambda: explorer.changed_recording_npz(source_b, ids_b, specs_b),
-                               file_name="recording_B.npz", on_click="ignore")  # called after the run: plain values only
+    try:
+        explorer.check_export(source_b, len(ids_b))
+    except explorer.RunRefused as e:
+        st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
+    else:
+        st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime="application/octet-stream",
+                                   data=lambda: explorer.changed_recording_npz(source_b, ids_b, specs_b),
+                                   file_name="recording_B.npz", on_click="ignore")  # called after the run: plain values
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))
     st.caption(describe(pair, spec))
     st.caption(tr(LESSON_KEYS[pair.lesson], specs=plain(spec["specs"]), model_b=plain(spec["source"])))

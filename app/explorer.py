@@ -15,27 +15,29 @@ sweep, a lens and a lab experiment one each), for the tests.
 from __future__ import annotations
 
 import gc
-import io
 import logging
 import threading
 
 import numpy as np
-import streamlit as st
 import torch
 
 from app.facts import ModelFacts, facts_of
 from app.lanes import LANE, ForwardLock, quick_thread_switches
 from app.result_cache import ResultCache
+from app.room_memo import room_memo
 from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
                           offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
-                          token_cap, warm_up_enabled, public_port)
+                          token_cap, warm_up_enabled, public_port, without_paths,
+                          max_run_seconds)
 from explorer_model.analysis import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 from explorer_model.tokenizer import PromptError, check_prompt
 from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
+from explorer_model import memory as _memory
 from explorer_model.memory import forward_flops
+from explorer_model.stable import STABLE_ROWS as _STABLE_ROWS
 from explorer_model.recording import Recording, record
 from explorer_model.recording import extend as extend_recording
 from explorer_model.runtime import release_freed_memory
@@ -72,7 +74,7 @@ SMALL_FORWARD_FLOPS = 1e9
 
 
 # --------------------------------------------------------------------------- models
-@st.cache_resource(max_entries=3, show_spinner=False)
+@room_memo(max_entries=3)
 def _load(source: str, version: tuple | None) -> LoadedModel:
     loaded = load(source)
     # What exists now (libraries, the model, the server) lives as long as the process: out of the collector's sight,
@@ -102,9 +104,14 @@ def try_load(source: str) -> tuple[ModelFacts | None, str | None]:
     try:
         return facts(source), None
     except LoadError as e:
-        return None, str(e)
+        return None, visitor_message(e, source)
     except (MemoryError, OSError, ValueError, RuntimeError) as e:
-        return None, f"{type(e).__name__}: {e}"
+        return None, visitor_message(f"{type(e).__name__}: {e}", source)
+
+
+def visitor_message(error, source: str = "") -> str:
+    """An error's line as a visitor may read it: on a shared server without any server path (settings)."""
+    return without_paths(str(error), source) if shared() else str(error)
 
 
 def facts(source: str) -> ModelFacts:
@@ -113,7 +120,7 @@ def facts(source: str) -> ModelFacts:
     return _facts(_ident(source), loaded)
 
 
-@st.cache_resource(max_entries=3, show_spinner=False)
+@room_memo(max_entries=3)
 def _facts(ident, _loaded: LoadedModel) -> ModelFacts:
     return facts_of(ident if isinstance(ident, str) else ident[0], _loaded)
 
@@ -145,17 +152,30 @@ def embedding_rows(source: str, ids) -> np.ndarray:
 
 
 def check_interventions(source: str, specs: str) -> list:
-    """Parsed interventions, or ValueError with one line when a spec does not parse or does not fit the model."""
-    ivs = I.parse_list(specs)
+    """Parsed interventions (repeats collapsed), or ValueError with one line when a spec does not parse or does not
+    fit the model; RunRefused for more distinct changes than the model has heads (layers × heads: a change per head
+    is the most a what-if can mean)."""
+    cfg = _model(source).cfg
+    limit = max(cfg.n_layers * cfg.n_heads, 2 * cfg.n_layers)
+    try:
+        ivs = I.parse_list(specs, limit=limit)
+    except I.TooMany as e:
+        raise RunRefused("run.too_many", n=e.count, limit=limit) from None
     for iv in ivs:
         iv.check(_model(source).model)
     return ivs
 
 
+def _admit_unless_cached(key: tuple, source: str, seconds: float, keeps: int = 0, tokens: int = 0) -> None:
+    """The gateway's one check before a run (gateway_costs.admit); a cached result costs nothing."""
+    if result_cache().peek(key) is None:
+        admit(source, seconds, keeps, tokens)
+
+
 # --------------------------------------------------------------------------- the cache
-@st.cache_resource(show_spinner=False)
+@room_memo()
 def result_cache() -> ResultCache:
-    return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory)
+    return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory, strict=shared())
 
 
 def stored_bytes() -> int:
@@ -214,17 +234,19 @@ def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int 
         _forward()
         return new
     key = ("continuation", _ident(source), ids, n, float(temperature), int(top_k), float(top_p), int(seed))
-    return result_cache().get(key, run, _FORWARD) if n else []
+    if not n:
+        return []
+    cfg = _model(source).cfg  # the prompt once, then each new token one row through every matrix
+    _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(
+        source, 1, n * _memory.forward_flops(cfg, 1) / max(1, _STABLE_ROWS)))
+    return result_cache().get(key, run, _FORWARD)
 
 
-def recording_npz(source: str, ids) -> bytes:
+def recording_npz(source: str, ids):
+    """The recording as an .npz download: an open file built on disk (gateway_exports), refused (RunRefused) when
+    over this server's download cap."""
     ids = tuple(ids)
-
-    def pack() -> bytes:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **recording(source, ids).to_numpy())
-        return buf.getvalue()
-    return result_cache().get(("npz", _ident(source), ids), pack)
+    return npz_file(source, len(ids), lambda: recording(source, ids))
 
 
 def derived(name: str, source: str, ids, fn, *args):
@@ -285,7 +307,10 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
         _forward()
         parts = [p for p in (left, (arg.numpy(), prob.numpy()), right) if p is not None]
         return np.concatenate([p[0] for p in parts], 1), np.concatenate([p[1] for p in parts], 1)
-    return result_cache().get(("lens", _ident(source), ids, int(start)), run, _FORWARD)
+    key, cfg = ("lens", _ident(source), ids, int(start)), _model(source).cfg
+    _admit_unless_cached(key, source, pass_seconds(source, 0, 2.0 * cfg.n_layers * max(1, len(ids) - int(start))
+                                                   * cfg.vocab_size * cfg.d_model))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
@@ -295,7 +320,7 @@ def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
     ids, source_ids = tuple(ids), tuple(source_ids)
 
     def run() -> dict:
-        rec = record(_model(source).model, list(ids), names=WHATIF_NAMES, interventions=I.parse_list(specs),
+        rec = record(_model(source).model, list(ids), names=WHATIF_NAMES, interventions=ivs,
                      source_tokens=list(source_ids) or None)
         _forward(1 + bool(source_ids))
         start = max(0, len(ids) - KL_MAX_POS)
@@ -304,7 +329,12 @@ def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
                 "rot": [(rec[f"blocks.{l}.attn.hook_rot_q"], rec[f"blocks.{l}.attn.hook_rot_k"])
                         for l in range(rec.cfg.n_layers)],
                 "resid": {n: rec[n][:, start:].clone() for n in rec.names if n.endswith("hook_resid_post")}}
-    return result_cache().get(("whatif", _ident(source), ids, specs, source_ids), run, _FORWARD)
+    key = ("whatif", _ident(source), ids, specs, source_ids)
+    ivs = check_interventions(source, specs) if result_cache().peek(key) is None else []
+    _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(source, len(source_ids))
+                         + intervention_seconds(source, ivs, len(ids)),
+                         _memory.recording_bytes(_model(source).cfg, len(ids), names=WHATIF_NAMES), len(ids))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
@@ -317,7 +347,10 @@ def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
         kl = M.lens_kl(_model(source).model, {n: clean[n][:, start:] for n in changed["resid"]}, changed["resid"])
         _forward()
         return kl.numpy()
-    return result_cache().get(("whatif_kl", _ident(source), ids, specs, source_ids), run, _FORWARD)
+    key, cfg = ("whatif_kl", _ident(source), ids, specs, source_ids), _model(source).cfg
+    _admit_unless_cached(key, source, pass_seconds(source, 0, 4.0 * cfg.n_layers * min(len(ids), KL_MAX_POS)
+                                                   * cfg.vocab_size * cfg.d_model))
+    return result_cache().get(key, run, _FORWARD)
 
 
 def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None, first: int = 0) -> dict:
@@ -329,7 +362,17 @@ def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None, first
         res = M.head_sweep(_model(source).model, recording(source, ids), layers, mean, progress)
         _forward()
         return {**res, "delta": res["delta"].numpy() if torch.is_tensor(res["delta"]) else res["delta"]}
-    return result_cache().get(("sweep", _ident(source), ids, int(n_layers), bool(mean), int(first)), run, _FORWARD)
+    key = ("sweep", _ident(source), ids, int(n_layers), bool(mean), int(first))
+    _admit_unless_cached(key, source, sweep_seconds(source, len(ids), int(first), int(n_layers)))
+    return result_cache().get(key, run, _FORWARD)
+
+
+def sweep_seconds(source: str, n_tokens: int, first: int, n_layers: int) -> float:
+    """A head sweep's time: from each swept layer on, n_heads more copies of the prompt run through every block."""
+    cfg = _model(source).cfg
+    last = min(first + n_layers, cfg.n_layers)
+    copies = sum(cfg.n_heads * (min(layer, last - 1) - first + 1) for layer in range(first, cfg.n_layers))
+    return pass_seconds(source, n_tokens) * copies / max(1, cfg.n_layers)
 
 
 def cached_head_sweep(source: str, ids, n_layers: int, mean: bool, first: int = 0) -> dict | None:
@@ -376,7 +419,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead", "public_port",
-           "forwards_ahead"]
+           "forwards_ahead", "visitor_message"]
 
 
 # --------------------------------------------------------------------------- nrs: one layer's weight matrices
@@ -404,20 +447,24 @@ __all__ += ["layer_weights"]
 
 # --------------------------------------------------------------------------- parts of the gateway in their own files
 # Imported last: they call back into this module (result_cache, _forward, _model) when they run.
-from app.lab_jobs import (LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,  # noqa: E402
-                          lab_worker_threads)
+from app.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length,  # noqa: E402
+                          lab_race, lab_worker_threads)
 from app.lessons import lesson_target, patch_lesson  # noqa: E402
 
-__all__ += ["lesson_target"]
+__all__ += ["lesson_target", "LabBusy"]
 
 
 # --------------------------------------------------------------------------- more parts of the gateway
-from app.gateway_costs import BIG_LAYERS, BIG_WIDTH, PromptTooBig, _record_measured, prompt_cost  # noqa: E402
+from app.gateway_costs import (BIG_LAYERS, BIG_WIDTH, PromptTooBig, RunRefused, _record_measured,  # noqa: E402
+                               admit, intervention_seconds, pass_seconds, prompt_cost)
+from app.gateway_exports import check_export, export_cap_bytes, npz_bytes, npz_file  # noqa: E402
 from app.gateway_compare import (changed_recording, changed_recording_npz, compare_lesson,  # noqa: E402
                                  pair_derived)
 
 from app.gateway_figures import figure  # noqa: E402
 
 __all__ += ["figure"]
-__all__ += ["prompt_cost", "PromptTooBig", "BIG_LAYERS", "BIG_WIDTH", "changed_recording", "pair_derived",
-            "changed_recording_npz", "compare_lesson"]
+__all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "pass_seconds",
+            "intervention_seconds", "npz_file", "max_run_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording",
+            "pair_derived", "changed_recording_npz", "compare_lesson", "check_export", "export_cap_bytes",
+            "npz_bytes"]

@@ -3,8 +3,6 @@ specs): specs "" is the plain recording, else the same prompt and model run with
 string form, as in the What-if view and the URL); B goes through the gateway's one cache and forward lock."""
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 from app import explorer as gw
@@ -27,7 +25,11 @@ def changed_recording(source: str, ids, specs: str = "") -> Recording:
         rec = gw.record(gw._model(source).model, list(ids), interventions=ivs)
         gw._forward()
         return rec
-    return gw.result_cache().get(("recording", gw._ident(source), ids, gw.I.format_list(ivs)), run, gw._FORWARD)
+    key = ("recording", gw._ident(source), ids, gw.I.format_list(ivs))
+    cost = gw.prompt_cost(source, ids)  # B keeps what A's recording of these ids keeps, and runs the changes too
+    gw._admit_unless_cached(key, source, cost["seconds"] + gw.intervention_seconds(source, ivs, len(ids)),
+                            cost["recording"], len(ids))
+    return gw.result_cache().get(key, run, gw._FORWARD)
 
 
 def pair_derived(name: str, sides, fn, *args):
@@ -41,17 +43,12 @@ def pair_derived(name: str, sides, fn, *args):
     return gw.result_cache().get((f"pair:{name}", keys, args), compute)
 
 
-def changed_recording_npz(source: str, ids, specs: str = "") -> bytes:
-    """B's recording as .npz (the sidebar's download in compare mode), cached like recording_npz."""
+def changed_recording_npz(source: str, ids, specs: str = ""):
+    """B's recording as .npz (the sidebar's download in compare mode), an open file like recording_npz."""
     ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
     if not specs:
         return gw.recording_npz(source, ids)
-
-    def pack() -> bytes:
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **changed_recording(source, ids, specs).to_numpy())
-        return buf.getvalue()
-    return gw.result_cache().get(("npz", gw._ident(source), ids, specs), pack)
+    return gw.npz_file(source, len(ids), lambda: changed_recording(source, ids, specs))
 
 
 def compare_lesson(source: str, preset_key: str, ids) -> dict:

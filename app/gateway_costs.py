@@ -1,5 +1,10 @@
-"""Part of the gateway (app/explorer.py re-exports it): what a prompt's recording will cost before it runs, the
-refusal of one that cannot fit, and the timed recording with a per-layer progress callback."""
+"""Part of the gateway (app/explorer.py re-exports it): what a run will cost before it starts, the refusal of one
+that cannot fit or would hold the forward lock too long, and the timed recording with a per-layer progress callback.
+
+Every run a visitor can trigger (a prompt's recording, compare mode's B, a what-if with its list of changes, the
+logit lens, a head sweep, a generation, a download) passes `admit` with its estimate before it waits for the lock:
+the bytes it keeps against the memory this server can give it, the seconds it holds the lock against
+settings.max_run_seconds(). Seconds come from FLOPs and the speed of this server's timed recordings."""
 from __future__ import annotations
 
 import time as _time
@@ -15,8 +20,51 @@ BIG_LAYERS, BIG_WIDTH = 8, 2048  # a model this deep and this wide always shows 
 _RATE: dict[str, float] = {}  # FLOP/s of recordings timed on this server, per weights' dtype
 
 
-class PromptTooBig(ValueError):
+class RunRefused(ValueError):
+    """A run refused before it starts. `key` and `values` give the one line in any language (i18n.error_text);
+    str() is the English line."""
+
+    def __init__(self, key: str, **values):
+        from app.i18n import t
+        self.key, self.values = key, values
+        super().__init__(t(key, "en", **values))
+
+
+class PromptTooBig(RunRefused):
     """A recording that would not fit in this server's memory: refused before running."""
+
+
+# A what-if item's hook costs about this per layer it touches for 64 tokens, growing with the prompt (measured on
+# SmolLM2 here: 0.5 ms for no-mask, 2.4 ms for a head ablation, per item and layer)
+ITEM_LAYER_SECONDS = 2.5e-3
+
+
+def pass_seconds(source: str, n_tokens: int, flops: float | None = None) -> float:
+    """Seconds of `flops` (default: a recording's forward over n_tokens) at this server's measured speed."""
+    loaded = gw._model(source)
+    flops = _memory.forward_flops(loaded.cfg, n_tokens) if flops is None else flops
+    return flops / _RATE.get(loaded.dtype_name, _memory.DEFAULT_FLOPS)
+
+
+def intervention_seconds(source: str, ivs, n_tokens: int) -> float:
+    """What a list of what-if changes adds to a pass: each item's hooks, on one layer or on all of them."""
+    layers = gw._model(source).cfg.n_layers
+    touched = sum(layers if getattr(iv, "layer", 0) is None else 1 for iv in ivs)
+    return touched * ITEM_LAYER_SECONDS * max(1.0, n_tokens / 64)
+
+
+def admit(source: str, seconds: float, keeps: int = 0, runtime_tokens: int = 0) -> None:
+    """Raise RunRefused when a run would hold the forward lock longer than this server allows, or keep more bytes
+    than it can give (runtime_tokens: the pass's working memory, counted as for a recording of that length)."""
+    bound = gw.max_run_seconds()
+    if bound is not None and seconds > bound:
+        raise RunRefused("run.too_long", seconds=f"{seconds:.0f}", bound=f"{bound:.0f}")
+    if keeps:
+        cfg, dtype = gw._model(source).cfg, gw._model(source).dtype
+        runtime = _memory.runtime_bytes(cfg, max(1, runtime_tokens), dtype) - _memory.OVERHEAD
+        budget = _recording_budget(runtime)
+        if budget is not None and keeps > budget:
+            raise RunRefused("run.too_big", size=_memory.gb(keeps), budget=_memory.gb(max(budget, 0)))
 
 
 def prompt_cost(source: str, ids) -> dict:
@@ -32,9 +80,11 @@ def prompt_cost(source: str, ids) -> dict:
     budget = _recording_budget(run_bytes)
     cached = gw.result_cache().peek(("recording", gw._ident(source), ids)) is not None
     big = cfg.n_layers >= BIG_LAYERS and cfg.d_model >= BIG_WIDTH
+    bound = gw.max_run_seconds()
     return {"tokens": n, "recording": rec_bytes, "runtime": run_bytes, "budget": budget, "seconds": seconds,
-            "time_class": _memory.time_class(seconds), "cached": cached, "layers": cfg.n_layers,
+            "time_class": _memory.time_class(seconds), "cached": cached, "layers": cfg.n_layers, "bound": bound,
             "refused": not cached and budget is not None and rec_bytes > budget,
+            "too_long": not cached and bound is not None and seconds > bound,
             "progress": not cached and (big or seconds >= 1.0)}
 
 
@@ -53,8 +103,10 @@ def _record_measured(source: str, ids: tuple, progress, prefix=None) -> Recordin
     prefix: (a cached recording, n) whose first n positions are those of ids: only the rest runs (extend)."""
     cost = prompt_cost(source, ids)
     if cost["refused"]:
-        raise PromptTooBig(f"recording {cost['tokens']} tokens needs about {_memory.gb(cost['recording'])}, "
-                           f"more than the {_memory.gb(max(cost['budget'], 0))} this server can give it")
+        raise PromptTooBig("big.refused", tokens=cost["tokens"], size=_memory.gb(cost["recording"]),
+                           budget=_memory.gb(max(cost["budget"], 0)))
+    if cost["too_long"] and prefix is None:  # a step after a cached prefix runs only its new positions
+        raise RunRefused("run.too_long", seconds=f"{cost['seconds']:.0f}", bound=f"{cost['bound']:.0f}")
     loaded = gw._model(source)
     start = _time.perf_counter()
     with _memory.layer_progress(loaded.model, progress) if progress else _nullcontext():

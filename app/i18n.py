@@ -62,3 +62,10 @@ def po_entry(key: str, text: str) -> str:
     parts = [quote(l + ("\n" if i < len(lines) - 1 else "")) for i, l in enumerate(lines)]
     body = parts[0] if len(parts) == 1 else '""\n' + "\n".join(parts)
     return f"msgid {quote(key)}\nmsgstr {body}\n\n"
+
+
+def error_text(error, lang: str = "en") -> str:
+    """An exception's one line in the visitor's language: a gateway refusal carries a catalog key, others are
+    shown as they are."""
+    key = getattr(error, "key", None)
+    return t(key, lang, **error.values) if isinstance(key, str) and key in catalog("en") else str(error)

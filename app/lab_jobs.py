@@ -3,10 +3,15 @@
 Pre/Post-Norm experiments run in a separate `spawn` process, one at a time, with torch's thread count set there
 (explorer_model/lab/worker.py), never in the server; a waiting visitor sees their place in the queue. Finished
 experiments go into the gateway's one result cache, and each one started counts as one model run.
+
+The queue is bounded: one unfinished experiment per visitor (joining the same experiment somebody else started
+is free), at most `lab_queue_cap()` waiting in the room; a refusal says so in one line (LabBusy). An experiment
+still waiting whose visitors have all left (their Streamlit sessions ended) is cancelled before it runs.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import threading
 import types
@@ -30,6 +35,7 @@ class LabJob:
     def __init__(self, key: tuple, future=None, result=None):
         self.key, self.future, self._result = key, future, result
         self.fraction, self.message, self.partial = 0.0, "", None
+        self.visitors: set = set()  # the sessions waiting for it (None: a caller outside any page)
 
     def done(self) -> bool:
         return self.future is None or self.future.done()
@@ -37,6 +43,7 @@ class LabJob:
     def position(self) -> int:
         """0 = running (or done), n = n experiments before this one."""
         with _LAB_LOCK:
+            _drop_abandoned()
             waiting = [j for j in _LAB_JOBS if not j.done()]
         return waiting.index(self) if self in waiting else 0
 
@@ -101,6 +108,47 @@ class LabDisabled(RuntimeError):
     """The server was started with --no-lab: experiments not computed yet are not run."""
 
 
+class LabBusy(RuntimeError):
+    """Not queued: this visitor has an experiment waiting or running, or the room's queue is full. `key` and
+    `values` give the one line in the visitor's language (i18n.error_text)."""
+
+    def __init__(self, key: str, **values):
+        self.key, self.values = key, values
+        super().__init__(key)
+
+
+def lab_queue_cap() -> int:
+    """Experiments the room may have waiting or running at once: LLAMA_EXPLORER_LAB_QUEUE, by default 8."""
+    value = os.environ.get("LLAMA_EXPLORER_LAB_QUEUE", "")
+    return max(1, int(value)) if value.isdigit() else 8
+
+
+def visitor() -> str | None:
+    """The Streamlit session of the page asking (None outside a page run)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx(suppress_warning=True)
+    return None if ctx is None else ctx.session_id
+
+
+def session_alive(session_id: str | None) -> bool:
+    """Whether a visitor's session is still open (its browser tab connected); True when it cannot be known."""
+    from streamlit import runtime
+
+    if session_id is None or not runtime.exists():
+        return True
+    return runtime.get_instance().is_active_session(session_id)
+
+
+def _drop_abandoned() -> None:
+    """Cancel waiting experiments nobody waits for any more (called holding _LAB_LOCK). One that has started in
+    the worker cannot be cancelled and finishes (its result is cached for the next visitor)."""
+    for job in _LAB_JOBS:
+        if not job.done() and job.visitors and not any(session_alive(v) for v in job.visitors):
+            job.future.cancel()
+    _LAB_JOBS[:] = [j for j in _LAB_JOBS if not j.done()]
+
+
 def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
     hit = _gateway().result_cache().peek(key) if cache else None
     if hit is not None:
@@ -108,12 +156,19 @@ def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
     if not lab_enabled():
         raise LabDisabled("the lab's experiments are switched off on this server")
     pool, _ = _lab_pool()
+    me = visitor()
     with _LAB_LOCK:
-        _LAB_JOBS[:] = [j for j in _LAB_JOBS if not j.done()]
+        _drop_abandoned()
         same = next((j for j in _LAB_JOBS if j.key == key), None)  # somebody asked for it already: wait for theirs
         if same is not None:
+            same.visitors.add(me)
             return same
+        if me is not None and any(me in j.visitors for j in _LAB_JOBS):
+            raise LabBusy("lab.one_each")
+        if len(_LAB_JOBS) >= lab_queue_cap():
+            raise LabBusy("lab.queue_full", n=len(_LAB_JOBS))
         job = LabJob(key)
+        job.visitors.add(me)
         job.id = _LAB["next"] = _LAB["next"] + 1
         job.future = pool.submit(fn, job.id, *args)
         _LAB_JOBS.append(job)
@@ -148,4 +203,5 @@ def lab_worker_threads() -> int:
 
 def lab_queue_length() -> int:
     with _LAB_LOCK:
+        _drop_abandoned()
         return sum(not j.done() for j in _LAB_JOBS)

@@ -13,11 +13,12 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, explorer, lecture_editor, lecture_player, prompt_cost, room_follow
+from app import compare, explorer, lecture_editor, lecture_player, prompt_cost, room_follow, state_guard
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
 from app.presets import BY_KEY
+from app.i18n import error_text
 from app.sidebar import tr
 
 log = logging.getLogger("llama_explorer.app")
@@ -124,9 +125,12 @@ def page_top() -> None:
 def main() -> None:
     side.apply_pending()
     read_url_once()
+    dropped = state_guard.check_state({"view": tuple(v[0] for v in VIEWS), "cmp": compare.MODES})
     lecture_player.start()  # a lecture link's (or `serve --lecture`'s) step, before the widgets exist
     room_follow.sync()  # shared server: the presenter writes the room's step, followers take it
     page_top()
+    if dropped:
+        st.info(tr("app.state_reset"))
     lecture_slot = lecture_player.bar()
     room_follow.controls()
     lecture_editor.editor()
@@ -175,9 +179,11 @@ def main() -> None:
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
             draw(ctx)
+    except (explorer.RunRefused, explorer.LabBusy) as e:  # a run this server cannot give now: memory, time, queue
+        st.error(error_text(e, ctx.lang))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
-        st.error(tr("app.view_failed", error=plain(e)))
+        st.error(tr("app.view_failed", error=plain(explorer.visitor_message(e, source))))
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
         ctx.rec = explorer.RecordingRef(source, tuple(ids))
 
@@ -187,4 +193,9 @@ if explorer.pages_ahead():  # a frozen page would look broken: say why it waits
     _waiting.caption(tr("app.queue_pages", n=explorer.pages_ahead()))
 with explorer.page_run():  # one page draws at a time; forward passes run beside it (app/lanes.py)
     _waiting.empty()
-    main()
+    try:
+        main()
+    except Exception:  # a value no entry check foresaw: one line, and the settings back to their defaults
+        log.exception("page run failed")
+        state_guard.reset_widgets()
+        st.error(tr("app.state_reset"))

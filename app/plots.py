@@ -176,6 +176,31 @@ def matrix_csv(m, row_labels: Sequence[str], col_labels: Sequence[str], corner: 
     return to_csv([corner, *col_labels], ([row_labels[i], *m[i].tolist()] for i in range(m.shape[0])))
 
 
+FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula (OWASP)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def spreadsheet_safe(text: str) -> str:
+    """A CSV whose text cells cannot run as spreadsheet formulas: a cell beginning with = + - @, a tab or a carriage
+    return gets a leading single quote, unless it is a number (-0.25 stays a number). Every CSV download passes
+    here (csv_button), whatever wrote it (to_csv, pandas)."""
+    rows = list(csv.reader(io.StringIO(text)))
+    if not any(cell[:1] in FORMULA_LEADS and not _is_number(cell) for row in rows for cell in row):
+        return text
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    for row in rows:
+        w.writerow(["'" + c if c[:1] in FORMULA_LEADS and not _is_number(c) else c for c in row])
+    return buf.getvalue()
+
+
 def csv_button(ctx: ViewContext, label: str, *args, key: str | None = None) -> None:
     """csv_button(ctx, label, data, filename, key=…) with the label already translated (ctx.t("view.csv_x")).
     data: a CSV string or a zero-argument callable producing one (computed only on click; it must not read
@@ -184,7 +209,8 @@ def csv_button(ctx: ViewContext, label: str, *args, key: str | None = None) -> N
     if len(args) >= 3:  # older form: the Chinese label comes second
         label, args = (args[0] if ctx.lang == "zh" else label), args[1:]
     data, filename, *rest = args
-    st.download_button(label, data=data, file_name=filename, mime="text/csv", key=key if key else rest[0],
+    safe = (lambda: spreadsheet_safe(data())) if callable(data) else spreadsheet_safe(data)
+    st.download_button(label, data=safe, file_name=filename, mime="text/csv", key=key if key else rest[0],
                        on_click="ignore")
 
 

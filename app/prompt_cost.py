@@ -31,6 +31,9 @@ def recording_or_refusal(source: str, ids: list[int]):
         st.error(tr("big.refused", tokens=cost["tokens"], size=gb(cost["recording"]),
                     budget=gb(max(cost["budget"], 0))))
         return None
+    if cost["too_long"]:
+        st.error(tr("run.too_long", seconds=f"{cost['seconds']:.0f}", bound=f"{cost['bound']:.0f}"))
+        return None
     if not cost["progress"]:
         ahead = 0 if cost["cached"] else explorer.forwards_ahead()
         with st.spinner(tr("app.running_queue", n=ahead) if ahead else tr("app.running")):

@@ -50,16 +50,18 @@ def nbytes(obj, seen: set | None = None) -> int:
 
 
 class ResultCache:
-    """LRU of results keyed by tuples, evicting the oldest while the total exceeds `budget` bytes (the newest
-    entry always stays, so a result bigger than the budget is still served once).
+    """LRU of results keyed by tuples, evicting the oldest while the total exceeds `budget` bytes. A result bigger
+    than the whole budget is served to the one who asked and never stored when `strict` (a shared server: the
+    gateway refuses such runs before they start, see gateway_costs.admit); otherwise it stays as the only entry,
+    so a local user can still study one long prompt.
 
     `get(key, compute, lock)` returns the cached value or computes it holding `lock` (the gateway's forward
     lock for anything that runs a model), checking again after the wait: two visitors asking for the same
     thing cause one computation.
     """
 
-    def __init__(self, budget_bytes: int, on_evict: Callable[[], None] | None = None):
-        self.budget = budget_bytes
+    def __init__(self, budget_bytes: int, on_evict: Callable[[], None] | None = None, strict: bool = False):
+        self.budget, self.strict = budget_bytes, strict
         self._items: OrderedDict[tuple, object] = OrderedDict()
         self._bytes: dict[tuple, int] = {}
         self._lock = threading.Lock()  # guards the dicts only; computations run outside it
@@ -96,6 +98,8 @@ class ResultCache:
         """Store value (evicting the oldest while over budget); the number evicted. notify=False leaves calling
         on_evict to the caller."""
         size = nbytes(value)
+        if self.strict and size > self.budget:
+            return 0
         evicted = []
         with self._lock:
             self._items[key], self._bytes[key] = value, size

@@ -7,6 +7,7 @@ that is a symlink leading out of the folder is not offered.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from explorer_model.paths import ASSETS
@@ -37,6 +38,17 @@ def lab_enabled() -> bool:
     """`serve --no-lab` turns the norm lab's heavy experiments (training races, gradient probes) off; results
     already computed (and the shipped curves) are still shown."""
     return os.environ.get("LLAMA_EXPLORER_LAB", "1") != "0"
+
+
+def max_run_seconds() -> float | None:
+    """The longest a visitor's run may hold the forward lock (estimated before it starts), or None for no bound:
+    LLAMA_EXPLORER_MAX_RUN_SECONDS (0: none), by default 20 s on a shared server, none on a local one."""
+    value = os.environ.get("LLAMA_EXPLORER_MAX_RUN_SECONDS", "")
+    try:
+        seconds = float(value) if value else (20.0 if shared() else 0.0)
+    except ValueError:
+        seconds = 20.0 if shared() else 0.0
+    return seconds if seconds > 0 and seconds == seconds else None
 
 
 def cache_budget_bytes() -> int:
@@ -103,3 +115,17 @@ def public_port() -> int | None:
     """The port visitors open when this process serves behind `serve --processes` (the balancer's), else None."""
     value = os.environ.get("LLAMA_EXPLORER_PUBLIC_PORT", "")
     return int(value) if value.isdigit() else None
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/])(?:~|[A-Za-z]:)?[/\\](?:[^\s/\\:'\"]+[/\\])*([^\s/\\:'\",;]*)")
+
+
+def without_paths(text: str, source: str) -> str:
+    """A message for a visitor of a shared server: the model's server path named as the visitor typed it, any other
+    absolute path cut to its last part (an error from a loader or the system names files in full)."""
+    text = str(text)
+    path = resolve_source(source)
+    for form in {path, str(Path(path).expanduser().resolve())} - {source}:
+        if form and form not in (".", "/"):
+            text = text.replace(form, source)
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "…", text)

@@ -19,7 +19,7 @@ import streamlit as st
 from app import explorer
 from app.context import plain
 from app.facts import ModelFacts
-from app.i18n import t
+from app.i18n import error_text, t
 from app.presets import BY_KEY, PRESETS
 
 OTHER = "__other__"
@@ -241,6 +241,11 @@ def npz_data(source: str, ids) -> callable:
 
 
 def download(source: str, ids) -> None:
+    try:
+        explorer.check_export(source, len(ids))
+    except explorer.RunRefused as e:  # over the server's download cap: said here, before anyone clicks
+        st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
+        return
     st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
                                mime="application/octet-stream", on_click="ignore", key="download_npz")
 

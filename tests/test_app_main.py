@@ -218,7 +218,7 @@ def test_recording_npz_holds_every_hook():
     from app import explorer as state
 
     ids = tuple(state._model("smollm2").tokenizer.encode("I love machine learning."))
-    data = np.load(io.BytesIO(state.recording_npz("smollm2", ids)))
+    data = np.load(state.recording_npz("smollm2", ids))  # an open file, built on disk
     assert "blocks.29.attn.hook_pattern" in data.files and "token_ids" in data.files
     assert data["blocks.0.mlp.hook_post"].shape == (1, len(ids), 1536)
 

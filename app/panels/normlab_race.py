@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import explorer, plots
 from app.context import ViewContext
+from app.i18n import error_text
 from app.panels.normlab_common import COLORS, fig_frame, run_name, wait_for
 from explorer_model.lab import lesson_numbers
 from explorer_model.lab import normlab as lab
@@ -83,6 +84,8 @@ def draw_race(ctx: ViewContext) -> dict | None:
             job = explorer.lab_race(rc, RACE_TIME_LIMIT)
         except explorer.LabDisabled:  # serve --no-lab: the shipped curves above still show
             st.info(t("normlab.lab_off"))
+        except explorer.LabBusy as e:  # this visitor's experiment is still queued, or the room's queue is full
+            st.warning(error_text(e, ctx.lang))
         else:
             r = wait_for(job, t, bar, lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}"), label)
             st.session_state["lab_race_result"] = r

@@ -11,6 +11,7 @@ import streamlit as st
 
 from app import explorer, plots
 from app.context import ViewContext, plain
+from app.i18n import error_text
 from app.panels import whatif_bank
 from app.panels.generation import candidate_label
 from app.panels.whatif_figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
@@ -122,7 +123,7 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
         try:
             ivs = explorer.check_interventions(ctx.source, st.session_state.get("whatif", ""))
         except ValueError as e:
-            st.error(plain(e))  # it quotes what was typed (or came in the link): never markdown
+            st.error(plain(error_text(e, ctx.lang)))  # it quotes what was typed (or came in the link): never markdown
             return [], None
         source = None
         if I.needs_source(ivs):
@@ -165,8 +166,8 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
         with st.spinner(t("whatif.running_the_changed_model")):
             run = explorer.whatif_run(source, ids, specs, source_ids)
             kl = explorer.whatif_kl(source, ids, specs, source_ids)
-    except ValueError as e:  # e.g. a patch position beyond the source prompt
-        st.error(plain(e))
+    except ValueError as e:  # e.g. a patch position beyond the source prompt, or a run too long for this server
+        st.error(plain(error_text(e, ctx.lang)))
         return
     st.subheader(t("whatif.with", plain_specs=plain(specs)))
     whatif_bank.draw_note(ctx, specs)

@@ -372,10 +372,37 @@ def parse(spec: "str | Intervention") -> Intervention:
     raise ValueError(f"cannot read {s!r} as a {kind} intervention; the forms are: {FORMS}")
 
 
-def parse_list(text: str | Iterable) -> list[Intervention]:
-    """A comma-separated list (the URL form) or an iterable of forms; blanks are ignored."""
+# More changes than any model has heads (Llama-2-70B: 80 layers × 64) are no experiment; the gateway bounds a list
+# by its model's own layers × heads
+MAX_LIST = 8192
+
+
+class TooMany(ValueError):
+    """A list with more distinct changes than `limit`."""
+
+    def __init__(self, count: int, limit: int):
+        self.count, self.limit = count, limit
+        super().__init__(f"{count} interventions are more than the {limit} a what-if takes (one per head)")
+
+
+def parse_list(text: str | Iterable, limit: int = MAX_LIST) -> list[Intervention]:
+    """A comma-separated list (the URL form) or an iterable of forms; blanks are ignored. Repeats of a change that
+    does the same once or twice (all but scale, whose factors multiply) are kept once, in their first place;
+    TooMany when more than `limit` remain (counted while reading: a huge list is not parsed to the end)."""
     items = text.split(",") if isinstance(text, str) else list(text)
-    return [parse(x) for x in items if not (isinstance(x, str) and not x.strip())]
+    out: dict = {}
+    count = 0
+    for x in items:
+        if isinstance(x, str) and not x.strip():
+            continue
+        iv = parse(x)
+        key = (len(out), iv) if isinstance(iv, Scale) else iv
+        if key not in out:
+            out[key] = iv
+            count += 1
+            if count > limit:
+                raise TooMany(sum(1 for y in items if not (isinstance(y, str) and not y.strip())), limit)
+    return list(out.values())
 
 
 def format_list(interventions: Iterable[Intervention]) -> str:

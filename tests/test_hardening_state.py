@@ -1,0 +1,69 @@
+"""A visitor's browser can send any value for any widget over its websocket, and any query parameter in a link:
+NaN or infinite numbers, numbers too big for anything, text where a number belongs, numbers where a choice
+belongs. The page must check them at its entry, fall back to a default and draw a sensible page: never a
+traceback, never an error naming the app's code."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from apptest_util import all_text, run_app
+
+PROMPT = "The cat sat on the mat"
+KINDS = ("radio", "number_input", "slider", "toggle", "text_area", "selectbox", "button_group", "text_input",
+         "select_slider")
+
+
+def send(at, key: str, **field):
+    """Rerun with widget `key`'s value replaced by a raw WidgetState field, as a crafted websocket message carries
+    it (any oneof field, any value: double_value=nan, int_value=7, string_value="x", double_array_value=[inf])."""
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+    widget = next(w for kind in KINDS for w in at.get(kind) if getattr(w, "key", None) == key)
+    ws = WidgetState()
+    ws.id = widget.id
+    for name, value in field.items():
+        if name.endswith("array_value"):
+            getattr(ws, name).data.extend(value)
+        else:
+            setattr(ws, name, value)
+    widget.__class__ = type("Crafted", (type(widget),), {"_widget_state": property(lambda self: ws)})
+    return at.run()
+
+
+def page_is_sane(at, what) -> None:
+    assert not at.exception, f"{what}: {at.exception}"
+    text = all_text(at)
+    assert "Traceback" not in text and "main.py" not in text and "sidebar.py" not in text, what
+    assert at.title and at.title[0].value in ("LLaMA Explorer", "LLaMA 探索器"), what  # the page, not an error
+    assert at.session_state["lang"] in ("en", "zh")
+
+
+SENT = [("lang", dict(int_value=7)), ("lang", dict(string_value="fr")), ("lang", dict(double_value=math.nan)),
+        ("view", dict(string_array_value=["nope"])), ("view", dict(int_array_value=[99])),
+        ("view", dict(double_value=math.nan)),
+        ("max_tokens", dict(double_value=math.nan)), ("max_tokens", dict(double_value=math.inf)),
+        ("max_tokens", dict(double_value=1e30)), ("max_tokens", dict(string_value="many")),
+        ("layer", dict(double_array_value=[math.nan])), ("layer", dict(double_array_value=[1e30])),
+        ("layer", dict(string_value="x")), ("token", dict(double_array_value=[math.inf])),
+        ("head", dict(double_array_value=[])), ("presenter", dict(string_value="yes")),
+        ("prompt", dict(int_value=12345)), ("prompt", dict(double_value=math.nan))]
+GENERATION = [("pred_seed", dict(double_value=math.nan)), ("pred_seed", dict(string_value="x")),
+              ("pred_seed", dict(double_value=1e30)), ("pred_top_k", dict(double_value=math.inf)),
+              ("pred_temperature", dict(double_array_value=[math.nan])), ("pred_top_p", dict(string_value="high")),
+              ("pred_continue_n", dict(double_value=math.nan))]
+
+
+@pytest.mark.parametrize("key, field", SENT, ids=[f"{k}-{v}" for k, v in SENT])
+def test_a_crafted_widget_message_falls_back_without_a_traceback(key, field):
+    at = run_app(view="tokens", prompt=PROMPT, model="tiny-pre")
+    page_is_sane(send(at, key, **field), (key, field))
+
+
+@pytest.mark.parametrize("key, field", GENERATION, ids=[f"{k}-{v}" for k, v in GENERATION])
+def test_crafted_sampling_values_in_the_generation_view(key, field):
+    at = run_app(view="predict", prompt=PROMPT, model="tiny-pre")
+    at = send(at, key, **field)
+    page_is_sane(at, (key, field))
+    assert not [e.value for e in at.error], [e.value for e in at.error]
+
