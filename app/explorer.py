@@ -37,7 +37,6 @@ from explorer_model.lab.corpus import HELDOUT_LINE
 from explorer_model.loaders import LoadedModel, LoadError, load
 from explorer_model import memory as _memory
 from explorer_model.memory import forward_flops
-from explorer_model.stable import STABLE_ROWS as _STABLE_ROWS
 from explorer_model.recording import Recording, record
 from explorer_model.recording import extend as extend_recording
 from explorer_model.runtime import release_freed_memory
@@ -238,7 +237,7 @@ def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int 
         return []
     cfg = _model(source).cfg  # the prompt once, then each new token one row through every matrix
     _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(
-        source, 1, n * _memory.forward_flops(cfg, 1) / max(1, _STABLE_ROWS)))
+        source, 1, n * _memory.forward_flops(cfg, 1)))
     return result_cache().get(key, run, _FORWARD)
 
 

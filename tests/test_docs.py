@@ -186,9 +186,9 @@ def blocks(kind: str) -> list[tuple[str, str]]:
 
 
 def test_every_code_block_names_its_language():
-    """python and bash blocks are run or checked below; text blocks are diagrams and file excerpts."""
+    """python and bash blocks are run or checked below, toml blocks parsed; text blocks are diagrams and excerpts."""
     langs = {f"{page.relative_to(ROOT)}: {lang or '(none)'}" for page in DOC_PAGES
-             for lang, _ in FENCE.findall(page.read_text(encoding="utf-8")) if lang not in ("python", "bash", "text")}
+             for lang, _ in FENCE.findall(page.read_text(encoding="utf-8")) if lang not in ("python", "bash", "toml", "text")}
     assert not langs
 
 
@@ -324,3 +324,15 @@ def test_every_view_has_its_name_in_both_catalogs():
 
     for lang in ("en", "zh"):
         assert not [key for key, *_ in VIEWS if f"view.{key}" not in i18n.catalog(lang)], lang
+
+
+def test_every_toml_block_is_a_lecture_the_app_accepts():
+    """The lecture examples in the docs parse and validate as the app reads them (explorer_model/lecture.py)."""
+    from explorer_model import lecture
+
+    blocks = [(page, body) for page in DOC_PAGES for lang, body in FENCE.findall(page.read_text(encoding="utf-8"))
+              if lang == "toml"]
+    assert blocks
+    for page, body in blocks:
+        _, problems = lecture.parse(body.encode())
+        assert not problems, f"{page.name}: {[p.english() for p in problems]}"
