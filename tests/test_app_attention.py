@@ -184,7 +184,7 @@ def test_main_figure_first_and_presenter_folds_explanations():
     at = run_app(view="attention", prompt=PROMPT, layer=2, head=1, token=4)
     assert not at.exception and not at.error
     assert (figures(at)[0]["layout"].get("meta") or {}).get("id") == "attn_head"
-    assert len(at.expander) == 3 and all(e.proto.expanded for e in at.expander)  # attention, heads, √d_k
+    assert len(at.main.expander) == 3 and all(e.proto.expanded for e in at.main.expander)  # attention, heads, √d_k
     at.sidebar.toggle(key="presenter").set_value(True).run()
     assert not at.exception and not at.error
-    assert len(at.expander) == 3 and not any(e.proto.expanded for e in at.expander)
+    assert len(at.main.expander) == 3 and not any(e.proto.expanded for e in at.main.expander)

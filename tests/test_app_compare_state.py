@@ -104,8 +104,8 @@ def test_b_recording_downloads_as_npz():
     text = "on cat the sat The mat."
     _, rb = recorded("tiny-pre", text, ["no-rope"])
     at = run_app(view="rope", model="tiny-pre", prompt=text, cmp="whatif", cmp_iv="no-rope")
-    data = capture_downloads(at, ["recording_B.npz"])["recording_B.npz"]
-    with np.load(io.BytesIO(data)) as z:
+    data = capture_downloads(at, ["recording_B.npz"])["recording_B.npz"]  # an open file, built on disk
+    with np.load(data) as z:
         np.testing.assert_allclose(z["blocks.1.attn.hook_rot_q"], rb["blocks.1.attn.hook_rot_q"].numpy(), atol=1e-6)
         np.testing.assert_array_equal(z["blocks.1.attn.hook_rot_q"], z["blocks.1.attn.hook_q"])  # not rotated
 

@@ -46,7 +46,7 @@ def test_no_lab_refuses_new_experiments_and_keeps_computed_ones(monkeypatch):
 
 def test_serve_no_lab_sets_the_switch_for_the_server(monkeypatch):
     seen = {}
-    monkeypatch.setattr("explorer_model.serve.subprocess.run", lambda cmd, env, check: seen.update(env=env))
+    monkeypatch.setattr("explorer_model.serve.supervise", lambda commands, envs, restart: seen.update(env=envs[0]))
     assert cli.main(["serve", "--share", "--no-lab", "--port", "8599"]) in (0, None)
     assert seen["env"]["LLAMA_EXPLORER_LAB"] == "0" and seen["env"]["LLAMA_EXPLORER_SHARE"] == "1"
 

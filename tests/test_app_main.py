@@ -184,18 +184,21 @@ class _State:
 
 def test_recording_download_works_outside_a_script_run(monkeypatch):
     """The browser fetches a download after the run: its data callable must not need st.session_state."""
-    import gc
-    import io
     import threading
+    from unittest import mock
 
     from streamlit.runtime.media_file_manager import MediaFileManager
     from streamlit.runtime.state import session_state_proxy
 
-    run_app(view="tokens", prompt="I love machine learning.")
-    entries = [e for m in gc.get_objects() if isinstance(m, MediaFileManager)
-               for e in m._deferred_callables.values() if e["filename"] == "recording.npz"]
-    assert entries
-    data = entries[-1]["callable"]
+    seen = {}
+    real = MediaFileManager.add_deferred
+
+    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
+        seen[file_name] = data_callable
+        return real(self, data_callable, mimetype, coordinates, file_name, **kw)
+    with mock.patch.object(MediaFileManager, "add_deferred", keep):
+        run_app(view="tokens", prompt="I love machine learning.")
+    data = seen["recording.npz"]
 
     def refuse(*_a, **_k):
         raise AssertionError("the download read st.session_state")
@@ -205,7 +208,7 @@ def test_recording_download_works_outside_a_script_run(monkeypatch):
     t = threading.Thread(target=lambda: out.update(blob=data()))  # a thread with no script-run context
     t.start()
     t.join()
-    npz = np.load(io.BytesIO(out["blob"]))
+    npz = np.load(out["blob"])  # an open file, built on disk
     from app import explorer
 
     ids, _ = explorer.encode_prompt("smollm2", "I love machine learning.", 256)

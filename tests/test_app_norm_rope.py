@@ -268,9 +268,9 @@ def test_presenter_mode_folds_explanations(view):
 
     at = run_app(view=view, prompt=PROMPT, layer=2, head=1, token=4)
     assert not at.exception and not at.error
-    assert at.expander and all(e.proto.expanded for e in at.expander)
+    assert at.main.expander and all(e.proto.expanded for e in at.main.expander)
     first = figures(at)[0]["layout"].get("meta") or {}
     assert first.get("id") == {"norm": "norm_divisors", "rope": "rope_angles", "swiglu": "swiglu_heatmap"}[view]
     at.sidebar.toggle(key="presenter").set_value(True).run()
     assert not at.exception and not at.error
-    assert at.expander and not any(e.proto.expanded for e in at.expander)
+    assert at.main.expander and not any(e.proto.expanded for e in at.main.expander)

@@ -240,7 +240,7 @@ def test_tokens_view_in_chinese():
 @pytest.mark.parametrize("view", ["tokens", "block"])
 def test_presenter_mode_folds_the_explanations(view):
     at = run_app(view=view, prompt="深度学习很")
-    assert at.expander and all(e.proto.expanded for e in at.expander)
+    assert at.main.expander and all(e.proto.expanded for e in at.main.expander)
     at.sidebar.toggle(key="presenter").set_value(True).run()
     assert not at.exception
-    assert at.expander and not any(e.proto.expanded for e in at.expander)
+    assert at.main.expander and not any(e.proto.expanded for e in at.main.expander)

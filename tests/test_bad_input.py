@@ -141,11 +141,13 @@ def test_configured_token_cap_applies_locally(monkeypatch):
 
 # --------------------------------------------------------------------------- URL
 def test_out_of_range_layer_and_head_in_the_url_are_clamped():
-    at = run_app(view="attention", prompt="I love machine learning.", layer="99999999999999999999", head="9",
-                 token="-3")
+    at = run_app(view="attention", prompt="I love machine learning.", layer="40", head="9", token="-3")
     page_ok(at)
     assert (at.session_state["layer"], at.session_state["head"], at.session_state["token"]) == (29, 8, 0)
     assert at.query_params["layer"] == "29" and at.query_params["head"] == "8"
+    at = run_app(view="attention", prompt="I love machine learning.", layer="99999999999999999999")
+    page_ok(at)
+    assert at.session_state["layer"] == 0  # beyond any integer a widget holds: start over
     at = run_app(view="attention", prompt="I love machine learning.", layer="2.5", head="1e3")
     page_ok(at)
     assert (at.session_state["layer"], at.session_state["head"]) == (0, 0)  # not a whole number: start over

@@ -85,7 +85,7 @@ def test_a_prompt_that_cannot_fit_is_refused_without_running(deep, monkeypatch, 
     assert [e.value for e in at.error] == [t("big.refused", lang, tokens=len(ids), size=need,
                                               budget=memory.gb(max(2**20 - runtime, 0)))]
     assert explorer.FORWARDS["count"] == before and not at.get("plotly_chart")
-    with pytest.raises(explorer.PromptTooBig, match=f"recording {len(ids)} tokens needs about {need}"):
+    with pytest.raises(explorer.PromptTooBig, match=f"recording these {len(ids)} tokens would need about {need}"):
         explorer.recording(folder, ids)  # the gateway refuses too, whoever asks
 
 
