@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+from tolerance import assert_close_recording
 import torch
 
 from apptest_util import run_app
@@ -191,9 +192,7 @@ def test_gateway_extend_reuses_the_cached_prefix_and_equals_a_fresh_recording(mo
     assert calls[1] == ([7] + list(ids[pos + 1:]), pos)
     for rec, prompt in ((grown, list(ids) + [42]), (replaced, changed)):
         fresh = record(explorer._model(source).model, prompt)
-        assert list(rec.names) == list(fresh.names)
-        for name in fresh.names:
-            assert torch.equal(rec[name], fresh[name]), name
+        assert_close_recording(rec, fresh)  # other row counts, other kernels: within float32 rounding
     fresh_cache(monkeypatch, 4096)
     calls.clear()
     explorer.extend(source, ids, 42)  # nothing cached: the longer prompt is recorded whole
@@ -214,7 +213,8 @@ def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(mo
     fresh_cache(monkeypatch, 4096)
     full_top, full_prob = explorer.logit_lens(source, list(ids) + [42])
     assert rows == [1, len(ids) + 1]
-    assert np.array_equal(top, full_top) and np.array_equal(prob, full_prob)
+    assert np.array_equal(top, full_top)
+    np.testing.assert_allclose(prob, full_prob, rtol=1e-4, atol=1e-6)  # pieces: other row counts
 
 
 def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypatch):
