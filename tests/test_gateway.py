@@ -261,7 +261,7 @@ def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypa
     ids, _ = explorer.encode_prompt(source, "The quick brown fox", 64)
     assert forward_flops(explorer._model(source).model.cfg, len(ids)) < explorer.SMALL_FORWARD_FLOPS
     big = explorer._model(explorer.DEFAULT_SOURCE).model.cfg
-    assert forward_flops(big, 1) > 4 * explorer.SMALL_FORWARD_FLOPS
+    assert forward_flops(big, 16) > 4 * explorer.SMALL_FORWARD_FLOPS  # a short prompt on a big model
     held, done = threading.Event(), threading.Event()
 
     def hold():
