@@ -86,3 +86,21 @@ def select(at: AppTest, **selection) -> AppTest:
     for key, value in selection.items():
         at.sidebar.slider(key=key).set_value(value).run()
     return at
+
+
+def deferred_downloads(at) -> dict:
+    """Run `at` and return {file name: the data callable of its download button} (Streamlit calls these on click,
+    outside the script run)."""
+    from unittest import mock
+
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    seen = {}
+    real = MediaFileManager.add_deferred
+
+    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
+        seen[file_name] = data_callable
+        return real(self, data_callable, mimetype, coordinates, file_name, **kw)
+    with mock.patch.object(MediaFileManager, "add_deferred", keep):
+        at.run()
+    return seen

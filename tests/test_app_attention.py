@@ -102,16 +102,9 @@ def test_query_token_text_highlight(page):
 def capture_downloads(at, names):
     """Run `at` and return {file name: the CSV its download button would serve} for the given names (the
     buttons' data are callables that Streamlit calls on click; here they are called directly)."""
-    from streamlit.runtime.media_file_manager import MediaFileManager
+    from apptest_util import deferred_downloads
 
-    seen = {}
-    real = MediaFileManager.add_deferred
-
-    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
-        seen[file_name] = data_callable
-        return real(self, data_callable, mimetype, coordinates, file_name, **kw)
-    with mock.patch.object(MediaFileManager, "add_deferred", keep):
-        at.run()
+    seen = deferred_downloads(at)
     return {name: seen[name]() for name in names}
 
 

@@ -185,19 +185,10 @@ class _State:
 def test_recording_download_works_outside_a_script_run(monkeypatch):
     """The browser fetches a download after the run: its data callable must not need st.session_state."""
     import threading
-    from unittest import mock
-
-    from streamlit.runtime.media_file_manager import MediaFileManager
+    from apptest_util import deferred_downloads
     from streamlit.runtime.state import session_state_proxy
 
-    seen = {}
-    real = MediaFileManager.add_deferred
-
-    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
-        seen[file_name] = data_callable
-        return real(self, data_callable, mimetype, coordinates, file_name, **kw)
-    with mock.patch.object(MediaFileManager, "add_deferred", keep):
-        run_app(view="tokens", prompt="I love machine learning.")
+    seen = deferred_downloads(run_app(view="tokens", prompt="I love machine learning."))
     data = seen["recording.npz"]
 
     def refuse(*_a, **_k):
