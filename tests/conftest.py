@@ -408,6 +408,15 @@ def kernels_header() -> str:
     return f"kernels: torch {torch.get_num_threads()} threads, capability {torch.backends.cpu.get_cpu_capability()}"
 
 
+def pytest_configure(config):
+    """LLAMA_EXPLORER_TEST_THREADS=n runs this test process on n torch threads. torch 2.13 caps OMP_NUM_THREADS at
+    the cores it sees, so the kernel matrix (test_kernel_matrix.py) asks for 4 threads on a 2-core machine this
+    way. A test process only: a server never changes its thread count after start."""
+    wanted = os.environ.get("LLAMA_EXPLORER_TEST_THREADS")
+    if wanted:
+        torch.set_num_threads(int(wanted))
+
+
 def pytest_report_header(config):
     """The machine this run is on: kernels, and a Python speed probe to scale the suite's time by (a slow
     2-vCPU Xeon takes 1.1-1.5 s for it)."""

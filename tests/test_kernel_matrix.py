@@ -19,12 +19,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LOWERED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def threads(n: int) -> dict[str, str]:
+    """Both settings: OMP_NUM_THREADS for OpenMP and MKL, and the conftest's LLAMA_EXPLORER_TEST_THREADS for torch,
+    which caps OMP_NUM_THREADS at the cores it sees (4 threads on a 2-core machine need the second)."""
+    return {"OMP_NUM_THREADS": str(n), "LLAMA_EXPLORER_TEST_THREADS": str(n)}
+
+
 # With the main run (this machine's threads and best ISA): 1, 2 and 4 threads, torch's baseline
 # kernels (no SIMD dispatch) and AVX2 everywhere (torch, oneDNN and MKL lowered together).
 CONFIGS = {
-    "1-thread": ({"OMP_NUM_THREADS": "1"}, 1, None),
-    "4-threads-default-isa": ({"OMP_NUM_THREADS": "4", "ATEN_CPU_CAPABILITY": "default"}, 4, "DEFAULT"),
-    "2-threads-avx2": ({"OMP_NUM_THREADS": "2", **LOWERED_AVX2}, 2, "AVX2"),
+    "1-thread": (threads(1), 1, None),
+    "4-threads-default-isa": ({**threads(4), "ATEN_CPU_CAPABILITY": "default"}, 4, "DEFAULT"),
+    "2-threads-avx2": ({**threads(2), **LOWERED_AVX2}, 2, "AVX2"),
 }
 HEADER = re.compile(r"^kernels: torch (\d+) threads, capability (\S+)", re.M)
 # The slow determinism test spawns server-like processes: once in the main run is enough.
@@ -39,7 +47,7 @@ def kernel_modules() -> list[str]:
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", *LOWERED_AVX2, "PYTEST_ADDOPTS")}
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LLAMA_EXPLORER_TEST_THREADS", *LOWERED_AVX2, "PYTEST_ADDOPTS")}
     env.update(extra, OMP_WAIT_POLICY="PASSIVE", LLAMA_EXPLORER_NO_PROBE="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
