@@ -29,7 +29,7 @@ from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes
                           offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
                           token_cap, warm_up_enabled, public_port, without_paths,
                           max_run_seconds)
-from explorer_model.analysis import interventions as I
+from explorer_model import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 from explorer_model.tokenizer import PromptError, check_prompt

@@ -16,7 +16,7 @@ from app.panels import whatif_bank
 from app.panels.generation import candidate_label
 from app.panels.whatif_figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
                                      masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
-from explorer_model.analysis import interventions as I
+from explorer_model import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.analysis import views_data as V
 
