@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from app import gateway_runs as runs
+from app import gateway_state as gw
 from explorer_model.analysis import measures as M
-
-
-def _gateway():
-    from app import explorer  # at call time: the gateway imports this module while it loads
-    return explorer
 
 
 def lesson_target(source: str, preset_key: str, ids) -> dict:
@@ -21,12 +18,11 @@ def lesson_target(source: str, preset_key: str, ids) -> dict:
     prompt does not hold what the lesson looks for (e.g. the words were edited away)."""
     from app.presets import BY_KEY
     from explorer_model.analysis import lesson as LS
-    gw = _gateway()
 
     preset, ids = BY_KEY[preset_key], tuple(int(i) for i in ids)
 
     def find() -> dict:
-        rec, tok = gw.recording(source, ids), gw._model(source).tokenizer
+        rec, tok = runs.recording(source, ids), gw._model(source).tokenizer
         n, last = len(ids), len(ids) - 1
         out = {"view": preset.view, "layer": 0, "head": 0, "token": last, "values": {}}
         if preset.kind == "link":
@@ -81,7 +77,6 @@ def patch_lesson(source: str, ids, source_ids) -> dict:
     """Per layer, how far patching the last position's resid_post from `source_ids` moves the last prediction
     (explorer_model.analysis.patch_lesson), cached: the what-if preset's lesson target, found on the model."""
     from explorer_model.analysis.patch_lesson import patch_layer_sweep
-    gw = _gateway()
     ids, source_ids = tuple(int(i) for i in ids), tuple(int(i) for i in source_ids)
 
     def run() -> dict:
