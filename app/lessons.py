@@ -50,10 +50,11 @@ def lesson_target(source: str, preset_key: str, ids) -> dict:
             out.update(layer=layer, values={"layer": layer, "n_layers": len(ranks), "top_id": final,
                                             "top": LENS_TOP, "rank0": int(ranks[0]) + 1})
         elif preset.kind == "split":
-            text = b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+            typed = [i for i in ids if not tok.is_special(i)]  # BOS and chat markers are no characters of the text
+            text = b"".join(tok.token_bytes(i) for i in typed).decode("utf-8", errors="replace")
             split = [p for p, i in enumerate(ids) if not tok.is_special(i) and _is_fragment(tok.token_bytes(i))]
             out.update(token=split[0] if split else last,
-                       values={"chars": len(text), "tokens": n, "split": len(split)})
+                       values={"chars": len(text), "tokens": len(typed), "split": len(split)})
         elif preset.kind == "special":
             special = [p for p, i in enumerate(ids) if tok.is_special(i)]
             out.update(token=special[0] if special else last, values={"special": len(special), "tokens": n})
