@@ -210,7 +210,7 @@ def test_the_no_mask_caption_states_what_this_run_did(loaded, prompt):
     assert f"from {own0:.2f} to {own1:.2f}" in text
     assert "the loss " + ("rises" if verb == "falls" else "falls") not in text
     if prompt != PROMPT:
-        assert verb == "rises"  # the case the sentence used to get wrong
+        assert verb == "rises"  # the case a fixed sentence would get wrong
     else:
         assert verb == "falls"
 
