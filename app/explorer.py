@@ -1,4 +1,4 @@
-"""The gateway: the only place the app touches a model.
+"""The gateway: the only place the app touches a model. Panels import this module only.
 
 Panels get data (a Recording, `ModelFacts`, numpy arrays) and ask for explicit work through the functions
 below; none of them holds an `nn.Module`. Three rules keep a classroom server predictable:
@@ -8,390 +8,45 @@ below; none of them holds an `nn.Module`. Three rules keep a classroom server pr
     counted by the bytes it really holds;
   - one lab worker process: Pre/Post-Norm experiments run there one at a time, with one torch thread set in
     that process, never in this one; a waiting visitor sees their place in the queue.
-The lab worker's queue is in app/lab_jobs.py, the lessons' targets in app/lessons.py: parts of this gateway,
-re-exported here (panels import this module only). `FORWARDS["count"]` counts the model runs the gateway starts (a what-if with a source prompt counts two; a head
+
+Its parts, each importing only the parts below it (this module imports them all and re-exports their API):
+  gateway_state.py    loaded models, the forward lock, the result cache, token ids, parsed what-if changes
+  gateway_costs.py    what a run will cost, the refusal of one that cannot fit, the timed recording
+  gateway_exports.py  a recording's .npz download, built on disk within a byte cap
+  gateway_runs.py     every model run a page asks for: recordings, continuations, lens, what-if, sweeps, twins
+  gateway_compare.py  compare mode's side B and the pair data of two recordings
+  gateway_figures.py  drawn figures cached in the result cache
+  lab_jobs.py         the lab worker's queue;  lessons.py  the presets' targets found on the model
+`FORWARDS["count"]` counts the model runs the gateway starts (a what-if with a source prompt counts two; a head
 sweep, a lens and a lab experiment one each), for the tests.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 
-import numpy as np
-import torch
+from app.facts import ModelFacts
+from app.gateway_compare import changed_recording, changed_recording_npz, compare_lesson, pair_derived
+from app.gateway_costs import (BIG_LAYERS, BIG_WIDTH, admit, intervention_seconds, pass_seconds,  # noqa: F401
+                               prompt_cost)
+from app.gateway_exports import check_export, export_cap_bytes, npz_bytes, npz_file
+from app.gateway_figures import figure
+from app.gateway_runs import (RecordingRef, cached_head_sweep, continuation, derived, extend,  # noqa: F401
+                              head_sweep, layer_weights, logit_lens, recording, recording_npz,
+                              sweep_seconds, twin_recordings, whatif_kl, whatif_run)
+from app.gateway_state import (_FORWARD, FORWARDS, KL_MAX_POS, WHATIF_NAMES,  # noqa: F401
+                               PromptTooBig, RunRefused, _encode, _ident, _model, check_interventions,
+                               embedding_rows, encode_prompt, facts, forwards_ahead, page_run, pages_ahead,
+                               result_cache, stored_bytes, try_load, visitor_message)
+from app.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,
+                          lab_worker_threads)
+from app.lessons import lesson_target, patch_lesson
+from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, lab_enabled, max_run_seconds,  # noqa: F401
+                          offered_models, prompt_char_limit, public_port, shared, token_cap, warm_up_enabled)
+from explorer_model.tokenizer import PromptError
 
-from app.facts import ModelFacts, facts_of
-from app.lanes import LANE, ForwardLock, quick_thread_switches
-from app.result_cache import ResultCache
-from app.room_memo import room_memo
-from app.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, cache_budget_bytes, lab_enabled,  # noqa: F401
-                          offered_models, prompt_char_limit, resolve_source, shared, shipped_models, source_version,
-                          token_cap, warm_up_enabled, public_port, without_paths,
-                          max_run_seconds)
-from explorer_model.analysis import interventions as I
-from explorer_model.analysis import measures as M
-from explorer_model.lab import normlab as lab
-from explorer_model.tokenizer import PromptError, check_prompt
-from explorer_model.lab.corpus import HELDOUT_LINE
-from explorer_model.loaders import LoadedModel, LoadError, load
-from explorer_model import memory as _memory
-from explorer_model.memory import forward_flops
-from explorer_model.recording import Recording, record
-from explorer_model.recording import extend as extend_recording
-from explorer_model.runtime import release_freed_memory
-from explorer_model.sampling import generate
-
-FORWARDS = {"count": 0}
 log = logging.getLogger("llama_explorer.gateway")
 _WARM_LOCK = threading.Lock()
-# re-entrant (a what-if's KL reads the clean recording, recorded under the same lock); a page run gives up the
-# drawing lane while it waits for it and runs (app/lanes.py)
-_FORWARD = ForwardLock(LANE)
-quick_thread_switches()
-
-
-def page_run():
-    """Held around a whole page run by app/main.py: one page draws at a time, forward passes run beside it."""
-    return LANE.held()
-
-
-def pages_ahead() -> int:
-    """Other visitors' page runs drawing or waiting to draw (what a page about to wait has before it)."""
-    return LANE.pages()
-
-
-def forwards_ahead() -> int:
-    """Forward passes running or waiting, other than this page's."""
-    return _FORWARD.wanted()
-WHATIF_NAMES = ["blocks.*.hook_resid_post", "blocks.*.attn.hook_rot_q", "blocks.*.attn.hook_rot_k"]
-KL_MAX_POS = 32  # the lens KL costs layers × positions × vocab × d_model per run: the last 32 positions
-# A forward pass this small (the lab twins: 0.2 GFLOP for a short prompt, a few ms) runs without the forward lock:
-# waiting behind other visitors' passes of a real model would cost it a thousand times its own time, and beside
-# one it takes little (hooks fire only in the thread that attached them: concurrent recordings stay apart).
-SMALL_FORWARD_FLOPS = 1e9
-
-
-# --------------------------------------------------------------------------- models
-@room_memo(max_entries=3)
-def _load(source: str, version: tuple | None) -> LoadedModel:
-    loaded = load(source)
-    # What exists now (libraries, the model, the server) lives as long as the process: out of the collector's sight,
-    # a full collection walks only what page runs create (0.19 s -> 0 for ~275,000 objects here).
-    gc.freeze()
-    return loaded
-
-
-_READY: set = set()  # (path, version) of the models this process has loaded
-
-
-def _model(source: str) -> LoadedModel:
-    path = resolve_source(source)
-    key = (path, source_version(path))
-    if key in _READY:
-        return _load(*key)
-    with LANE.released():  # a load takes seconds: other visitors' pages draw meanwhile (app/lanes.py)
-        loaded = _load(*key)
-    _READY.add(key)
-    return loaded
-
-
-def try_load(source: str) -> tuple[ModelFacts | None, str | None]:
-    """(facts, None) or (None, one-line reason); never raises for bad input. Shared servers load only their list."""
-    if shared() and source not in offered_models():
-        return None, "this server only offers the models in its list"
-    try:
-        return facts(source), None
-    except LoadError as e:
-        return None, visitor_message(e, source)
-    except (MemoryError, OSError, ValueError, RuntimeError) as e:
-        return None, visitor_message(f"{type(e).__name__}: {e}", source)
-
-
-def visitor_message(error, source: str = "") -> str:
-    """An error's line as a visitor may read it: on a shared server without any server path (settings)."""
-    return without_paths(str(error), source) if shared() else str(error)
-
-
-def facts(source: str) -> ModelFacts:
-    """What views may know about the model, built once per loaded model (a reloaded file gets new facts)."""
-    loaded = _model(source)
-    return _facts(_ident(source), loaded)
-
-
-@room_memo(max_entries=3)
-def _facts(ident, _loaded: LoadedModel) -> ModelFacts:
-    return facts_of(ident if isinstance(ident, str) else ident[0], _loaded)
-
-
-def _ident(source: str):
-    """What cached results of a model are keyed by: its name, and for a file the version of the file, so a model
-    rewritten while serving gets new results (and facts) instead of the old file's."""
-    version = source_version(resolve_source(source))
-    return source if version is None else (source, version)
-
-
-def encode_prompt(source: str, text: str, max_tokens: int) -> tuple[list[int], int]:
-    """Token ids cut to max_tokens (and the server's cap and the model's context), and the length before."""
-    return _encode(_model(source), text, max_tokens)
-
-
-def _encode(loaded, text: str, max_tokens: int) -> tuple[list[int], int]:
-    """Raises PromptError (one line) for a prompt over settings.prompt_char_limit() or not valid text."""
-    ids = loaded.tokenizer.encode(check_prompt(text, prompt_char_limit()),
-                                  add_bos=getattr(loaded.tokenizer, "add_bos", False))
-    limit = max(1, min(max_tokens, token_cap(), loaded.model.cfg.max_seq_len))
-    return ids[:limit], len(ids)
-
-
-def embedding_rows(source: str, ids) -> np.ndarray:
-    """Rows E[id] of the embedding matrix, [len(ids), d_model] float32 (a copy: no view into the weights)."""
-    w = _model(source).model.embed.weight
-    return w[torch.as_tensor(list(ids), dtype=torch.long)].detach().float().numpy().copy()
-
-
-def check_interventions(source: str, specs: str) -> list:
-    """Parsed interventions (repeats collapsed), or ValueError with one line when a spec does not parse or does not
-    fit the model; RunRefused for more distinct changes than the model has heads (layers × heads: a change per head
-    is the most a what-if can mean)."""
-    cfg = _model(source).cfg
-    limit = max(cfg.n_layers * cfg.n_heads, 2 * cfg.n_layers)
-    try:
-        ivs = I.parse_list(specs, limit=limit)
-    except I.TooMany as e:
-        raise RunRefused("run.too_many", n=e.count, limit=limit) from None
-    for iv in ivs:
-        iv.check(_model(source).model)
-    return ivs
-
-
-def _admit_unless_cached(key: tuple, source: str, seconds: float, keeps: int = 0, tokens: int = 0) -> None:
-    """The gateway's one check before a run (gateway_costs.admit); a cached result costs nothing."""
-    if result_cache().peek(key) is None:
-        admit(source, seconds, keeps, tokens)
-
-
-# --------------------------------------------------------------------------- the cache
-@room_memo()
-def result_cache() -> ResultCache:
-    return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory, strict=shared())
-
-
-def stored_bytes() -> int:
-    return result_cache().stored_bytes()
-
-
-def _forward(n: int = 1) -> None:
-    FORWARDS["count"] += n
-
-
-def recording(source: str, ids, progress=None, base=()) -> Recording:
-    """The full recording of a prompt (cached); progress(layers_done, n_layers) is called as each block finishes.
-    Refused (PromptTooBig) when it cannot fit in this server's memory (prompt_cost, at the end of this file).
-    `base`: a prompt that shares its first tokens with ids (a generation step's prompt, a prompt with one token
-    replaced); when its recording is cached, only the positions after the shared tokens run, bit-identical to
-    recording ids whole (explorer_model.recording.extend)."""
-    ids, base = tuple(int(i) for i in ids), tuple(int(i) for i in base)
-
-    def run() -> Recording:
-        rec = _record_measured(source, ids, progress, _cached_prefix(source, ids, base))
-        _forward()
-        return rec
-    small = forward_flops(_model(source).model.cfg, len(ids)) < SMALL_FORWARD_FLOPS
-    return result_cache().get(("recording", _ident(source), ids), run, None if small else _FORWARD)
-
-
-def _cached_prefix(source: str, ids: tuple, base: tuple) -> tuple[Recording, int] | None:
-    """(base's cached recording, how many first tokens it shares with ids), when that saves a position."""
-    shared = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b), min(len(ids), len(base)))
-    if not 1 <= shared < len(ids):
-        return None
-    rec = result_cache().peek(("recording", _ident(source), base))
-    return None if rec is None else (rec, shared)
-
-
-def extend(source: str, ids, new_id: int) -> Recording:
-    """Step generation: the recording of the prompt with one more token, one KV-cache step when the prompt's
-    recording is cached (see `recording`)."""
-    ids = tuple(int(i) for i in ids)
-    return recording(source, ids + (int(new_id),), base=ids)
-
-
-def continuation(source: str, ids, n: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0) -> list[int]:
-    """Up to n new token ids after ids, decoded with the KV cache and nothing recorded (explorer_model.sampling
-    .generate: greedy at temperature 0, else the filtered distribution drawn with `seed`); stops after the
-    model's end-of-text token. Cached: the same request gives the same tokens without running again."""
-    ids = tuple(int(i) for i in ids)
-    n = max(0, min(int(n), _model(source).model.cfg.max_seq_len - len(ids)))
-
-    def run() -> list[int]:
-        loaded = _model(source)
-        eos = loaded.tokenizer.eos_id
-        new = generate(loaded.model, list(ids), n, float(temperature), int(top_k), float(top_p), int(seed),
-                       stop_ids={eos} if eos is not None else None)
-        _forward()
-        return new
-    key = ("continuation", _ident(source), ids, n, float(temperature), int(top_k), float(top_p), int(seed))
-    if not n:
-        return []
-    cfg = _model(source).cfg  # the prompt once, then each new token one row through every matrix
-    _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(
-        source, 1, n * _memory.forward_flops(cfg, 1)))
-    return result_cache().get(key, run, _FORWARD)
-
-
-def recording_npz(source: str, ids):
-    """The recording as an .npz download: an open file built on disk (gateway_exports), refused (RunRefused) when
-    over this server's download cap."""
-    ids = tuple(ids)
-    return npz_file(source, len(ids), lambda: recording(source, ids))
-
-
-def derived(name: str, source: str, ids, fn, *args):
-    """fn(recording, *args) cached under (name, source, ids, args): view data worth keeping (no model runs)."""
-    ids = tuple(ids)
-
-    def compute():
-        rec = recording(source, ids)
-        with LANE.released():  # array work, mostly outside the GIL: other pages draw meanwhile (app/lanes.py)
-            return fn(rec, *args)
-    return result_cache().get((f"view:{name}", _ident(source), ids, args), compute)
-
-
-class RecordingRef:
-    """Stands in for a drawn page's Recording. Widgets' format functions and download callables close over
-    the ViewContext for the whole session; through this they keep only (source, ids), so the cache stays the
-    only owner of recordings. Reading fetches it again (recomputed if it was evicted)."""
-
-    def __init__(self, source: str, ids):
-        self._key = (source, tuple(ids))
-
-    def __getattr__(self, name):
-        if name == "_key":  # not set yet (e.g. a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(recording(*self._key), name)
-
-    def __getitem__(self, name):
-        return recording(*self._key)[name]
-
-    def __contains__(self, name) -> bool:
-        return name in recording(*self._key)
-
-    def __iter__(self):
-        return iter(recording(*self._key))
-
-    def __len__(self) -> int:
-        return len(recording(*self._key))
-
-
-# --------------------------------------------------------------------------- analyses that run the model
-def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Top token id and its probability after each layer (final norm + unembedding) at positions start…."""
-    ids = tuple(ids)
-
-    def run():
-        rec, cache, ident, n = recording(source, ids), result_cache(), _ident(source), len(ids)
-        # Only positions no cached lens holds run; a position's rows agree with the lens computed at once to within
-        # float32 rounding (other row counts may take other kernels), and its top token with them. Cached pieces:
-        # the prompt one token shorter with the same start (a generation step: the new position runs), or this
-        # prompt with a narrower window (a wider one asked for: the positions left of it run).
-        left = cache.peek(("lens", ident, ids[:-1], int(start))) if n - 1 > start else None
-        right = None if left else next((hit for s in range(int(start) + 1, n)
-                                        if (hit := cache.peek(("lens", ident, ids, s))) is not None), None)
-        first = n - 1 if left else int(start)
-        last = n - right[0].shape[1] if right else n
-        resid = rec.stack("hook_resid_post")[:, 0, first:last]  # [layer, pos, d_model]
-        arg, prob = M.lens_top(_model(source).model, resid)  # [layer, pos] each
-        _forward()
-        parts = [p for p in (left, (arg.numpy(), prob.numpy()), right) if p is not None]
-        return np.concatenate([p[0] for p in parts], 1), np.concatenate([p[1] for p in parts], 1)
-    key, cfg = ("lens", _ident(source), ids, int(start)), _model(source).cfg
-    _admit_unless_cached(key, source, pass_seconds(source, 0, 2.0 * cfg.n_layers * max(1, len(ids) - int(start))
-                                                   * cfg.vocab_size * cfg.d_model))
-    return result_cache().get(key, run, _FORWARD)
-
-
-def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
-    """The changed run, reduced to what the What-if view draws: last-position logits, p(own next token) per
-    position, the loss, rotated Q/K per layer (for patterns) and resid_post at the last KL_MAX_POS positions.
-    ValueError (one line) for an intervention that does not fit (e.g. a patch beyond the source prompt)."""
-    ids, source_ids = tuple(ids), tuple(source_ids)
-
-    def run() -> dict:
-        rec = record(_model(source).model, list(ids), names=WHATIF_NAMES, interventions=ivs,
-                     source_tokens=list(source_ids) or None)
-        _forward(1 + bool(source_ids))
-        start = max(0, len(ids) - KL_MAX_POS)
-        return {"last": rec.logits[0, -1].clone(), "own": M.next_token_logprobs(rec.logits, ids).exp().numpy(),
-                "loss": M.prompt_loss(rec.logits, ids),
-                "rot": [(rec[f"blocks.{l}.attn.hook_rot_q"], rec[f"blocks.{l}.attn.hook_rot_k"])
-                        for l in range(rec.cfg.n_layers)],
-                "resid": {n: rec[n][:, start:].clone() for n in rec.names if n.endswith("hook_resid_post")}}
-    key = ("whatif", _ident(source), ids, specs, source_ids)
-    ivs = check_interventions(source, specs) if result_cache().peek(key) is None else []
-    _admit_unless_cached(key, source, pass_seconds(source, len(ids)) + pass_seconds(source, len(source_ids))
-                         + intervention_seconds(source, ivs, len(ids)),
-                         _memory.recording_bytes(_model(source).cfg, len(ids), names=WHATIF_NAMES), len(ids))
-    return result_cache().get(key, run, _FORWARD)
-
-
-def whatif_kl(source: str, ids, specs: str, source_ids=()) -> np.ndarray:
-    """KL(unchanged ‖ changed) of the logit lens after each layer, mean over the last KL_MAX_POS positions."""
-    ids, source_ids = tuple(ids), tuple(source_ids)
-
-    def run() -> np.ndarray:
-        clean, changed = recording(source, ids), whatif_run(source, ids, specs, source_ids)
-        start = max(0, len(ids) - KL_MAX_POS)
-        kl = M.lens_kl(_model(source).model, {n: clean[n][:, start:] for n in changed["resid"]}, changed["resid"])
-        _forward()
-        return kl.numpy()
-    key, cfg = ("whatif_kl", _ident(source), ids, specs, source_ids), _model(source).cfg
-    _admit_unless_cached(key, source, pass_seconds(source, 0, 4.0 * cfg.n_layers * min(len(ids), KL_MAX_POS)
-                                                   * cfg.vocab_size * cfg.d_model))
-    return result_cache().get(key, run, _FORWARD)
-
-
-def head_sweep(source: str, ids, n_layers: int, mean: bool, progress=None, first: int = 0) -> dict:
-    """Change of p(top token) at the last position when each head of n_layers layers from `first` is ablated."""
-    ids = tuple(ids)
-
-    def run() -> dict:
-        layers = range(int(first), int(first) + int(n_layers))
-        res = M.head_sweep(_model(source).model, recording(source, ids), layers, mean, progress)
-        _forward()
-        return {**res, "delta": res["delta"].numpy() if torch.is_tensor(res["delta"]) else res["delta"]}
-    key = ("sweep", _ident(source), ids, int(n_layers), bool(mean), int(first))
-    _admit_unless_cached(key, source, sweep_seconds(source, len(ids), int(first), int(n_layers)))
-    return result_cache().get(key, run, _FORWARD)
-
-
-def sweep_seconds(source: str, n_tokens: int, first: int, n_layers: int) -> float:
-    """A head sweep's time: from each swept layer on, n_heads more copies of the prompt run through every block."""
-    cfg = _model(source).cfg
-    last = min(first + n_layers, cfg.n_layers)
-    copies = sum(cfg.n_heads * (min(layer, last - 1) - first + 1) for layer in range(first, cfg.n_layers))
-    return pass_seconds(source, n_tokens) * copies / max(1, cfg.n_layers)
-
-
-def cached_head_sweep(source: str, ids, n_layers: int, mean: bool, first: int = 0) -> dict | None:
-    return result_cache().peek(("sweep", _ident(source), tuple(ids), int(n_layers), bool(mean), int(first)))
-
-
-def twin_recordings(prompt: str, max_tokens: int) -> tuple[dict | None, str | None]:
-    """{"pre"/"post": {"facts", "ids", "rec", "line_rec"}} for the shipped twins on the prompt and on the held-out
-    line, or (None, reason) when a twin is missing."""
-    out = {}
-    for v, source in zip(("pre", "post"), lab.TWINS):
-        f, err = try_load(source)
-        if f is None:
-            return None, f"{source}: {err}"
-        ids, _ = encode_prompt(source, prompt, max_tokens)
-        line = _model(source).tokenizer.encode(HELDOUT_LINE, add_bos=True)
-        out[v] = {"facts": f, "ids": ids, "rec": recording(source, ids), "line_rec": recording(source, line)}
-    return out, None
-
-
 _WARM = {"started": False}
 
 
@@ -419,50 +74,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead", "public_port",
            "forwards_ahead", "visitor_message"]
-
-
-# --------------------------------------------------------------------------- nrs: one layer's weight matrices
-def layer_weights(source: str, layer: int) -> dict[str, np.ndarray]:
-    """Copies of one block's FFN matrices, its W_v and W_O, float32 numpy in nn.Linear layout ("W_up" [d_ff, d],
-    "W_down" [d, d_ff], "W_gate" [d_ff, d] only for a gated FFN, "W_v" [n_kv·d_k, d], "W_O" [d, n_heads·d_k],
-    "b_O" [d] only when the output projection has a bias), cached: the SwiGLU view recomputes the FFN from a
-    recorded input, the RoPE view shows what an added position vector does to V, the attention view projects
-    the recorded concatenation of heads with W_O."""
-    def take() -> dict[str, np.ndarray]:
-        block = _model(source).model.blocks[int(layer)]
-        mats = {"W_up": block.mlp.up_proj, "W_down": block.mlp.down_proj, "W_v": block.attn.v_proj,
-                "W_O": block.attn.o_proj}
-        if hasattr(block.mlp, "gate_proj"):
-            mats["W_gate"] = block.mlp.gate_proj
-        out = {k: m.weight.detach().float().numpy().copy() for k, m in mats.items()}
-        if block.attn.o_proj.bias is not None:
-            out["b_O"] = block.attn.o_proj.bias.detach().float().numpy().copy()
-        return out
-    return result_cache().get(("layer_weights", _ident(source), int(layer)), take)
-
-
-__all__ += ["layer_weights"]
-
-
-# --------------------------------------------------------------------------- parts of the gateway in their own files
-# Imported last: they call back into this module (result_cache, _forward, _model) when they run.
-from app.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length,  # noqa: E402
-                          lab_race, lab_worker_threads)
-from app.lessons import lesson_target, patch_lesson  # noqa: E402
-
-__all__ += ["lesson_target", "LabBusy"]
-
-
-# --------------------------------------------------------------------------- more parts of the gateway
-from app.gateway_costs import (BIG_LAYERS, BIG_WIDTH, PromptTooBig, RunRefused, _record_measured,  # noqa: E402
-                               admit, intervention_seconds, pass_seconds, prompt_cost)
-from app.gateway_exports import check_export, export_cap_bytes, npz_bytes, npz_file  # noqa: E402
-from app.gateway_compare import (changed_recording, changed_recording_npz, compare_lesson,  # noqa: E402
-                                 pair_derived)
-
-from app.gateway_figures import figure  # noqa: E402
-
-__all__ += ["figure"]
+__all__ += ["layer_weights", "lesson_target", "LabBusy", "figure"]
 __all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "pass_seconds",
             "intervention_seconds", "npz_file", "max_run_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording",
             "pair_derived", "changed_recording_npz", "compare_lesson", "check_export", "export_cap_bytes",

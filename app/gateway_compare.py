@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from app import explorer as gw
+from app import gateway_costs as costs
+from app import gateway_runs as runs
+from app import gateway_state as gw
+from app.gateway_exports import npz_file
+from app.settings import DEFAULT_MAX_TOKENS
+from explorer_model.recording import record
 from explorer_model.recording import Recording
 
 # A side of a comparison is (source, ids, specs): specs "" is the plain recording, else the same prompt and model
@@ -16,18 +21,18 @@ def changed_recording(source: str, ids, specs: str = "") -> Recording:
     left to the What-if view."""
     ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
     if not specs:
-        return gw.recording(source, ids)
+        return runs.recording(source, ids)
     ivs = gw.check_interventions(source, specs)
     if any(isinstance(iv, gw.I.Patch) for iv in ivs):
         raise ValueError("a patch needs a source prompt: use the What-if view for it")
 
     def run() -> Recording:
-        rec = gw.record(gw._model(source).model, list(ids), interventions=ivs)
+        rec = record(gw._model(source).model, list(ids), interventions=ivs)
         gw._forward()
         return rec
     key = ("recording", gw._ident(source), ids, gw.I.format_list(ivs))
-    cost = gw.prompt_cost(source, ids)  # B keeps what A's recording of these ids keeps, and runs the changes too
-    gw._admit_unless_cached(key, source, cost["seconds"] + gw.intervention_seconds(source, ivs, len(ids)),
+    cost = costs.prompt_cost(source, ids)  # B keeps what A's recording of these ids keeps, and runs the changes too
+    costs._admit_unless_cached(key, source, cost["seconds"] + costs.intervention_seconds(source, ivs, len(ids)),
                             cost["recording"], len(ids))
     return gw.result_cache().get(key, run, gw._FORWARD)
 
@@ -47,8 +52,8 @@ def changed_recording_npz(source: str, ids, specs: str = ""):
     """B's recording as .npz (the sidebar's download in compare mode), an open file like recording_npz."""
     ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
     if not specs:
-        return gw.recording_npz(source, ids)
-    return gw.npz_file(source, len(ids), lambda: changed_recording(source, ids, specs))
+        return runs.recording_npz(source, ids)
+    return npz_file(source, len(ids), lambda: changed_recording(source, ids, specs))
 
 
 def compare_lesson(source: str, preset_key: str, ids) -> dict:
@@ -60,9 +65,9 @@ def compare_lesson(source: str, preset_key: str, ids) -> dict:
     args = dict(preset.args)
 
     def find() -> dict:
-        a, src_b = gw.recording(source, ids), args.get("cmp_model", source)
+        a, src_b = runs.recording(source, ids), args.get("cmp_model", source)
         ids_b = ids if args["cmp"] == "whatif" else tuple(
-            gw.encode_prompt(src_b, args.get("cmp_prompt", preset.prompt), gw.DEFAULT_MAX_TOKENS)[0])
+            gw.encode_prompt(src_b, args.get("cmp_prompt", preset.prompt), DEFAULT_MAX_TOKENS)[0])
         b = changed_recording(src_b, ids_b, args.get("cmp_iv", ""))
         out = {"view": preset.view, "layer": 0, "head": 0, "token": len(ids) - 1, "values": {}}
         if args["cmp"] == "whatif":  # the head whose attention the change moves most

@@ -12,26 +12,14 @@ from contextlib import nullcontext as _nullcontext
 
 import torch
 
-from app import explorer as gw
-from explorer_model.recording import Recording
+from app import gateway_state as gw
+from app.gateway_state import PromptTooBig, RunRefused  # noqa: F401  (the refusals are the gateway's, raised here)
+from app.settings import max_run_seconds, shared
+from explorer_model.recording import Recording, extend as extend_recording, record
 from explorer_model import memory as _memory
 
 BIG_LAYERS, BIG_WIDTH = 8, 2048  # a model this deep and this wide always shows a progress bar while recording
 _RATE: dict[str, float] = {}  # FLOP/s of recordings timed on this server, per weights' dtype
-
-
-class RunRefused(ValueError):
-    """A run refused before it starts. `key` and `values` give the one line in any language (i18n.error_text);
-    str() is the English line."""
-
-    def __init__(self, key: str, **values):
-        from app.i18n import t
-        self.key, self.values = key, values
-        super().__init__(t(key, "en", **values))
-
-
-class PromptTooBig(RunRefused):
-    """A recording that would not fit in this server's memory: refused before running."""
 
 
 # A what-if item's hook costs about this per layer it touches for 64 tokens, growing with the prompt (measured on
@@ -56,7 +44,7 @@ def intervention_seconds(source: str, ivs, n_tokens: int) -> float:
 def admit(source: str, seconds: float, keeps: int = 0, runtime_tokens: int = 0) -> None:
     """Raise RunRefused when a run would hold the forward lock longer than this server allows, or keep more bytes
     than it can give (runtime_tokens: the pass's working memory, counted as for a recording of that length)."""
-    bound = gw.max_run_seconds()
+    bound = max_run_seconds()
     if bound is not None and seconds > bound:
         raise RunRefused("run.too_long", seconds=f"{seconds:.0f}", bound=f"{bound:.0f}")
     if keeps:
@@ -80,7 +68,7 @@ def prompt_cost(source: str, ids) -> dict:
     budget = _recording_budget(run_bytes)
     cached = gw.result_cache().peek(("recording", gw._ident(source), ids)) is not None
     big = cfg.n_layers >= BIG_LAYERS and cfg.d_model >= BIG_WIDTH
-    bound = gw.max_run_seconds()
+    bound = max_run_seconds()
     return {"tokens": n, "recording": rec_bytes, "runtime": run_bytes, "budget": budget, "seconds": seconds,
             "time_class": _memory.time_class(seconds), "cached": cached, "layers": cfg.n_layers, "bound": bound,
             "refused": not cached and budget is not None and rec_bytes > budget,
@@ -93,7 +81,7 @@ def _recording_budget(runtime: int) -> int | None:
     also at most the cache's byte budget (--cache-mb), the bound the teacher set for everything kept."""
     room = _memory.available_bytes()
     budget = None if room is None else room - runtime
-    if gw.shared():
+    if shared():
         budget = gw.result_cache().budget if budget is None else min(budget, gw.result_cache().budget)
     return budget
 
@@ -111,12 +99,15 @@ def _record_measured(source: str, ids: tuple, progress, prefix=None) -> Recordin
     start = _time.perf_counter()
     with _memory.layer_progress(loaded.model, progress) if progress else _nullcontext():
         if prefix is not None:
-            return gw.extend_recording(loaded.model, prefix[0], list(ids[prefix[1]:]), keep=prefix[1])
-        rec = gw.record(loaded.model, list(ids))
+            return extend_recording(loaded.model, prefix[0], list(ids[prefix[1]:]), keep=prefix[1])
+        rec = record(loaded.model, list(ids))
     flops, seconds = _memory.forward_flops(loaded.cfg, len(ids)), _time.perf_counter() - start
     if flops >= 1e10:  # shorter passes measure the hooks' overhead more than the arithmetic
         _RATE[loaded.dtype_name] = flops / seconds
     return rec
 
 
-
+def _admit_unless_cached(key: tuple, source: str, seconds: float, keeps: int = 0, tokens: int = 0) -> None:
+    """The gateway's one check before a run (`admit` above); a cached result costs nothing."""
+    if gw.result_cache().peek(key) is None:
+        admit(source, seconds, keeps, tokens)

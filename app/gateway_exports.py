@@ -15,8 +15,9 @@ import os
 import tempfile
 import threading
 
-from app import explorer as gw
-from app.gateway_costs import RunRefused
+from app import gateway_state as gw
+from app.gateway_state import RunRefused
+from app.settings import cache_budget_bytes
 from explorer_model import export as _export
 from explorer_model import memory as _memory
 
@@ -28,9 +29,9 @@ def export_cap_bytes() -> int:
     """LLAMA_EXPLORER_EXPORT_MB, by default half the cache budget (--cache-mb) and at most 1 GB."""
     value = os.environ.get("LLAMA_EXPLORER_EXPORT_MB", "")
     try:
-        mb = float(value) if value else min(1024.0, gw.cache_budget_bytes() / 2**21)
+        mb = float(value) if value else min(1024.0, cache_budget_bytes() / 2**21)
     except ValueError:
-        mb = min(1024.0, gw.cache_budget_bytes() / 2**21)
+        mb = min(1024.0, cache_budget_bytes() / 2**21)
     return int(max(mb, 0.0) * 2**20)
 
 

@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from app.gateway_state import result_cache
+
 class Undigestable(TypeError):
     """A closed-over value whose identity the digest cannot tell: the figure is built, not cached."""
 
@@ -76,8 +78,6 @@ def figure(build: Callable, finish: Callable, tag: tuple = ()):
     built every time when `build` closes over something the digest cannot name. What `finish` returns is what is
     kept: for a figure, its serialized form (plain dicts, lists and strings, measured by the cache like any result),
     not Plotly's graph objects."""
-    from app.explorer import result_cache
-
     name = digest(build)
     if name is None:
         return finish(build())

@@ -18,15 +18,11 @@ import types
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 
+from app import gateway_state
 from app.lanes import LANE
 from app.settings import lab_enabled
 from explorer_model.lab import normlab as lab
 from explorer_model.lab import worker
-
-
-def _gateway():
-    from app import explorer  # at call time: the gateway imports this module while it loads
-    return explorer
 
 
 class LabJob:
@@ -150,7 +146,7 @@ def _drop_abandoned() -> None:
 
 
 def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
-    hit = _gateway().result_cache().peek(key) if cache else None
+    hit = gateway_state.result_cache().peek(key) if cache else None
     if hit is not None:
         return LabJob(key, result=hit)
     if not lab_enabled():
@@ -173,15 +169,15 @@ def _submit(key: tuple, fn, *args, cache: bool = True) -> LabJob:
         job.future = pool.submit(fn, job.id, *args)
         _LAB_JOBS.append(job)
 
-    _gateway()._forward()  # one model run (in the worker) per experiment started
+    gateway_state._forward()  # one model run (in the worker) per experiment started
     job.future.add_done_callback(lambda fut: fut.exception() is None and _keep(key, fut.result()))
     return job
 
 
 def _keep(key: tuple, r: dict) -> None:
     """Cache a finished experiment (a race cut off by its time limit is not the experiment's result)."""
-    if r.get("completed", True) and _gateway().result_cache().peek(key) is None:
-        _gateway().result_cache().put(key, r)
+    if r.get("completed", True) and gateway_state.result_cache().peek(key) is None:
+        gateway_state.result_cache().put(key, r)
 
 
 def lab_init_gradients(options: lab.LabOptions, depth: int) -> LabJob:

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from app import gateway_runs as runs
+from app import gateway_state as gw
 from explorer_model.analysis import measures as M
-
-
-def _gateway():
-    from app import explorer  # at call time: the gateway imports this module while it loads
-    return explorer
 
 
 def lesson_target(source: str, preset_key: str, ids) -> dict:
@@ -21,12 +18,11 @@ def lesson_target(source: str, preset_key: str, ids) -> dict:
     prompt does not hold what the lesson looks for (e.g. the words were edited away)."""
     from app.presets import BY_KEY
     from explorer_model.analysis import lesson as LS
-    gw = _gateway()
 
     preset, ids = BY_KEY[preset_key], tuple(int(i) for i in ids)
 
     def find() -> dict:
-        rec, tok = gw.recording(source, ids), gw._model(source).tokenizer
+        rec, tok = runs.recording(source, ids), gw._model(source).tokenizer
         n, last = len(ids), len(ids) - 1
         out = {"view": preset.view, "layer": 0, "head": 0, "token": last, "values": {}}
         if preset.kind == "link":
@@ -54,10 +50,11 @@ def lesson_target(source: str, preset_key: str, ids) -> dict:
             out.update(layer=layer, values={"layer": layer, "n_layers": len(ranks), "top_id": final,
                                             "top": LENS_TOP, "rank0": int(ranks[0]) + 1})
         elif preset.kind == "split":
-            text = b"".join(tok.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+            typed = [i for i in ids if not tok.is_special(i)]  # BOS and chat markers are no characters of the text
+            text = b"".join(tok.token_bytes(i) for i in typed).decode("utf-8", errors="replace")
             split = [p for p, i in enumerate(ids) if not tok.is_special(i) and _is_fragment(tok.token_bytes(i))]
             out.update(token=split[0] if split else last,
-                       values={"chars": len(text), "tokens": n, "split": len(split)})
+                       values={"chars": len(text), "tokens": len(typed), "split": len(split)})
         elif preset.kind == "special":
             special = [p for p, i in enumerate(ids) if tok.is_special(i)]
             out.update(token=special[0] if special else last, values={"special": len(special), "tokens": n})
@@ -81,7 +78,6 @@ def patch_lesson(source: str, ids, source_ids) -> dict:
     """Per layer, how far patching the last position's resid_post from `source_ids` moves the last prediction
     (explorer_model.analysis.patch_lesson), cached: the what-if preset's lesson target, found on the model."""
     from explorer_model.analysis.patch_lesson import patch_layer_sweep
-    gw = _gateway()
     ids, source_ids = tuple(int(i) for i in ids), tuple(int(i) for i in source_ids)
 
     def run() -> dict:

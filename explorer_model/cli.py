@@ -116,7 +116,7 @@ def memory_lines(cfg) -> list[str]:
 
 def cmd_info(args) -> None:
     from .loaders import LoadError, read_config
-    from .memory import estimates
+    from .memory import estimates, kv_cache_bytes_per_token
 
     try:
         cfg = read_config(args.source)
@@ -138,8 +138,8 @@ def cmd_info(args) -> None:
                          for k, e in estimates(loaded.cfg).items()},
         "config": cfg.to_dict(),
         "parameters": model.param_counts(),
-        "kv_cache_bytes_per_token_fp32": model.kv_cache_bytes_per_token(4),
-        "kv_cache_bytes_per_token_fp16": model.kv_cache_bytes_per_token(2),
+        "kv_cache_bytes_per_token_fp32": kv_cache_bytes_per_token(cfg, 4),
+        "kv_cache_bytes_per_token_fp16": kv_cache_bytes_per_token(cfg, 2),
         "tokenizer": getattr(loaded.tokenizer, "kind", type(loaded.tokenizer).__name__),
         "decode_step": _decode_step(loaded.model),
     }
@@ -185,7 +185,7 @@ def cmd_tokenize(args) -> None:
 def cmd_record(args) -> None:
     import torch
 
-    from .analysis.interventions import format_list
+    from .interventions import format_list
     from .export import check_fits, check_target, gb, plan, save_npz
     from .memory import layer_progress, text_progress
     from .recording import record
@@ -217,7 +217,7 @@ def cmd_record(args) -> None:
 
 def what_if(loaded, args):
     """Interventions from --ablate/--intervene (None if there are none) and the ids of --patch-source."""
-    from .analysis.interventions import needs_source, parse
+    from .interventions import needs_source, parse
 
     specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
     if not specs:

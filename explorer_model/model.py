@@ -359,8 +359,3 @@ class LlamaModel(HookedModule):
                 groups["norms"] += p.numel()
         groups["total"] = sum(groups.values())
         return groups
-
-    def kv_cache_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        from .memory import kv_cache_bytes_per_token
-
-        return kv_cache_bytes_per_token(self.cfg, bytes_per_value)

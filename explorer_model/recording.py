@@ -37,6 +37,7 @@ import torch
 from .config import ModelConfig
 import torch.nn.functional as F
 
+from .interventions import intervene
 from .model import KVCache, LlamaModel, attention_pattern, causal_scores
 
 _DERIVED = re.compile(r"blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
@@ -237,8 +238,6 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
         with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
             model(tokens)
     else:
-        from .analysis.interventions import intervene
-
         with torch.no_grad(), intervene(model, interventions, source_tokens) as active:
             with recorder(model, names, layers, dtype, "stored" if active.alters_attention else attention) as rec:
                 model(tokens)

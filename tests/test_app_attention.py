@@ -141,6 +141,9 @@ def test_long_prompt_window_is_the_recordings_sub_matrix(loaded):
         assert positions(tr["x"]).tolist() == shown.tolist()
     assert len(grid["layout"]["xaxis"]["tickvals"]) <= 16
     assert "Showing tokens 76–124 of 256" in all_text(at)
+    # position 0 is outside the window: its share of these queries' attention, from the recording, is stated
+    sink = rec.pattern(7)[0, 2, 76:125, 0].double().mean().item()
+    assert f"queries 76–124 put {sink:.0%} of their attention on it" in all_text(at)
     # near the end the window keeps its size; a smaller window shows fewer tokens
     at.sidebar.slider(key="token").set_value(255).run()
     assert positions(by_id(at, "attn_head")["data"][0]["y"]).tolist() == list(range(207, 256))

@@ -118,6 +118,18 @@ def test_chinese_split_lesson_selects_a_fragment_named_by_its_character():
     assert not re.search(r"\\x[0-9a-f]{2}", text)  # no byte escape (LaTeX's \xrightarrow is not one)
 
 
+@pytest.mark.parametrize("bos", [False, True])
+def test_chinese_split_lesson_counts_the_typed_characters_and_their_tokens(bos):
+    at = choose("zh_split")
+    if bos:
+        at.sidebar.toggle(key="bos").set_value(True).run()
+    tok = explorer._model("smollm2").tokenizer
+    assert bool(at.session_state["bos"]) == bos and tok.is_special(tok.bos_id)  # BOS on: a marker before the text
+    typed = app_ids(at)
+    assert not any(tok.is_special(i) for i in typed)
+    assert f"5 characters became {len(typed)} tokens" in all_text(at)  # the marker is neither a character nor counted
+
+
 def test_chat_lesson_selects_the_first_special_token():
     at = choose("chat")
     view, _, _, token = selection(at)

@@ -2,6 +2,7 @@
 import pytest
 
 from apptest_util import all_text, figures, run_app
+from explorer_model.recording import record
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def test_recording_cache_is_bounded_in_bytes():
     from app.result_cache import ResultCache
 
     def rec(ids):
-        return explorer.record(explorer._model("smollm2").model, list(ids))
+        return record(explorer._model("smollm2").model, list(ids))
     cache = ResultCache(budget_bytes=1)  # everything but the newest is evicted
     a = cache.get(("recording", (504, 3575)), lambda: rec((504, 3575)))
     cache.get(("recording", (504, 3575, 282)), lambda: rec((504, 3575, 282)))

@@ -194,3 +194,30 @@ def test_chinese_candidates_are_readable():
     labels = list(dist["data"][0]["x"]) + list(figures(at)[1]["data"][0]["y"])
     assert labels and not any("\\x" in x or "\ufffd" in x for x in labels), labels
     assert any("‹" in x and "…›" in x for x in labels)  # candidates that start a character: its first bytes
+
+
+@pytest.mark.parametrize("prompt", ["The capital of France is", PROMPT])
+def test_the_no_mask_caption_states_what_this_run_did(loaded, prompt):
+    # On the repeated sentence the future gives the answer away (the loss falls); on the short fact the model, trained
+    # with the mask, is thrown by it (the loss rises). The sentence must say which, with this run's numbers.
+    ids, clean, changed = runs(loaded, prompt, ["no-mask"])
+    loss0, loss1 = M.prompt_loss(clean.logits, ids), M.prompt_loss(changed.logits, ids)
+    own0 = M.next_token_logprobs(clean.logits, ids).exp().numpy().mean()
+    own1 = M.next_token_logprobs(changed.logits, ids).exp().numpy().mean()
+    text = all_text(run_app(view="whatif", whatif="no-mask", prompt=prompt))
+    verb = "falls" if loss1 < loss0 else "rises"
+    assert f"the loss {verb} from {loss0:.2f} to {loss1:.2f}" in text
+    assert f"from {own0:.2f} to {own1:.2f}" in text
+    assert "the loss " + ("rises" if verb == "falls" else "falls") not in text
+    if prompt != PROMPT:
+        assert verb == "rises"  # the case a fixed sentence would get wrong
+    else:
+        assert verb == "falls"
+
+
+def test_the_no_mask_caption_key_follows_the_loss():
+    from app.panels.whatif import no_mask_lesson
+
+    assert no_mask_lesson(3.0, 1.0, [0.1], [0.9])[0] == "whatif.no_mask_loss_falls"
+    key, values = no_mask_lesson(3.69, 4.89, [0.3, 0.2], [0.01, 0.03])
+    assert key == "whatif.no_mask_loss_rises" and values == {"loss0": "3.69", "loss1": "4.89", "p0": "0.25", "p1": "0.02"}

@@ -121,8 +121,9 @@ def test_gateway_parts_are_imported_and_re_exported_by_the_gateway():
 
 
 def test_the_gateway_is_the_one_that_does():
-    text = (ROOT / "app" / "explorer.py").read_text(encoding="utf-8")
-    assert app_violations(text)  # it loads and records: the checker sees it
+    # its parts load (gateway_state) and record (gateway_runs): the checker sees it
+    for part in ("gateway_state", "gateway_runs"):
+        assert app_violations((ROOT / "app" / f"{part}.py").read_text(encoding="utf-8")), part
     assert not (ROOT / "app" / "state.py").exists()
 
 
@@ -149,3 +150,84 @@ def test_the_checker_passes_allowed_code():
     ok = ("import numpy as np\nfrom app import explorer, plots\nfrom explorer_model.analysis import views_data as V\n"
           "x = explorer.recording('smollm2', [1])\ny = V.stack_norms(x, 'hook_attn_out')\n")
     assert panel_violations(ok, {"recording"}) == []
+
+
+# --------------------------------------------------------------------------- no import cycles
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports, at the top or inside a function (both make a cycle)."""
+    files = [p for d in ("app", "explorer_model") for p in (ROOT / d).rglob("*.py")]
+    known = {module_name(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in known and t != name}
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # a package's __init__ re-exporting its modules is the package, not a cycle
+    graph = {m: {t for t in ts if not (m.startswith(t + ".") and t + "." in m)} for m, ts in import_graph().items()}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The tools that drive a running app as its visitors do (the load bench, classroom-check) name its views and speak
+# its catalogs; everything else in explorer_model knows nothing of the app.
+APP_CLIENTS = {"explorer_model.loadtest", "explorer_model.classroom_check"}
+
+
+def test_the_core_does_not_import_the_app():
+    graph = import_graph()
+    assert [(m, t) for m, ts in graph.items() if m.startswith("explorer_model") and m not in APP_CLIENTS
+            for t in ts if t.startswith("app")] == []

@@ -274,8 +274,10 @@ def test_attention_cost_grows_with_t_squared(model):
     np.testing.assert_allclose(c["matmul_flops"], 2 * np.array([10, 20, 40]) * weights)
     # QKᵀ and pattern·V, each H·T²·d_k multiply-adds per layer, counted by torch's own matmul shapes.
     assert c["attention_flops"][0] == 2 * 2 * (cfg.n_heads * 10 * 10 * cfg.head_dim) * cfg.n_layers
-    assert C.kv_cache_bytes_per_token(cfg, 4) == model.kv_cache_bytes_per_token(4)
-    np.testing.assert_allclose(c["kv_cache_bytes"], np.array([10, 20, 40]) * model.kv_cache_bytes_per_token(4))
+    # K and V: one row of each projection's output per token and layer, 4 bytes a value
+    per_token = sum(4 * (b.attn.k_proj.out_features + b.attn.v_proj.out_features) for b in model.blocks)
+    assert C.kv_cache_bytes_per_token(cfg, 4) == per_token
+    np.testing.assert_allclose(c["kv_cache_bytes"], np.array([10, 20, 40]) * per_token)
     t = C.crossover_length(LLAMA1_7B)
     at = C.attention_costs(LLAMA1_7B, [round(t)])
     assert at["attention_share"][0] == pytest.approx(0.5, abs=0.01)

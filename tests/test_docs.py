@@ -209,7 +209,7 @@ def test_every_python_block_runs_as_written(code, tmp_path):
 
 
 def test_a_failing_python_block_fails(tmp_path):
-    stale = "from explorer_model.analysis.interventions import prompt_loss\n"
+    stale = "from explorer_model.interventions import prompt_loss\n"
     assert run_python_block(stale, tmp_path).returncode != 0
 
 

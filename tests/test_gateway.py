@@ -11,6 +11,8 @@ import torch
 from apptest_util import run_app
 
 from app import explorer
+from app.gateway_state import LANE, SMALL_FORWARD_FLOPS
+from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 
 pytestmark = pytest.mark.slow
@@ -179,8 +181,9 @@ def test_gateway_extend_reuses_the_cached_prefix_and_equals_a_fresh_recording(mo
     ids, _ = explorer.encode_prompt(source, PROMPT, 64)
     explorer.recording(source, ids)
     calls = []
-    real = explorer.extend_recording
-    monkeypatch.setattr(explorer, "extend_recording",
+    from app import gateway_costs
+    real = gateway_costs.extend_recording
+    monkeypatch.setattr("app.gateway_costs.extend_recording",  # where the timed recording calls it
                         lambda *a, **kw: calls.append((a[2], kw["keep"])) or real(*a, **kw))
     grown = explorer.extend(source, ids, 42)
     assert calls == [([42], len(ids))]  # the one-position step, not a whole recording
@@ -205,8 +208,8 @@ def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(mo
     ids, _ = explorer.encode_prompt(source, PROMPT, 64)
     explorer.logit_lens(source, ids)
     rows = []
-    real = explorer.M.lens_top
-    monkeypatch.setattr(explorer.M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
+    real = M.lens_top
+    monkeypatch.setattr(M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
     explorer.extend(source, ids, 42)
     top, prob = explorer.logit_lens(source, list(ids) + [42])
     assert rows == [1]  # the new position only
@@ -240,8 +243,8 @@ def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(
     ids, _ = explorer.encode_prompt(source, PROMPT, 64)
     n = len(ids)
     rows = []
-    real = explorer.M.lens_top
-    monkeypatch.setattr(explorer.M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
+    real = M.lens_top
+    monkeypatch.setattr(M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
     narrow = explorer.logit_lens(source, ids, n - 4)
     wide = explorer.logit_lens(source, ids, n - 9)
     assert rows == [4, 5]  # the last 4 positions, then the 5 left of them
@@ -259,9 +262,9 @@ def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypa
     fresh_cache(monkeypatch, 512)
     source = lab.TWINS[0]
     ids, _ = explorer.encode_prompt(source, "The quick brown fox", 64)
-    assert forward_flops(explorer._model(source).model.cfg, len(ids)) < explorer.SMALL_FORWARD_FLOPS
+    assert forward_flops(explorer._model(source).model.cfg, len(ids)) < SMALL_FORWARD_FLOPS
     big = explorer._model(explorer.DEFAULT_SOURCE).model.cfg
-    assert forward_flops(big, 16) > 4 * explorer.SMALL_FORWARD_FLOPS  # a short prompt on a big model
+    assert forward_flops(big, 16) > 4 * SMALL_FORWARD_FLOPS  # a short prompt on a big model
     held, done = threading.Event(), threading.Event()
 
     def hold():
@@ -293,15 +296,15 @@ def test_view_data_is_computed_with_the_drawing_lane_given_up(monkeypatch):
     seen = []
 
     def data(rec, layer):
-        seen.append((lane_is_free(explorer.LANE), explorer.LANE.holding()))
+        seen.append((lane_is_free(LANE), LANE.holding()))
         return rec.pattern(layer)[0, 0].numpy().copy()
 
-    with explorer.LANE.held():
+    with LANE.held():
         first = explorer.derived("lane_probe", source, ids, data, 3)
-        assert explorer.LANE.holding() and not lane_is_free(explorer.LANE)
+        assert LANE.holding() and not lane_is_free(LANE)
         side = (source, ids, "")
         pair = explorer.pair_derived("lane_probe", (side, side), lambda a, b: seen.append(
-            (lane_is_free(explorer.LANE), explorer.LANE.holding())) or 1)
-        assert explorer.LANE.holding()
+            (lane_is_free(LANE), LANE.holding())) or 1)
+        assert LANE.holding()
     assert seen == [(True, False), (True, False)] and pair == 1
     assert np.array_equal(first, explorer.recording(source, ids).pattern(3)[0, 0].numpy())

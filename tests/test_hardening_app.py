@@ -17,7 +17,7 @@ from apptest_util import all_text, forwards, run_app
 
 from app import explorer, lab_jobs, plots
 from app.result_cache import ResultCache
-from explorer_model.analysis import interventions as I
+from explorer_model import interventions as I
 
 MODEL = "tiny-pre"
 PROMPT = "The cat sat on the mat because it was warm"

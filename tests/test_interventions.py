@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from explorer_model import LlamaModel, ModelConfig
-from explorer_model.analysis import interventions as I
+from explorer_model import interventions as I
 from explorer_model.analysis import measures as M
-from explorer_model.analysis.interventions import intervene, parse
+from explorer_model.interventions import intervene, parse
 from explorer_model.recording import record
 
 TOKENS = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46]

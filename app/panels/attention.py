@@ -44,6 +44,11 @@ def draw_explanation(ctx: ViewContext) -> None:
                          d_head=cfg.head_dim))
 
 
+def window_sink_share(pattern: np.ndarray, lo: int, hi: int) -> float:
+    """Mean attention the queries lo…hi-1 of one head's [q_pos, k_pos] pattern put on key 0."""
+    return float(np.mean(pattern[lo:hi, 0]))
+
+
 def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
     m = mats[ctx.head]
     sub, labels = m[lo:hi, lo:hi], ctx.labels[lo:hi]
@@ -72,6 +77,9 @@ def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -
                selection_mode="points")
     if hi - lo < len(ctx.ids):
         st.caption(ctx.t("attention.window.shown", first=lo, last=hi - 1, n=len(ctx.ids)))
+    if lo > 0 and kind == "pattern":  # the window leaves out position 0, often the strongest column (the sink)
+        st.caption(ctx.t("attention.window.sink", first=lo, last=hi - 1, piece=plain(ctx.pieces[0]),
+                         share=f"{window_sink_share(m, lo, hi):.0%}"))
     label = ctx.t("attention.csv.head")
     plots.csv_button(ctx, label, label,
                      lambda: plots.matrix_csv(csv_cells(m), ctx.labels, ctx.labels, "query\\key"),

@@ -16,7 +16,7 @@ from app.panels import whatif_bank
 from app.panels.generation import candidate_label
 from app.panels.whatif_figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
                                      masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
-from explorer_model.analysis import interventions as I
+from explorer_model import interventions as I
 from explorer_model.analysis import measures as M
 from explorer_model.analysis import views_data as V
 
@@ -194,7 +194,8 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     if len(ids) > 1:
         plots.show(lambda: own_token_figure(own0, own1, ctx.labels, t), ctx, key="whatif_own", height=360)
         if any(isinstance(iv, I.NoMask) for iv in ivs):
-            st.caption(t("whatif.without_the_mask_every_position"))
+            key, values = no_mask_lesson(loss0, loss1, own0, own1)
+            st.caption(t(key, **values))
     if any(isinstance(iv, (I.NoMask, I.NoRope)) for iv in ivs):
         draw_attention(ctx, ivs, run, specs, source_ids)
 
@@ -206,6 +207,15 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
         return plots.to_csv(["quantity", "id_or_position", "token", "unchanged", "changed"], rows)
     label = t("whatif.csv_runs")
     plots.csv_button(ctx, label, label, csv, "whatif.csv", key="whatif_csv")
+
+
+def no_mask_lesson(loss0: float, loss1: float, own0, own1) -> tuple[str, dict]:
+    """The no-mask caption's key and numbers, read off this run: with the future in view a model may use it (the loss
+    falls, p(own next token) rises) or, trained with the mask, be thrown by it (the loss rises). Both happen on
+    real prompts, so the sentence says which one this run shows."""
+    values = {"loss0": f"{loss0:.2f}", "loss1": f"{loss1:.2f}",
+              "p0": f"{float(np.mean(own0)):.2f}", "p1": f"{float(np.mean(own1)):.2f}"}
+    return ("whatif.no_mask_loss_falls" if loss1 < loss0 else "whatif.no_mask_loss_rises"), values
 
 
 def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_ids) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app import plots
-from explorer_model.analysis import interventions as I
+from explorer_model import interventions as I
 from explorer_model.analysis import views_data as V
 
 N_TOP = 10

@@ -1,6 +1,6 @@
 """What the what-if view measures: loss on the prompt, logit-lens KL between runs, the heads sweep.
 
-These read recordings and logits; the changes themselves are in interventions.py.
+These read recordings and logits; the changes themselves are in explorer_model/interventions.py.
 """
 from __future__ import annotations
 

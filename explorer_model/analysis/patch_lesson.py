@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import LlamaModel
-from .interventions import Patch
+from ..interventions import Patch
 from .measures import kl_divergence
 
 

@@ -23,16 +23,7 @@ import json
 import re
 from pathlib import Path
 
-# GGUF token types; the numbering is SentencePiece's ModelProto.SentencePiece.Type
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-
-_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-
-class TokenizerError(ValueError):
-    """A tokenizer file is missing, truncated or not a tokenizer; the message is one line."""
-
+from .pieces import BYTE_PIECE, CONTROL, NORMAL, UNKNOWN, TokenizerError, one_line
 
 # The longest prompt accepted, in characters, checked before tokenizing: tokenizing costs ~80 bytes of memory
 # per character (a 20-million-character prompt took 1.6 GB and tens of seconds before any token cap applied).
@@ -75,11 +66,6 @@ def _bytes_to_unicode():
 
 
 _UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
-
-
-def _one_line(e):
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 class Tokenizer:
@@ -161,7 +147,7 @@ class Tokenizer:
             if all(c in _UNICODE_TO_BYTE for c in tok):
                 return bytes(_UNICODE_TO_BYTE[c] for c in tok)
             return tok.encode("utf-8")  # added tokens like "<think>" are stored as plain text
-        m = _BYTE_PIECE.fullmatch(tok)
+        m = BYTE_PIECE.fullmatch(tok)
         if m:
             return bytes([int(m.group(1), 16)])
         return tok.replace("\u2581", " ").encode("utf-8")
@@ -201,13 +187,13 @@ class Tokenizer:
         try:
             data = path.read_bytes()
         except OSError as e:
-            raise TokenizerError(f"{path}: cannot read SentencePiece model ({_one_line(e)})") from None
+            raise TokenizerError(f"{path}: cannot read SentencePiece model ({one_line(e)})") from None
         if not data:  # sentencepiece would accept it and then log C++ errors on every call
             raise TokenizerError(f"{path}: the SentencePiece model file is empty")
         try:
             sp = spm.SentencePieceProcessor(model_proto=data)
         except Exception as e:
-            raise TokenizerError(f"{path}: not a valid SentencePiece model ({_one_line(e)})") from None
+            raise TokenizerError(f"{path}: not a valid SentencePiece model ({one_line(e)})") from None
         n = sp.get_piece_size()
         if n == 0:
             raise TokenizerError(f"{path}: SentencePiece model has an empty vocabulary")
@@ -230,9 +216,9 @@ class Tokenizer:
             hf.no_truncation()  # a saved max_length/padding would silently cut or pad prompts
             hf.no_padding()
         except OSError as e:
-            raise TokenizerError(f"{path}: cannot read tokenizer.json ({_one_line(e)})") from None
+            raise TokenizerError(f"{path}: cannot read tokenizer.json ({one_line(e)})") from None
         except Exception as e:  # truncated JSON, or JSON that is not a tokenizer
-            raise TokenizerError(f"{path}: not a valid tokenizer.json ({_one_line(e)})") from None
+            raise TokenizerError(f"{path}: not a valid tokenizer.json ({one_line(e)})") from None
 
         vocab = hf.get_vocab(with_added_tokens=True)
         tokens = [""] * max(hf.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
@@ -275,7 +261,7 @@ class Tokenizer:
         try:
             reader = gguf.GGUFReader(path)
         except Exception as e:
-            raise TokenizerError(f"{path}: not a readable GGUF file ({_one_line(e)})") from None
+            raise TokenizerError(f"{path}: not a readable GGUF file ({one_line(e)})") from None
         from .gguf_vocab import read_gguf_tokenizer_fields
 
         return cls.from_gguf_fields(read_gguf_tokenizer_fields(reader), source=str(path))

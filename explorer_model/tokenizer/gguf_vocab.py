@@ -5,7 +5,7 @@ vocabularies become a SentencePiece BPE ModelProto assembled from tokens, scores
 """
 import warnings
 
-from .frontend import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, TokenizerError, _BYTE_PIECE, _one_line
+from .pieces import BYTE, BYTE_PIECE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, TokenizerError, one_line
 
 # Pre-tokenizer regexes as llama.cpp names them in `tokenizer.ggml.pre`
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -32,7 +32,7 @@ def gguf_bpe(fields, tokens, types, source):
         # Llama-3's tokenizer.json sets ignore_merges, and llama.cpp mirrors it for this pre type
         hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _LLAMA3_PRES, fuse_unk=False))
     except Exception as e:
-        raise TokenizerError(f"{source}: invalid BPE vocab/merges ({_one_line(e)})") from None
+        raise TokenizerError(f"{source}: invalid BPE vocab/merges ({one_line(e)})") from None
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)
@@ -71,12 +71,12 @@ def gguf_spm(fields, tokens, types, source):
         raise TokenizerError(f"{source}: scores has {len(scores)} entries for {n} tokens")
     types = [t if t in (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE) else NORMAL for t in types]
     if fields.get("tokenizer.ggml.token_type") is None:  # untyped vocab: recover what matters
-        types = [BYTE if _BYTE_PIECE.fullmatch(t) else NORMAL for t in tokens]
+        types = [BYTE if BYTE_PIECE.fullmatch(t) else NORMAL for t in tokens]
         for key, ty in (("bos", CONTROL), ("eos", CONTROL)):
             i = fields.get(f"tokenizer.ggml.{key}_token_id")
             if i is not None and 0 <= int(i) < n:
                 types[int(i)] = ty
-    types = [NORMAL if t == BYTE and not _BYTE_PIECE.fullmatch(tok) else t for t, tok in zip(types, tokens)]
+    types = [NORMAL if t == BYTE and not BYTE_PIECE.fullmatch(tok) else t for t, tok in zip(types, tokens)]
     unk = fields.get("tokenizer.ggml.unknown_token_id")
     if unk is None and "<unk>" in tokens:
         unk = tokens.index("<unk>")
@@ -103,7 +103,7 @@ def gguf_spm(fields, tokens, types, source):
     try:
         sp = spm.SentencePieceProcessor(model_proto=m.SerializeToString())
     except Exception as e:
-        raise TokenizerError(f"{source}: cannot build SentencePiece model from GGUF vocab ({_one_line(e)})") from None
+        raise TokenizerError(f"{source}: cannot build SentencePiece model from GGUF vocab ({one_line(e)})") from None
     return sp, types
 
 

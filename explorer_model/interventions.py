@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ..model import LlamaModel, causal_scores
+from .model import LlamaModel, causal_scores
 
 FORMS = ("ablate:blocks.L.attn[.headH[+H…]], ablate-mean:…, skip:blocks.L.attn|mlp, no-mask[:blocks.L], "
          "no-rope[:blocks.L], norm-identity:blocks.L.ln1|ln2|ln_final, norm-eps:blocks.L.ln1=EPS, "
