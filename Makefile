@@ -18,8 +18,12 @@ run: setup
 info: setup
 	$(PY) -m explorer_model.cli info smollm2
 
+# Two worker processes: about half the suite waits on a browser, a server or a subprocess, and the other half
+# computes; with two they overlap. Each test module stays in one worker (module fixtures start servers).
+WORKERS ?= 2
+
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
 
 # Everything that needs neither the real model nor the app, a browser or a server (under a minute).
 test-fast: setup
