@@ -2,7 +2,7 @@
 
 B is another prompt on the same model, the same prompt on another model (any offered source, e.g. tiny-pre vs
 tiny-post), or the same prompt and model run with what-if interventions (their string form, as in the What-if
-view). B is recorded by the gateway exactly like A (app/explorer.py: recording / changed_recording, one cache),
+view). B is recorded by the gateway exactly like A (app/gateway/__init__.py: recording / changed_recording, one cache),
 so switching view, layer, head or token runs no forward pass; a new B costs one recording.
 
 State (st.session_state, and the URL through app/main.py's URL_KEYS, so a shared link opens the same comparison):
@@ -10,17 +10,17 @@ State (st.session_state, and the URL through app/main.py's URL_KEYS, so a shared
   cmp_prompt  B's prompt (mode "prompt"); cmp_model  B's model (mode "model"); cmp_iv  B's interventions ("whatif")
   cmp_align   positions paired by hand, "i-j, …" (mode "prompt"; empty: common prefix and suffix)
 The sidebar's widgets have their own keys (a widget's state is dropped while it is not shown), copied to these.
-What each view draws is in app/panels/compare_views.py (HOOKS) and compare_stream.py.
+What each view draws is in app/panels/compare/views.py (HOOKS) and compare_stream.py.
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from app import explorer
+from app import gateway
 from app.context import ViewContext, plain, token_labels
 from app.i18n import error_text, t
-from app.panels.compare_common import Pair, map_layer, partner
-from app.panels.compare_views import HOOKS
+from app.panels.compare.common import Pair, map_layer, partner
+from app.panels.compare.views import HOOKS
 from explorer_model.analysis import compare as C
 
 URL_KEYS = ("cmp", "cmp_prompt", "cmp_model", "cmp_iv", "cmp_align")
@@ -44,7 +44,7 @@ def _default(key: str, source: str) -> str:
     if key == "cmp_prompt":
         return st.session_state.get("prompt") or ""
     if key == "cmp_model":
-        others = [m for m in explorer.offered_models() if m != source]
+        others = [m for m in gateway.offered_models() if m != source]
         twins = {"tiny-pre": "tiny-post", "tiny-post": "tiny-pre"}
         return twins.get(source) if twins.get(source) in others else (others[0] if others else source)
     return st.session_state.get("whatif") or DEFAULT_IV
@@ -75,12 +75,12 @@ def chooser(source: str) -> dict | None:
     ss["_w_" + key] = ss[key]
     if mode == "prompt":
         sb.text_area(tr("compare.prompt_b"), key="_w_cmp_prompt", on_change=_copy, args=("cmp_prompt",), height=80,
-                     max_chars=explorer.prompt_char_limit())
+                     max_chars=gateway.prompt_char_limit())
         ss["_w_cmp_align"] = ss.get("cmp_align") or ""
         sb.text_input(tr("compare.align"), key="_w_cmp_align", on_change=_copy, args=("cmp_align",),
                       help=tr("compare.align_help"))
     elif mode == "model":
-        offered = explorer.offered_models()
+        offered = gateway.offered_models()
         if ss[key] not in offered:  # a link may name a model this server does not offer
             sb.warning(tr("compare.model_not_offered", model=plain(ss[key])))
             return None
@@ -108,7 +108,7 @@ def apply_lesson(preset, ids: list[int], pieces: list[str]) -> None:
         ss.pop("lesson", None)  # the visitor changed B (or the model): the sentence would describe another pair
         return
     try:
-        target = explorer.compare_lesson(ss.active_model, preset.key, tuple(ids))
+        target = gateway.compare_lesson(ss.active_model, preset.key, tuple(ids))
     except ValueError as e:  # e.g. a model on which the pair has no positions to compare
         st.info(tr("app.lesson_failed", error=plain(e)))
         return
@@ -127,13 +127,13 @@ def _ids_b(spec: dict, ctx: ViewContext, facts_b) -> list[int]:
     if spec["mode"] == "whatif":
         return list(ctx.ids)
     bos = [facts_b.bos_id] if st.session_state.get("bos") and facts_b.bos_id is not None and not facts_b.add_bos else []
-    body, _ = explorer.encode_prompt(spec["source"], spec["prompt"], max(1, int(st.session_state.get("max_tokens", 512)) - len(bos)))
+    body, _ = gateway.encode_prompt(spec["source"], spec["prompt"], max(1, int(st.session_state.get("max_tokens", 512)) - len(bos)))
     return bos + list(body)
 
 
 def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
     """(the pair, None) or (None, one line saying why B cannot be drawn)."""
-    facts_b, err = explorer.try_load(spec["source"])
+    facts_b, err = gateway.try_load(spec["source"])
     if facts_b is None:
         return None, tr("compare.load_failed", source=plain(spec["source"]), error=plain(err))
     if not spec["prompt"].strip():
@@ -142,10 +142,10 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
         ids_b = _ids_b(spec, ctx, facts_b)
         if not ids_b:
             return None, tr("compare.empty_prompt")
-        rec_b = explorer.changed_recording(spec["source"], ids_b, spec["specs"])
-    except explorer.PromptError:
-        return None, tr("compare.prompt_refused", limit=explorer.prompt_char_limit())
-    except explorer.RunRefused as e:  # too big or too long for this server, like A
+        rec_b = gateway.changed_recording(spec["source"], ids_b, spec["specs"])
+    except gateway.PromptError:
+        return None, tr("compare.prompt_refused", limit=gateway.prompt_char_limit())
+    except gateway.RunRefused as e:  # too big or too long for this server, like A
         return None, error_text(e, st.session_state.get("lang", "en"))
     except ValueError as e:
         return None, tr("compare.bad_iv", error=plain(e))
@@ -207,12 +207,12 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
         return False
     source_b, ids_b, specs_b = pair.b.source, tuple(int(i) for i in pair.b.ids), pair.specs_b
     try:
-        explorer.check_export(source_b, len(ids_b))
-    except explorer.RunRefused as e:
+        gateway.check_export(source_b, len(ids_b))
+    except gateway.RunRefused as e:
         st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
     else:
         st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime="application/octet-stream",
-                                   data=lambda: explorer.changed_recording_npz(source_b, ids_b, specs_b),
+                                   data=lambda: gateway.changed_recording_npz(source_b, ids_b, specs_b),
                                    file_name="recording_B.npz", on_click="ignore")  # called after the run: plain values
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))
     st.caption(describe(pair, spec))

@@ -2,7 +2,7 @@
 
 Panels see data, not the model: `rec` is a Recording, `facts` a ModelFacts (config, γ of every norm,
 parameter counts, tokenizer facts). Work that needs the model (the logit lens, a what-if run, the head
-sweep, the twins, lab experiments, the rows of the embedding) is asked of the gateway, app/explorer.py,
+sweep, the twins, lab experiments, the rows of the embedding) is asked of the gateway, app/gateway/__init__.py,
 through its public functions; a panel never imports torch, the model, the loaders or the gateway's internals.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ViewContext:
     extras: dict = field(default_factory=dict)
 
     def figure_digest(self) -> tuple:
-        """What a figure drawn from this context may depend on (app/gateway_figures.py): the model (its facts
+        """What a figure drawn from this context may depend on (app/gateway/figures.py): the model (its facts
         object: a reloaded file gets new facts), the prompt, the selection, the language and presenter mode."""
         return (self.source, id(self.facts), tuple(self.ids), tuple(self.pieces), self.layer, self.head, self.token,
                 self.lang, self.presenter)

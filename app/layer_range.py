@@ -1,13 +1,13 @@
 """Layers × heads grids on deep models (LLaMA-7B: 32 × 32): a layer range chosen in the view, and the grid
 computed one layer at a time, each layer cached on its own, under a progress bar.
 
-Panels call these with their ViewContext; the work itself is explorer.derived (recordings only, no model run).
+Panels call these with their ViewContext; the work itself is gateway.derived (recordings only, no model run).
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from app import explorer
+from app import gateway
 
 RANGE_FROM = 12  # a model with more layers than this gets a range control; smaller grids are shown whole
 PROGRESS_FROM = 8  # layers computed in one go from which a bar is worth drawing
@@ -32,13 +32,13 @@ def layer_range(ctx, key: str) -> range:
 
 
 def per_layer(ctx, name: str, fn, layers: range, *args) -> list:
-    """[fn(recording, layer, *args) for layer in layers], each through explorer.derived (cached per layer), with
+    """[fn(recording, layer, *args) for layer in layers], each through gateway.derived (cached per layer), with
     a progress bar while PROGRESS_FROM or more layers are asked for."""
     bar = st.progress(0.0, text=ctx.t("big.grid_progress", done=0, total=len(layers))) \
         if len(layers) >= PROGRESS_FROM else None
     out = []
     for i, layer in enumerate(layers):
-        out.append(explorer.derived(name, ctx.source, ctx.ids, fn, layer, *args))
+        out.append(gateway.derived(name, ctx.source, ctx.ids, fn, layer, *args))
         if bar is not None:
             bar.progress((i + 1) / len(layers), text=ctx.t("big.grid_progress", done=i + 1, total=len(layers)))
     if bar is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import explorer
+from app import gateway
 from app.context import plain
 from app.i18n import t
 from app.presets import BY_KEY, PRESETS
@@ -76,7 +76,7 @@ def open_lecture(data: bytes, name: str | None) -> bool:
 def prepare(data: bytes, steps: list[dict]) -> None:
     """On a server, once per lecture file: every step's recording (and lesson target) computed in the background
     through the gateway, so each step opens from the cache when the lecturer gets there."""
-    from app.settings import warm_up_enabled
+    from app.gateway.settings import warm_up_enabled
 
     digest = hashlib.sha256(data).hexdigest()
     with _PREPARED_LOCK:
@@ -96,23 +96,23 @@ def prepare(data: bytes, steps: list[dict]) -> None:
 def _prepare_step(step: dict) -> None:
     preset = BY_KEY.get(step.get("lesson"))
     source = dict(preset.args).get("model_pick", step.get("model")) if preset else step.get("model")
-    source = source or explorer.DEFAULT_SOURCE
-    if source not in explorer.offered_models():
+    source = source or gateway.DEFAULT_SOURCE
+    if source not in gateway.offered_models():
         return
-    facts, _ = explorer.try_load(source)
+    facts, _ = gateway.try_load(source)
     if facts is None:
         return
     if "ids" in step:
         body = list(step["ids"])
     else:
-        body, _ = explorer.encode_prompt(source, preset.prompt if preset else step.get("prompt", ""),
-                                         min(explorer.DEFAULT_MAX_TOKENS, explorer.token_cap()))
+        body, _ = gateway.encode_prompt(source, preset.prompt if preset else step.get("prompt", ""),
+                                         min(gateway.DEFAULT_MAX_TOKENS, gateway.token_cap()))
     bos = [facts.bos_id] if step.get("bos") and facts.bos_id is not None and not facts.add_bos else []
     if not body:
         return
-    explorer.recording(source, tuple(bos + body))
+    gateway.recording(source, tuple(bos + body))
     if preset is not None and preset.kind != "compare":
-        explorer.lesson_target(source, preset.key, tuple(bos + body))
+        gateway.lesson_target(source, preset.key, tuple(bos + body))
 
 
 def start() -> None:
@@ -154,7 +154,7 @@ def go(i: int) -> None:
     ss["lecture_step"] = i
     step = steps[i]
     model = step.get("model")
-    if model is not None and model not in explorer.offered_models():
+    if model is not None and model not in gateway.offered_models():
         ss["lecture_missing"] = model  # this step stays unopened; the others still open
         return
     ss.pop("lecture_missing", None)

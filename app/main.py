@@ -13,7 +13,7 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, explorer, lecture_editor, lecture_player, prompt_cost, room_follow, state_guard
+from app import compare, gateway, lecture_editor, lecture_player, prompt_cost, room_follow, state_guard
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -67,7 +67,7 @@ def write_url(ids_param: str) -> dict:
     wanted.update({k: "1" for k in URL_FLAGS if st.session_state.get(k)})
     if ids_param:
         wanted["ids"] = ids_param
-    wanted["model"] = st.session_state.get("active_model", explorer.DEFAULT_SOURCE)
+    wanted["model"] = st.session_state.get("active_model", gateway.DEFAULT_SOURCE)
     state = dict(wanted)
     wanted.update(lecture_player.url_params())  # a shipped lecture's name and step
     if dict(st.query_params) != wanted:
@@ -86,7 +86,7 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
     if preset.kind == "compare":  # a comparison's lesson is found on A and its B (app/compare.py)
         return compare.apply_lesson(preset, ids, pieces)
     try:
-        target = explorer.lesson_target(st.session_state.active_model, key, tuple(ids))
+        target = gateway.lesson_target(st.session_state.active_model, key, tuple(ids))
     except ValueError as e:
         st.info(tr("app.lesson_failed", error=plain(e)))
         return
@@ -118,8 +118,8 @@ def page_top() -> None:
                     "[data-testid='stMainBlockContainer'] {padding-top: 1.5rem;}</style>",
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     st.title(tr("app.title"))
-    if explorer.shared():
-        side.share_box(explorer.public_port() or int(st.get_option("server.port")))
+    if gateway.shared():
+        side.share_box(gateway.public_port() or int(st.get_option("server.port")))
 
 
 def main() -> None:
@@ -136,7 +136,7 @@ def main() -> None:
     lecture_editor.editor()
     facts = side.choose_model()
     if facts is not None:
-        explorer.warm_up()  # once per process: the lab twins, in the background
+        gateway.warm_up()  # once per process: the lab twins, in the background
     if facts is not None:
         url_ids_once(facts)  # before the prompt box exists: it may set the box's text
     prompt = side.sidebar_prompt(facts)
@@ -149,8 +149,8 @@ def main() -> None:
     cmp_spec = compare.chooser(source)  # B, or None (compare mode off)
     try:
         ids, body, n_total = side.prompt_ids(facts, source, prompt, int(st.session_state.max_tokens))
-    except explorer.PromptError:  # too long for this server, or not text: one line, nothing run
-        st.error(tr("app.prompt_refused", chars=len(prompt), limit=explorer.prompt_char_limit()))
+    except gateway.PromptError:  # too long for this server, or not text: one line, nothing run
+        st.error(tr("app.prompt_refused", chars=len(prompt), limit=gateway.prompt_char_limit()))
         return
     if n_total > len(ids):
         st.warning(tr("app.truncated", total=n_total, used=len(ids)))
@@ -179,19 +179,19 @@ def main() -> None:
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
             draw(ctx)
-    except (explorer.RunRefused, explorer.LabBusy) as e:  # a run this server cannot give now: memory, time, queue
+    except (gateway.RunRefused, gateway.LabBusy) as e:  # a run this server cannot give now: memory, time, queue
         st.error(error_text(e, ctx.lang))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
         log.exception("view %s failed", view)
-        st.error(tr("app.view_failed", error=plain(explorer.visitor_message(e, source))))
+        st.error(tr("app.view_failed", error=plain(gateway.visitor_message(e, source))))
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
-        ctx.rec = explorer.RecordingRef(source, tuple(ids))
+        ctx.rec = gateway.RecordingRef(source, tuple(ids))
 
 
 _waiting = st.empty()
-if explorer.pages_ahead():  # a frozen page would look broken: say why it waits
-    _waiting.caption(tr("app.queue_pages", n=explorer.pages_ahead()))
-with explorer.page_run():  # one page draws at a time; forward passes run beside it (app/lanes.py)
+if gateway.pages_ahead():  # a frozen page would look broken: say why it waits
+    _waiting.caption(tr("app.queue_pages", n=gateway.pages_ahead()))
+with gateway.page_run():  # one page draws at a time; forward passes run beside it (app/gateway/lanes.py)
     _waiting.empty()
     try:
         main()

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import plotly.io
 import streamlit as st
 
-from app import explorer
+from app import gateway
 
 from .context import ViewContext
 
@@ -109,10 +109,10 @@ def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: i
     """Render with Plotly's own PNG download button. Presenter mode scales the figure and every font (tick labels
     PRESENTER_FONT px on every axis, titles, legend, hover, annotations) and thins labels again for the larger font.
     `fig` is a figure, or a function of no arguments that builds one: then the finished figure is kept in the
-    gateway's cache under what the function closes over (app/gateway_figures.py), and a page run that asks for it
+    gateway's cache under what the function closes over (app/gateway/figures.py), and a page run that asks for it
     again builds nothing. chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
     if callable(fig):
-        fig = ServedFigure(explorer.figure(fig, lambda built: spec(finish(built, ctx, height)),
+        fig = ServedFigure(gateway.figure(fig, lambda built: spec(finish(built, ctx, height)),
                                            (key, ctx.presenter, height)))
         width = fig.to_dict().get("layout", {}).get("width")
     else:

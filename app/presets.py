@@ -1,7 +1,7 @@
 """Classroom prompts, each a guided lesson: choosing one sets the view, layer, head and token to where its point is
 visible and shows one sentence saying what to look for.
 
-Where to look is FOUND on the model in use (app.explorer.lesson_target, once per server per model and preset), never
+Where to look is FOUND on the model in use (app.gateway.lesson_target, once per server per model and preset), never
 typed in: the head where "it" attends most to "animal", the strongest induction head, the strongest sink head, the
 layer where the logit lens first shows the final prediction. The label of preset `key` is the catalog message
 `preset.{key}`, its sentence `preset.lesson.{kind}` with the measured values as placeholders.

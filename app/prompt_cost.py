@@ -1,15 +1,15 @@
 """What a prompt will cost, said before it runs, and the recording run with a bar per layer when it is long.
 
-The page asks the gateway (explorer.prompt_cost) for the recording's bytes, the memory this server can give it
+The page asks the gateway (gateway.prompt_cost) for the recording's bytes, the memory this server can give it
 and a rough time class, shows them in the sidebar, and refuses in one line, without running anything, a prompt
-whose recording would not fit. A recording estimated at a second or more, or of a big model (explorer.BIG_LAYERS
-layers of explorer.BIG_WIDTH or wider), runs under an st.progress bar advanced by the gateway after every block.
+whose recording would not fit. A recording estimated at a second or more, or of a big model (gateway.BIG_LAYERS
+layers of gateway.BIG_WIDTH or wider), runs under an st.progress bar advanced by the gateway after every block.
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from app import explorer
+from app import gateway
 from app.sidebar import tr
 from explorer_model.memory import gb
 
@@ -25,7 +25,7 @@ def cost_line(cost: dict) -> str:
 
 def recording_or_refusal(source: str, ids: list[int]):
     """The prompt's recording, or None after saying in one line why it was not run."""
-    cost = explorer.prompt_cost(source, ids)
+    cost = gateway.prompt_cost(source, ids)
     st.sidebar.caption(cost_line(cost))
     if cost["refused"]:
         st.error(tr("big.refused", tokens=cost["tokens"], size=gb(cost["recording"]),
@@ -35,13 +35,13 @@ def recording_or_refusal(source: str, ids: list[int]):
         st.error(tr("run.too_long", seconds=f"{cost['seconds']:.0f}", bound=f"{cost['bound']:.0f}"))
         return None
     if not cost["progress"]:
-        ahead = 0 if cost["cached"] else explorer.forwards_ahead()
+        ahead = 0 if cost["cached"] else gateway.forwards_ahead()
         with st.spinner(tr("app.running_queue", n=ahead) if ahead else tr("app.running")):
-            return explorer.recording(source, tuple(ids))
+            return gateway.recording(source, tuple(ids))
     bar = st.progress(0.0, text=tr("big.progress", done=0, total=cost["layers"]))
 
     def advance(done: int, total: int) -> None:
         bar.progress(done / total, text=tr("big.progress", done=done, total=total))
-    rec = explorer.recording(source, tuple(ids), progress=advance)
+    rec = gateway.recording(source, tuple(ids), progress=advance)
     bar.empty()
     return rec

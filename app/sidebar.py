@@ -16,7 +16,7 @@ import io
 
 import streamlit as st
 
-from app import explorer
+from app import gateway
 from app.context import plain
 from app.facts import ModelFacts
 from app.i18n import error_text, t
@@ -36,14 +36,14 @@ def choose_model() -> ModelFacts | None:
 
     Visitors of a shared server choose from a list; locally any path the loader accepts may be typed.
     """
-    offered = explorer.offered_models()
-    options = offered if explorer.shared() else offered + [OTHER]
+    offered = gateway.offered_models()
+    options = offered if gateway.shared() else offered + [OTHER]
     if "active_model" not in st.session_state:
-        wanted = st.query_params.get("model") or explorer.DEFAULT_SOURCE
-        st.session_state.active_model = explorer.DEFAULT_SOURCE
+        wanted = st.query_params.get("model") or gateway.DEFAULT_SOURCE
+        st.session_state.active_model = gateway.DEFAULT_SOURCE
         if wanted in offered:
             st.session_state.model_pick = wanted
-        elif explorer.shared():
+        elif gateway.shared():
             st.session_state.load_error = (wanted, tr("sidebar.shared_only"))
         else:
             st.session_state.model_pick, st.session_state.model_input = OTHER, wanted
@@ -56,7 +56,7 @@ def choose_model() -> ModelFacts | None:
         wanted = (st.session_state.get("model_input") or "").strip() or st.session_state.active_model
     if wanted != st.session_state.active_model:
         with st.spinner(tr("sidebar.loading_source", source=plain(wanted))):
-            facts, err = explorer.try_load(wanted)
+            facts, err = gateway.try_load(wanted)
         if facts is None:
             st.session_state.load_error = (wanted, err)
         else:
@@ -67,7 +67,7 @@ def choose_model() -> ModelFacts | None:
         sb.error(tr("sidebar.load_error", source=plain(bad), error=plain(load_reason(err)),
                     now=plain(st.session_state.active_model)))  # user input: never markdown
     with st.spinner(tr("sidebar.loading")):
-        facts, err = explorer.try_load(st.session_state.active_model)
+        facts, err = gateway.try_load(st.session_state.active_model)
     if facts is None:
         st.error(tr("sidebar.load_failed", source=plain(st.session_state.active_model), error=plain(load_reason(err))))
         return None
@@ -115,7 +115,7 @@ def step_api(facts: ModelFacts, body: list[int]) -> dict:
             st.session_state["_pending"] = hist.pop()
             st.session_state["ids_history"] = hist
 
-    limit = min(int(st.session_state.get("max_tokens") or facts.cfg.max_seq_len), explorer.token_cap(),
+    limit = min(int(st.session_state.get("max_tokens") or facts.cfg.max_seq_len), gateway.token_cap(),
                 facts.cfg.max_seq_len)  # what prompt_ids keeps of a longer prompt
     return {"append_token": append_token, "append_tokens": append_tokens, "undo": undo,
             "can_undo": bool(st.session_state.get("ids_history")), "replace_prompt": replace_prompt,
@@ -158,11 +158,11 @@ def sidebar_prompt(facts: ModelFacts | None) -> str:
         st.session_state.pop("my_prompt")  # the visitor made the new prompt theirs: nothing to go back to
     if st.session_state.get("my_prompt"):
         sb.button(tr("sidebar.back"), on_click=_back, key="back_to_mine")
-    sb.text_area(tr("sidebar.prompt"), key="prompt", height=110, max_chars=explorer.prompt_char_limit())
+    sb.text_area(tr("sidebar.prompt"), key="prompt", height=110, max_chars=gateway.prompt_char_limit())
     if st.session_state.get("ids") and st.session_state.get("prompt") != st.session_state.get("ids_text"):
         st.session_state.update(ids=None, ids_text=None, ids_history=[])  # edited by hand
-    sb.number_input(tr("sidebar.token_limit"), min_value=1, max_value=explorer.token_cap(),
-                    value=min(explorer.DEFAULT_MAX_TOKENS, explorer.token_cap()), step=64, key="max_tokens")
+    sb.number_input(tr("sidebar.token_limit"), min_value=1, max_value=gateway.token_cap(),
+                    value=min(gateway.DEFAULT_MAX_TOKENS, gateway.token_cap()), step=64, key="max_tokens")
     if facts is not None and facts.bos_id is not None:
         if facts.add_bos:
             sb.caption(tr("sidebar.bos_self"))
@@ -177,10 +177,10 @@ def prompt_ids(facts: ModelFacts, source: str, prompt: str, max_tokens: int) -> 
     bos = [facts.bos_id] if st.session_state.get("bos") and facts.bos_id is not None and not facts.add_bos else []
     kept = st.session_state.get("ids")
     if kept:
-        limit = max(1, min(max_tokens, explorer.token_cap(), facts.cfg.max_seq_len) - len(bos))
+        limit = max(1, min(max_tokens, gateway.token_cap(), facts.cfg.max_seq_len) - len(bos))
         body, n_total = list(kept)[:limit], len(kept)
     else:
-        body, n_total = explorer.encode_prompt(source, prompt, max(1, max_tokens - len(bos)))
+        body, n_total = gateway.encode_prompt(source, prompt, max(1, max_tokens - len(bos)))
     if kept and "\ufffd" in facts.decode(body):  # the last character is unfinished: shown only by the views
         st.sidebar.caption(tr("sidebar.partial"))
     return bos + body, body, n_total + len(bos)
@@ -190,7 +190,7 @@ def url_ids(source: str, prompt: str, body: list[int]) -> str:
     """The URL's `ids=` value: the ids, when the prompt text does not give them back (else "")."""
     if not st.session_state.get("ids"):
         return ""
-    again, _ = explorer.encode_prompt(source, prompt, len(body) + 1)
+    again, _ = gateway.encode_prompt(source, prompt, len(body) + 1)
     return "" if list(again) == list(body) else ",".join(str(i) for i in body)
 
 
@@ -237,13 +237,13 @@ def npz_data(source: str, ids) -> callable:
     """The download's data callable. Streamlit calls it when the browser fetches the file, outside any script
     run, where st.session_state does not exist: it holds the model's name and the ids, nothing else."""
     ids = tuple(int(i) for i in ids)
-    return lambda: explorer.recording_npz(source, ids)
+    return lambda: gateway.recording_npz(source, ids)
 
 
 def download(source: str, ids) -> None:
     try:
-        explorer.check_export(source, len(ids))
-    except explorer.RunRefused as e:  # over the server's download cap: said here, before anyone clicks
+        gateway.check_export(source, len(ids))
+    except gateway.RunRefused as e:  # over the server's download cap: said here, before anyone clicks
         st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
         return
     st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
@@ -252,7 +252,7 @@ def download(source: str, ids) -> None:
 
 # --------------------------------------------------------------------------- the room's address (share mode)
 def room_addresses() -> list[str]:
-    from explorer_model import serve
+    from explorer_model.cli import serve
 
     return serve.lan_addresses()  # every non-loopback interface, read from the kernel
 

@@ -77,7 +77,7 @@ def continuation(at, state, prompt: str, n: int) -> dict:
 
 def main() -> None:
     print(machine_line(), file=sys.stderr, flush=True)
-    from app import explorer as state
+    from app import gateway as state
     from app.panels import VIEWS
 
     at = run_app(view="tokens", prompt="warm up")  # loads the model once, as a running server would have
@@ -122,7 +122,7 @@ def compare_switches(rounds: int = 3) -> dict:
     draws A, B and B − A; alone, and with A's own view below) against the same switches in single mode,
     interleaved switch by switch in one process, after every view was visited once in each (what a visitor who
     looked around has cached)."""
-    from app import explorer as state
+    from app import gateway as state
     from app.panels import VIEWS
 
     text = PROMPTS[2]

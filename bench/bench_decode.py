@@ -22,11 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_core import hf_twin  # noqa: E402
-from explorer_model import native_step  # noqa: E402
-from explorer_model.decode import pack_for_decode, packing_for  # noqa: E402
+from explorer_model.generate import native_step  # noqa: E402
+from explorer_model.generate.decode import pack_for_decode, packing_for  # noqa: E402
 from explorer_model.loaders import load  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
-from explorer_model.sampling import generate  # noqa: E402
+from explorer_model.generate.sampling import generate  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 from machine import machine_line  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, help="torch threads for this process (default: torch's choice)")
     ap.add_argument("--pack", choices=["auto", "none", "small", "huge"], default="auto",
-                    help="weights packing for our decode (explorer_model/decode.py); auto: as the CLI for --new")
+                    help="weights packing for our decode (explorer_model/generate/decode.py); auto: as the CLI for --new")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)  # a benchmark process, set once before any work
@@ -71,7 +71,7 @@ def main() -> None:
     prompt = torch.tensor([ids])
 
     def ours():
-        return generate(model, ids, args.new)  # the compiled step (explorer_model/native_step.py) when it builds
+        return generate(model, ids, args.new)  # the compiled step (explorer_model/generate/native_step.py) when it builds
 
     def ours_lean():
         os.environ["LLAMA_EXPLORER_NATIVE"] = "0"  # decode.py's torch step, as on a machine without a compiler

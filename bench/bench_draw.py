@@ -28,7 +28,7 @@ logging.disable(logging.WARNING)  # bare mode: Streamlit warns that there is no 
 import plotly.basedatatypes as B  # noqa: E402
 import streamlit as st  # noqa: E402
 
-from app import explorer  # noqa: E402
+from app import gateway  # noqa: E402
 from app.context import ViewContext, display_piece  # noqa: E402
 from app.panels import VIEWS  # noqa: E402  (imports app.plots, which memoizes the parser)
 from explorer_model.tokenizer.labels import fragment_labels  # noqa: E402
@@ -36,18 +36,18 @@ from explorer_model.tokenizer.labels import fragment_labels  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 from machine import machine_line  # noqa: E402
 
-SOURCE = explorer.DEFAULT_SOURCE
+SOURCE = gateway.DEFAULT_SOURCE
 MEMOIZED = B._str_to_dict_path_full
 MODES = {"memoized": MEMOIZED, "plotly": MEMOIZED.__wrapped__}
 WHEN = ("first", "again", "cached")
 
 
 def context(text: str) -> ViewContext:
-    facts = explorer.facts(SOURCE)
-    ids = explorer.encode_prompt(SOURCE, text, 256)[0]
+    facts = gateway.facts(SOURCE)
+    ids = gateway.encode_prompt(SOURCE, text, 256)[0]
     st.session_state["prompt"] = text
     pieces = [display_piece(p) for p in fragment_labels([facts.token_bytes(i) for i in ids])]
-    return ViewContext(facts=facts, rec=explorer.recording(SOURCE, tuple(ids)), ids=ids, pieces=pieces, layer=5,
+    return ViewContext(facts=facts, rec=gateway.recording(SOURCE, tuple(ids)), ids=ids, pieces=pieces, layer=5,
                        head=2, token=len(ids) - 1, lang="en", extras={"source": SOURCE})
 
 
@@ -68,7 +68,7 @@ def main() -> None:
             for view, draw in VIEWS:
                 for when in WHEN:
                     if when == "again":
-                        explorer.result_cache().discard("figure")
+                        gateway.result_cache().discard("figure")
                     t = time.perf_counter()
                     draw(ctx)
                     times.setdefault(mode, {}).setdefault(view, {}).setdefault(when, []).append(time.perf_counter() - t)

@@ -1,7 +1,7 @@
-"""Why the server has a drawing lane (app/lanes.py): a forward pass beside page runs that draw.
+"""Why the server has a drawing lane (app/gateway/lanes.py): a forward pass beside page runs that draw.
 
 Records a prompt on the default model (a) alone, (b) beside one thread running Python (one page drawing) at
-Python's default 5 ms switch interval and at the gateway's (app/lanes.py), (c) while N threads run Python the way
+Python's default 5 ms switch interval and at the gateway's (app/gateway/lanes.py), (c) while N threads run Python the way
 page runs draw figures, without the lane, and (d) with those threads taking turns through the
 drawing lane while the recording runs under the gateway's ForwardLock, at the gateway's interval. Each drawing
 "page run" is --page-ms of pure Python. Reports seconds per recording and the ratio to (a), and how many page runs
@@ -69,7 +69,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--page-ms", type=float, default=200.0)
     a = p.parse_args()
-    from app.lanes import SWITCH_INTERVAL_S, DrawingLane, ForwardLock
+    from app.gateway.lanes import SWITCH_INTERVAL_S, DrawingLane, ForwardLock
     from explorer_model.loaders import load
     from explorer_model.recording import record
 

@@ -1,5 +1,5 @@
 """Classroom load: N simulated visitors on one shared server, spoken to over Streamlit's own websocket.
-(The visitors, and starting and watching the server, are in explorer_model/loadtest.py, which `llama-explorer
+(The visitors, and starting and watching the server, are in explorer_model/cli/loadtest.py, which `llama-explorer
 classroom-check` drives too; the run and its report are here, the determinism check in load_determinism.py.)
 
 Per visitor: open the page, then for each of its prompts (all different, 10-60 tokens): type the prompt,
@@ -10,7 +10,7 @@ The server's memory is the RSS of its process tree, read from /proc every 0.2 s;
 model weights + the recording-cache bound (--cache-mb) + a fixed overhead (--overhead-mb, see OVERHEAD_MB).
 
 Determinism is checked apart from the server: the same prompt recorded in several threads at once (plain
-`record` calls, and through app.result_cache.ResultCache with a zero budget so each get recomputes), and in
+`record` calls, and through app.gateway.result_cache.ResultCache with a zero budget so each get recomputes), and in
 two separate `llama-explorer record` processes; every tensor must be bit-identical.
 
 With --processes N (N > 1) the server is `llama-explorer serve --share --processes N`: HAProxy with docs/haproxy.cfg
@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from load_determinism import determinism  # noqa: E402
-from explorer_model.loadtest import (ACTIONS, BACKENDS, CpuMeter, MemorySampler, Visitor, free_port,  # noqa: E402
+from explorer_model.cli.loadtest import (ACTIONS, BACKENDS, CpuMeter, MemorySampler, Visitor, free_port,  # noqa: E402
                                      outcomes, percentile, quiet_visitor_cpu, rss_kb, run_visitors, start_server,
                                      stop_server, tree_pids, wait_healthy)
 
@@ -74,7 +74,7 @@ def run(args) -> dict:
     if not args.no_determinism:
         report["determinism"] = determinism(loaded, args.determinism_prompt)
     del loaded, weights
-    cache_mb = args.cache_mb if args.cache_mb else 2048  # app.settings' default
+    cache_mb = args.cache_mb if args.cache_mb else 2048  # app.gateway.settings' default
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
     port = free_port()
     # one server, or `serve --processes N`: N servers behind HAProxy (docs/haproxy.cfg) pinning each visitor to one
@@ -132,7 +132,9 @@ def run(args) -> dict:
     report["server_log"] = str(tmp / "server.log")
     if BACKENDS:
         report["processes"]["visitors_each"] = dict(sorted(BACKENDS.items()))
-    planned = args.visitors * (1 + (1 if args.prompt_chars else 6) * args.prompts)
+    ordinary = args.visitors - min(args.adversaries, args.visitors)
+    planned = ordinary * (1 + (1 if args.prompt_chars else 6) * args.prompts)
+    done = done[:ordinary]  # an adversary's actions are not the class's
     if args.prompt_chars:  # a visitor whose connection the server closed sends nothing more
         report["oversized_prompts"] = {"chars": args.prompt_chars, **outcomes}
     elif sum(done) < planned:
@@ -140,8 +142,14 @@ def run(args) -> dict:
     if not server_alive:
         errors.append({"problem": f"the server exited during the run: {log[-500:]}"})
     tracebacks = log.count("Traceback")
+    refusals = times.pop("refusals", None)
     report["latency_s"] = {a: {"n": len(t), "p50": round(percentile(t, 50), 3), "p95": round(percentile(t, 95), 3),
-                               "max": round(max(t), 3)} for a, t in times.items() if t}
+                               "max": round(max(t), 3)} for a, t in times.items() if t and not a.startswith("adv_")}
+    if args.adversaries:
+        report["adversaries"] = {"count": args.adversaries, "answers": dict(refusals or {}),
+                                 "latency_s": {a: {"n": len(t), "p50": round(percentile(t, 50), 3),
+                                                   "p95": round(percentile(t, 95), 3), "max": round(max(t), 3)}
+                                               for a, t in times.items() if t and a.startswith("adv_")}}
     report["actions"] = sum(done)
     report["errors"] = len(errors)
     report["error_examples"] = errors[:10]
@@ -177,6 +185,10 @@ def parse_args(argv=None):
     p.add_argument("--overhead-mb", type=int, default=OVERHEAD_MB, help="memory allowed beyond weights + cache")
     p.add_argument("--views", default="", help="comma-separated view keys to visit (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adversaries", type=int, default=0,
+                   help="of the visitors, this many adversarial ones (loadtest.adversary_run): thousand-item what-if "
+                        "links, a long prompt against its no-mask twin, .npz downloads, the lab button pressed again "
+                        "and again; the others' latency is reported as usual")
     p.add_argument("--prompt-chars", type=int, default=0,
                    help="pad every prompt to this many characters (a burst of oversized prompts: the server "
                         "must refuse them before tokenizing and stay under its memory bound)")

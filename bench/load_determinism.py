@@ -1,5 +1,5 @@
 """The load benchmark's determinism check, made apart from the server: the same prompt recorded in several threads at
-once (plain `record` calls, and through app.result_cache.ResultCache with a zero budget so each get recomputes), and
+once (plain `record` calls, and through app.gateway.result_cache.ResultCache with a zero budget so each get recomputes), and
 in two separate `llama-explorer record` processes; every tensor must be bit-identical. Used by bench_load.py."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def determinism(model, prompt: str, threads: int = 4) -> dict:
     import numpy as np
     import torch
 
-    from app.result_cache import ResultCache
+    from app.gateway.result_cache import ResultCache
     from explorer_model.recording import record
 
     ids = model.tokenizer.encode(prompt, add_bos=getattr(model.tokenizer, "add_bos", False))

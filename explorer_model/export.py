@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
+
 
 class ExportError(ValueError):
     """The output cannot be written where asked; the message is one line naming the file."""
@@ -115,18 +117,6 @@ def plan(model, ids: list[int], names, dtype: torch.dtype) -> Plan:
     kept = sum(v for k, v in full.items() if "hook_pattern" not in k and "hook_attn_scores" not in k)
     largest = max(full, key=full.get)
     return Plan(sum(full.values()), kept + full[largest], largest)
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (what can be allocated without swapping), or None off Linux."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def gb(n: int) -> str:

@@ -52,7 +52,7 @@ CHOICES: dict[str, tuple] = {
     "lab_norm": ("layer", "rms"),
 }
 
-# The values each kind of lesson computes on the model (app/lessons.py), usable as {name} in a caption.
+# The values each kind of lesson computes on the model (app/gateway/lessons.py), usable as {name} in a caption.
 LESSON_VALUES: dict[str, tuple] = {
     "link": ("layer", "head", "weight", "query", "other"),
     "sink": ("layer", "head", "share"),

@@ -58,9 +58,9 @@ def trace(fig: dict, meta) -> dict:
 
 
 def forwards() -> int:
-    from app import explorer
+    from app import gateway
 
-    return explorer.FORWARDS["count"]
+    return gateway.FORWARDS["count"]
 
 
 def fig_with(at: AppTest, title_part: str) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer_model.serve import free_port  # noqa: F401  (the test modules import it from here)
+from explorer_model.cli.serve import free_port  # noqa: F401  (the test modules import it from here)
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ _SHARED: dict = {}  # "app": the running server's URL, "stop": what ends it
 
 @pytest.fixture(scope="module")
 def server(request):
-    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.serve.streamlit_command); one
+    """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.cli.serve.streamlit_command); one
     server for the session's browser modules, stopped when no later test of the session asks for it."""
     if "app" not in _SHARED:
         _SHARED["app"], _SHARED["stop"] = _start_server()
@@ -60,7 +60,7 @@ def _stop_server() -> None:
 
 
 def _start_server():
-    from explorer_model.serve import streamlit_command
+    from explorer_model.cli.serve import streamlit_command
 
     port = free_port()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")

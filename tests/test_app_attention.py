@@ -156,7 +156,7 @@ def test_long_prompt_window_is_the_recordings_sub_matrix(loaded):
 
 
 def test_switching_layer_head_token_runs_no_forward(page):
-    from app import explorer as state
+    from app import gateway as state
 
     before = state.FORWARDS["count"]
     select(page, layer=10, head=8, token=2)

@@ -55,7 +55,7 @@ def click_script():
     """A page that feeds a Plotly selection event (as Streamlit delivers it) to the view's callbacks."""
     import streamlit as st
 
-    from app.panels import attention_links as L
+    from app.panels.attention import links as L
 
     event = {"selection": {"points": [{"curve_number": 1, "point_number": 7, "point_index": 7, "x": "head 5 (KV 1)",
                                        "y": "layer 12", "customdata": [12, 5]}], "point_indices": [7],

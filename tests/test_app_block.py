@@ -148,7 +148,7 @@ def test_four_changes_table_and_other_links(block_page):
     for key, view in (("block_change_twins", "normlab"), ("block_change_rope", "rope"), ("block_change_norm", "norm"),
                       ("block_change_swiglu", "swiglu")):
         assert block_page.button(key=key).proto.label
-        from app.panels import blockcode
+        from app.panels.block import code as blockcode
         row = next(l for r in blockcode.changes(_t, LAYER) for l in r["links"] if l[0] == key)
         assert row[2] is blockcode._go and row[3] == view
 
@@ -162,7 +162,7 @@ def test_block_view_in_chinese():
 
 
 def test_switching_layer_and_token_runs_no_forward(block_page):
-    from app import explorer as state
+    from app import gateway as state
 
     before = state.FORWARDS["count"]
     block_page.sidebar.slider(key="layer").set_value(7).run()

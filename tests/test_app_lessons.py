@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from apptest_util import all_text, decode, figures, run_app
-from app import explorer
+from app import gateway
 from app.presets import BY_KEY
 
 
@@ -25,18 +25,18 @@ def selection(at):
 
 def patterns(ids) -> np.ndarray:
     """[layer, head, q, k] attention weights of the app's recording."""
-    rec = explorer.recording("smollm2", tuple(ids))
+    rec = gateway.recording("smollm2", tuple(ids))
     return np.stack([rec.pattern(l)[0].double().numpy() for l in range(rec.cfg.n_layers)])
 
 
 def app_ids(at) -> list[int]:
-    tok = explorer._model("smollm2").tokenizer
+    tok = gateway._model("smollm2").tokenizer
     return tok.encode(at.session_state["prompt"])
 
 
 def last_word_position(ids, word: str) -> int:
     """First token of the last whole-word occurrence of `word`, found from each token's decoded text."""
-    tok = explorer._model("smollm2").tokenizer
+    tok = gateway._model("smollm2").tokenizer
     texts = [tok.decode([i]).strip().lower() for i in ids]
     return max(i for i, s in enumerate(texts) if s == word)
 
@@ -91,13 +91,13 @@ def test_fact_lesson_points_at_the_layer_where_the_lens_settles():
     at = choose("fact")
     view, layer, head, token = selection(at)
     ids = app_ids(at)
-    model = explorer._model("smollm2").model
-    rec = explorer.recording("smollm2", tuple(ids))
+    model = gateway._model("smollm2").model
+    rec = gateway.recording("smollm2", tuple(ids))
     with torch.no_grad():  # the lens by hand: final norm and output matrix on each layer's last residual
         logits = torch.stack([model.unembed(model.ln_final(rec[f"blocks.{l}.hook_resid_post"][0, -1].float()))
                               for l in range(model.cfg.n_layers)])
     answer = int(logits[-1].argmax())
-    assert explorer._model("smollm2").tokenizer.piece(answer) == " Paris"
+    assert gateway._model("smollm2").tokenizer.piece(answer) == " Paris"
     rank = [int((row > row[answer]).sum()) for row in logits]
     settled = min(l for l in range(len(rank)) if max(rank[l:]) < 10)
     assert (view, layer, token) == ("residual", settled, len(ids) - 1)
@@ -109,7 +109,7 @@ def test_chinese_split_lesson_selects_a_fragment_named_by_its_character():
     at = choose("zh_split")
     view, _, _, token = selection(at)
     ids = app_ids(at)
-    tok = explorer._model("smollm2").tokenizer
+    tok = gateway._model("smollm2").tokenizer
     first_fragment = next(i for i, t in enumerate(ids) if len(tok.token_bytes(t).decode("utf-8", "ignore"))
                           < len(tok.token_bytes(t)) or not tok.token_bytes(t).decode("utf-8", "ignore"))
     assert (view, token) == ("tokens", first_fragment)
@@ -123,7 +123,7 @@ def test_chinese_split_lesson_counts_the_typed_characters_and_their_tokens(bos):
     at = choose("zh_split")
     if bos:
         at.sidebar.toggle(key="bos").set_value(True).run()
-    tok = explorer._model("smollm2").tokenizer
+    tok = gateway._model("smollm2").tokenizer
     assert bool(at.session_state["bos"]) == bos and tok.is_special(tok.bos_id)  # BOS on: a marker before the text
     typed = app_ids(at)
     assert not any(tok.is_special(i) for i in typed)
@@ -133,7 +133,7 @@ def test_chinese_split_lesson_counts_the_typed_characters_and_their_tokens(bos):
 def test_chat_lesson_selects_the_first_special_token():
     at = choose("chat")
     view, _, _, token = selection(at)
-    tok = explorer._model("smollm2").tokenizer
+    tok = gateway._model("smollm2").tokenizer
     ids = app_ids(at)
     assert view == "tokens" and tok.is_special(ids[token]) and not any(tok.is_special(i) for i in ids[:token])
 

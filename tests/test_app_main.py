@@ -42,7 +42,7 @@ def test_empty_and_whitespace_prompts_show_a_hint():
 
 
 def test_overlong_prompt_is_cut_with_a_notice():
-    from app import explorer as state
+    from app import gateway as state
 
     at = run_app(view="attention", prompt="word " * 400)
     assert not at.exception
@@ -95,7 +95,7 @@ def test_preset_fills_the_prompt_and_presenter_mode_enlarges_fonts():
 
 def test_default_token_is_the_last_unless_the_link_says():
     at = run_app(view="attention", prompt="I love machine learning.")
-    ids = tuple(int(i) for i in __import__("app.explorer", fromlist=["x"]).encode_prompt(
+    ids = tuple(int(i) for i in __import__("app.gateway", fromlist=["x"]).encode_prompt(
         "smollm2", "I love machine learning.", 256)[0])
     assert at.session_state["token"] == len(ids) - 1
     at.sidebar.text_area(key="prompt").set_value("One two three four five six seven eight nine").run()
@@ -112,9 +112,9 @@ def test_chinese_labels_name_the_character_not_bytes():
 
 
 def test_bos_toggle_prepends_the_models_bos_and_is_kept_in_the_url():
-    from app import explorer
+    from app import gateway
 
-    facts = explorer.facts("smollm2")
+    facts = gateway.facts("smollm2")
     assert facts.bos_id is not None and not facts.add_bos  # SmolLM2 does not add one by itself
     at = run_app(view="attention", prompt="I love machine learning.")
     assert "does not put a BOS token" in " ".join(c.value for c in at.sidebar.caption)
@@ -123,7 +123,7 @@ def test_bos_toggle_prepends_the_models_bos_and_is_kept_in_the_url():
     assert at.query_params["bos"] == "1"
     z = decode(figures(at)[0]["data"][0]["z"])
     assert len(z) == n + 1
-    rec = explorer.recording("smollm2", (facts.bos_id, *explorer.encode_prompt("smollm2", "I love machine learning.",
+    rec = gateway.recording("smollm2", (facts.bos_id, *gateway.encode_prompt("smollm2", "I love machine learning.",
                                                                                256)[0]))
     np.testing.assert_allclose(np.nan_to_num(z), rec.pattern(0)[0, 0].numpy(), atol=1e-5)  # masked: empty cells
     assert run_app(**dict(at.query_params)).session_state["bos"] is True
@@ -132,14 +132,14 @@ def test_bos_toggle_prepends_the_models_bos_and_is_kept_in_the_url():
 def test_appended_fragment_is_kept_as_ids_in_state_and_url_and_undo_returns(monkeypatch):
     import types
 
-    from app import explorer
+    from app import gateway
     from app import sidebar as side
 
     start = "\u6df1\u5ea6\u5b66\u4e60"
     at = run_app(view="attention", prompt=start)
-    facts = explorer.facts("smollm2")
-    body, _ = explorer.encode_prompt("smollm2", start, 256)
-    full, _ = explorer.encode_prompt("smollm2", start + "\u5f88", 256)  # the last character is two fragments
+    facts = gateway.facts("smollm2")
+    body, _ = gateway.encode_prompt("smollm2", start, 256)
+    full, _ = gateway.encode_prompt("smollm2", start + "\u5f88", 256)  # the last character is two fragments
     assert full[:-2] == body and len(full) == len(body) + 2
 
     def click(body_ids, name, *args):  # as a button's on_click would: in the session, then the page reruns
@@ -200,16 +200,16 @@ def test_recording_download_works_outside_a_script_run(monkeypatch):
     t.start()
     t.join()
     npz = np.load(out["blob"])  # an open file, built on disk
-    from app import explorer
+    from app import gateway
 
-    ids, _ = explorer.encode_prompt("smollm2", "I love machine learning.", 256)
+    ids, _ = gateway.encode_prompt("smollm2", "I love machine learning.", 256)
     assert npz["token_ids"].ravel().tolist() == list(ids)
 
 
 def test_recording_npz_holds_every_hook():
     import io
 
-    from app import explorer as state
+    from app import gateway as state
 
     ids = tuple(state._model("smollm2").tokenizer.encode("I love machine learning."))
     data = np.load(state.recording_npz("smollm2", ids))  # an open file, built on disk
@@ -218,7 +218,7 @@ def test_recording_npz_holds_every_hook():
 
 
 def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
-    from explorer_model import serve as launch
+    from explorer_model.cli import serve as launch
 
     monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
     monkeypatch.setattr(launch, "lan_addresses", lambda: ["192.168.1.20", "10.0.0.7"], raising=False)

@@ -89,7 +89,7 @@ def _check_init_figures(page):
 
 def test_race_from_button(page):
     """The live race is drawn OVER the shipped curves: one figure holds the shipped seeds and the live run."""
-    from app.panels.normlab_race import DEFAULT_DEPTH, DEFAULT_LR
+    from app.panels.normlab.race import DEFAULT_DEPTH, DEFAULT_LR
     assert (DEFAULT_DEPTH, DEFAULT_LR) == (6, 3e-3)
     fig = by_id(page, "normlab_race")
     expected = lab.race(lab.RaceConfig(depth=DEFAULT_DEPTH, lr=DEFAULT_LR, steps=RACE_STEPS, log_every=1))
@@ -109,7 +109,7 @@ def test_race_from_button(page):
 
 def test_defaults_show_the_difference():
     """At the race's defaults every shipped Pre run leaves the unigram line within the default steps, no Post run does."""
-    from app.panels.normlab_race import DEFAULT_DEPTH, DEFAULT_LR, DEFAULT_STEPS
+    from app.panels.normlab.race import DEFAULT_DEPTH, DEFAULT_LR, DEFAULT_STEPS
     curves = lab.load_race_curves()
     entry = curves["runs"][lab.race_grid_key(DEFAULT_DEPTH, DEFAULT_LR)]
     steps = [s for s in entry["steps"] if s <= DEFAULT_STEPS]

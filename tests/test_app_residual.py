@@ -10,8 +10,8 @@ from streamlit.testing.v1 import AppTest
 
 from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select
 
-import app.explorer as app_explorer
-from explorer_model.sampling import filter_steps
+import app.gateway as app_explorer
+from explorer_model.generate.sampling import filter_steps
 
 pytestmark = pytest.mark.slow
 PROMPT = "The animal didn't cross the street because it was too tired."
@@ -105,15 +105,15 @@ def test_take_top_token_and_undo_through_text(loaded):
 # A shell that keeps the prompt as token ids and hands the view the contract's two callables.
 IDS_SHELL = '''
 import streamlit as st
-from app import explorer
+from app import gateway
 from app.context import ViewContext, display_piece
 from app.panels import predict
 from explorer_model.tokenizer.labels import fragment_labels
 
-SOURCE = explorer.DEFAULT_SOURCE
-facts = explorer.facts(SOURCE)
+SOURCE = gateway.DEFAULT_SOURCE
+facts = gateway.facts(SOURCE)
 if "ids" not in st.session_state:
-    st.session_state.ids = explorer.encode_prompt(SOURCE, "深度学习很", 64)[0]
+    st.session_state.ids = gateway.encode_prompt(SOURCE, "深度学习很", 64)[0]
     st.session_state.undo_stack = []
 
 def append_token(i):
@@ -125,7 +125,7 @@ def undo():
         st.session_state.ids = st.session_state.undo_stack.pop()
 
 ids = list(st.session_state.ids)
-rec = explorer.recording(SOURCE, tuple(ids))
+rec = gateway.recording(SOURCE, tuple(ids))
 ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=[display_piece(p) for p in fragment_labels([facts.token_bytes(i) for i in ids])], layer=0, head=0,
                   token=len(ids) - 1, lang="zh", extras={"source": SOURCE, "append_token": append_token, "undo": undo})
 predict.draw(ctx)
@@ -250,7 +250,7 @@ def test_continue_adds_the_greedy_tokens_as_one_step_and_undo_removes_them(loade
 def test_continue_by_sampling_is_reproducible_and_draws_with_the_views_settings(loaded):
     """The sampled run is the one generate() draws with the view's temperature, top-k, top-p and seed (the
     plumbing under test: the page's settings reach the decoder), and the same click gives the same tokens."""
-    from explorer_model.sampling import generate
+    from explorer_model.generate.sampling import generate
     prompt = "Once upon a time"
     at = run_app(view="predict", prompt=prompt)
     at.number_input(key="pred_continue_n").set_value(6).run()

@@ -31,11 +31,11 @@ def test_shared_mode_caps_prompt_length(shared_env):
 
 
 def test_recording_cache_is_bounded_in_bytes():
-    from app import explorer
-    from app.result_cache import ResultCache
+    from app import gateway
+    from app.gateway.result_cache import ResultCache
 
     def rec(ids):
-        return record(explorer._model("smollm2").model, list(ids))
+        return record(gateway._model("smollm2").model, list(ids))
     cache = ResultCache(budget_bytes=1)  # everything but the newest is evicted
     a = cache.get(("recording", (504, 3575)), lambda: rec((504, 3575)))
     cache.get(("recording", (504, 3575, 282)), lambda: rec((504, 3575, 282)))
@@ -46,23 +46,23 @@ def test_recording_cache_is_bounded_in_bytes():
 def test_concurrent_visitors_share_one_forward(monkeypatch):
     import threading
 
-    from app import explorer
+    from app import gateway
 
-    explorer.result_cache().clear()
-    before = explorer.FORWARDS["count"]
+    gateway.result_cache().clear()
+    before = gateway.FORWARDS["count"]
     out = []
-    threads = [threading.Thread(target=lambda: out.append(explorer.recording("smollm2", (1, 2, 3, 4)))) for _ in range(6)]
+    threads = [threading.Thread(target=lambda: out.append(gateway.recording("smollm2", (1, 2, 3, 4)))) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert explorer.FORWARDS["count"] == before + 1
+    assert gateway.FORWARDS["count"] == before + 1
     assert all(r is out[0] for r in out)
 
 
 def test_model_file_changed_or_removed_while_serving(ckpt, tmp_path):
     """A rewritten model file is loaded again; a vanished one gives its visitor the loader's message."""
-    from app import explorer as state
+    from app import gateway as state
 
     path = ckpt.write_gguf(ckpt.hf_model("gqa", seed=1), tmp_path / "m.gguf")
     first = state._model(str(path))

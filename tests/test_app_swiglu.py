@@ -11,7 +11,7 @@ import torch
 
 from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select, trace
 
-import app.explorer as app_explorer
+import app.gateway as app_explorer
 from app.presets import BANK_PAIR
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ import torch
 
 from apptest_util import all_text, decode, fig_with, figures, run_app
 
-import app.explorer as app_explorer
+import app.gateway as app_explorer
 from app.context import display_piece
-from app.panels.whatif_bank import BANK_SOURCE, BANK_TARGET, MIN_KL
+from app.panels.whatif.bank import BANK_SOURCE, BANK_TARGET, MIN_KL
 from explorer_model.analysis import measures as M
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

@@ -1,9 +1,10 @@
 """The architecture contract, checked on the source with `ast`:
 
 - panels (app/panels/*.py) see data, not the model: no torch, no explorer_model.model / .loaders, no app.state,
-  nothing of the gateway (app.explorer) but its public API (`__all__`);
-- in the app, only the gateway (app/explorer.py and the parts it imports and re-exports, app/gateway_*.py) imports
-  explorer_model.loaders or runs `record`/`recorder`.
+  nothing of the gateway (app.gateway) but its public API (`__all__`);
+- in the app, only the gateway (the package app/gateway/: its parts, whose API __init__.py re-exports) imports
+  explorer_model.loaders or runs `record`/`recorder`;
+- no import cycles in app/ and explorer_model/, and the core imports nothing of the app.
 The checker itself is tested on snippets, so a broken checker cannot pass silently.
 """
 from __future__ import annotations
@@ -14,14 +15,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PANEL_FORBIDDEN = ("torch", "explorer_model.model", "explorer_model.loaders", "app.state", "app.result_cache")
-GATEWAY = "app.explorer"
+PANEL_FORBIDDEN = ("torch", "explorer_model.model", "explorer_model.loaders", "app.state", "app.gateway.result_cache")
+GATEWAY = "app.gateway"
+GATEWAY_DIR = ROOT / "app" / "gateway"
 RECORDERS = {"record", "recorder"}
 
 
 def gateway_api() -> set[str]:
-    """Names in app/explorer.py's __all__, read from its source (importing it would load streamlit and torch)."""
-    tree = ast.parse((ROOT / "app" / "explorer.py").read_text(encoding="utf-8"))
+    """Names in app/gateway/__init__.py's __all__, read from its source (importing it would load streamlit and torch)."""
+    tree = ast.parse((GATEWAY_DIR / "__init__.py").read_text(encoding="utf-8"))
     api = None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
@@ -29,7 +31,7 @@ def gateway_api() -> set[str]:
         elif isinstance(node, ast.AugAssign) and getattr(node.target, "id", None) == "__all__" and api is not None:
             api |= set(ast.literal_eval(node.value))  # `__all__ += [...]` after a block added at the end
     if api is None:
-        raise AssertionError("app/explorer.py has no __all__")
+        raise AssertionError("app/gateway/__init__.py has no __all__")
     return api
 
 
@@ -38,7 +40,7 @@ def _hits(module: str, banned) -> bool:
 
 
 def imported(tree: ast.AST) -> list[tuple[str, list[str], int]]:
-    """(module, names imported from it, line) for every import; `from app import explorer` gives ('app.explorer', [])."""
+    """(module, names imported from it, line) for every import; `from app import gateway` gives ('app.gateway', [])."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -61,9 +63,9 @@ def panel_violations(source: str, api: set[str]) -> list[str]:
             bad += [f"line {line}: imports {n} from the gateway (not in its __all__)" for n in names if n not in api]
         if module.startswith(GATEWAY + ".") and module.split(".")[2] not in api:
             bad.append(f"line {line}: imports {module}")
-    for node in ast.walk(tree):  # `from app import explorer [as x]` then x._private
+    for node in ast.walk(tree):  # `from app import gateway [as x]` then x._private
         if isinstance(node, ast.ImportFrom) and node.module == "app":
-            gateway_aliases |= {a.asname or a.name for a in node.names if a.name == "explorer"}
+            gateway_aliases |= {a.asname or a.name for a in node.names if a.name == "gateway"}
         if isinstance(node, ast.Import):
             gateway_aliases |= {a.asname for a in node.names if a.name == GATEWAY and a.asname}
     for node in ast.walk(tree):
@@ -93,13 +95,13 @@ def app_files() -> list[Path]:
     return sorted((ROOT / "app").rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "app" / "panels").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "app" / "panels").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_panels_see_data_not_the_model(path):
     assert panel_violations(path.read_text(encoding="utf-8"), gateway_api()) == []
 
 
 def is_gateway(path: Path) -> bool:
-    return path.name == "explorer.py" or path.name.startswith("gateway_")
+    return path.parent == GATEWAY_DIR
 
 
 @pytest.mark.parametrize("path", [p for p in app_files() if not is_gateway(p)], ids=lambda p: str(p.relative_to(ROOT)))
@@ -108,22 +110,27 @@ def test_only_the_gateway_loads_and_records(path):
 
 
 def test_gateway_parts_are_imported_and_re_exported_by_the_gateway():
-    parts = sorted(p.stem for p in (ROOT / "app").glob("gateway_*.py"))
-    assert parts  # the cost and compare parts exist
-    tree = ast.parse((ROOT / "app" / "explorer.py").read_text(encoding="utf-8"))
-    imported_from = {node.module: [a.name for a in node.names] for node in ast.walk(tree)
-                     if isinstance(node, ast.ImportFrom) and node.module}
-    api = gateway_api()
-    for part in parts:
-        names = imported_from.get(f"app.{part}")
-        assert names, f"app/explorer.py does not import app/{part}.py"
-        assert {n for n in names if not n.startswith("_")} <= api, part
+    """What the package's __init__ imports from a part is its API; every part is used by the package."""
+    parts = sorted(p.stem for p in GATEWAY_DIR.glob("*.py") if p.name != "__init__.py")
+    assert {"state", "costs", "runs", "compare"} <= set(parts)
+    def imports(path):
+        out: dict[str, list[str]] = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:  # a name imported as _x is kept private
+                out.setdefault(node.module, []).extend(a.asname or a.name for a in node.names)
+        return out
+    init, api = imports(GATEWAY_DIR / "__init__.py"), gateway_api()
+    for module, names in init.items():
+        if module.startswith(GATEWAY + "."):
+            assert {n for n in names if not n.startswith("_")} <= api, module
+    used = set(init) | {m for p in GATEWAY_DIR.glob("*.py") for m in imports(p)}
+    assert [p for p in parts if f"{GATEWAY}.{p}" not in used] == []
 
 
 def test_the_gateway_is_the_one_that_does():
-    # its parts load (gateway_state) and record (gateway_runs): the checker sees it
-    for part in ("gateway_state", "gateway_runs"):
-        assert app_violations((ROOT / "app" / f"{part}.py").read_text(encoding="utf-8")), part
+    # its parts load (state) and record (runs): the checker sees it
+    for part in ("state", "runs"):
+        assert app_violations((GATEWAY_DIR / f"{part}.py").read_text(encoding="utf-8")), part
     assert not (ROOT / "app" / "state.py").exists()
 
 
@@ -135,9 +142,9 @@ def test_the_gateway_is_the_one_that_does():
     ("from explorer_model import model", "imports explorer_model.model"),
     ("from explorer_model.loaders import load", "imports explorer_model.loaders"),
     ("from app import state", "imports app.state"),
-    ("from app.explorer import _model", "imports _model from the gateway"),
-    ("from app import explorer\nexplorer._FORWARD.acquire()", "uses explorer._FORWARD"),
-    ("from app import explorer as g\nm = g._model('x')", "uses g._model"),
+    ("from app.gateway import _model", "imports _model from the gateway"),
+    ("from app import gateway\ngateway._FORWARD.acquire()", "uses gateway._FORWARD"),
+    ("from app import gateway as g\nm = g._model('x')", "uses g._model"),
     ("from explorer_model.recording import record", "imports explorer_model.recording.record"),
     ("from explorer_model import recording\nrecording.record(m, [1])", "calls record()"),
 ])
@@ -147,8 +154,8 @@ def test_the_checker_fails_on_forbidden_code(snippet, found):
 
 
 def test_the_checker_passes_allowed_code():
-    ok = ("import numpy as np\nfrom app import explorer, plots\nfrom explorer_model.analysis import views_data as V\n"
-          "x = explorer.recording('smollm2', [1])\ny = V.stack_norms(x, 'hook_attn_out')\n")
+    ok = ("import numpy as np\nfrom app import gateway, plots\nfrom explorer_model.analysis import views_data as V\n"
+          "x = gateway.recording('smollm2', [1])\ny = V.stack_norms(x, 'hook_attn_out')\n")
     assert panel_violations(ok, {"recording"}) == []
 
 
@@ -224,10 +231,33 @@ def test_the_cycle_finder_finds_one():
 
 # The tools that drive a running app as its visitors do (the load bench, classroom-check) name its views and speak
 # its catalogs; everything else in explorer_model knows nothing of the app.
-APP_CLIENTS = {"explorer_model.loadtest", "explorer_model.classroom_check"}
+APP_CLIENTS = {"explorer_model.cli.loadtest", "explorer_model.cli.classroom_check"}
 
 
 def test_the_core_does_not_import_the_app():
     graph = import_graph()
     assert [(m, t) for m, ts in graph.items() if m.startswith("explorer_model") and m not in APP_CLIENTS
             for t in ts if t.startswith("app")] == []
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The import graph between packages (a module at a package's top counts as its own node)."""
+    graph = import_graph()
+    packages = {m for m in graph if (ROOT.joinpath(*m.split(".")) / "__init__.py").exists()}
+
+    def node(m: str) -> str:
+        return max((p for p in packages if m == p or m.startswith(p + ".")), key=len, default=m) \
+            if m in packages or m.rpartition(".")[0] in packages and m.rpartition(".")[0] != m.split(".")[0] else m
+    out: dict[str, set[str]] = {}
+    for m, ts in graph.items():
+        out.setdefault(node(m), set()).update(node(t) for t in ts if node(t) != node(m))
+    return out
+
+
+if __name__ == "__main__":  # python tests/test_architecture.py: the package graph, then the cycles (none)
+    for name, targets in sorted(package_graph().items()):
+        print(f"{name:40} -> {', '.join(sorted(targets)) or '-'}")
+    found = cycles({m: {t for t in ts if not (m.startswith(t + ".") and t + "." in m)} for m, ts in import_graph().items()})
+    print(f"import cycles among {len(import_graph())} modules: {len(found)}")
+    for c in found:
+        print("  cycle:", " <-> ".join(c))

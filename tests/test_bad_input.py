@@ -50,9 +50,9 @@ def page_ok(at):
 
 @pytest.fixture(scope="module")
 def smol():
-    from app import explorer
+    from app import gateway
 
-    return explorer._model("smollm2")  # the app's own cached copy, shared with the AppTests below
+    return gateway._model("smollm2")  # the app's own cached copy, shared with the AppTests below
 
 
 # --------------------------------------------------------------------------- prompts, Python API
@@ -73,11 +73,11 @@ def test_only_special_tokens_become_exactly_those_tokens(smol):
 
 
 def test_prompt_longer_than_the_model_context_is_cut(smol):
-    from app import explorer
+    from app import gateway
 
     short = types.SimpleNamespace(tokenizer=smol.tokenizer,
                                   model=types.SimpleNamespace(cfg=types.SimpleNamespace(max_seq_len=5)))
-    ids, total = explorer._encode(short, "one two three four five six seven eight", max_tokens=256)
+    ids, total = gateway._encode(short, "one two three four five six seven eight", max_tokens=256)
     assert len(ids) == 5 and total == 8
     assert ids == smol.tokenizer.encode("one two three four five six seven eight")[:5]
 
@@ -111,7 +111,7 @@ def test_odd_prompt_from_a_link(smol, name):
 
 
 def test_hundred_thousand_characters_are_refused_with_one_message(smol):
-    from app import explorer as state
+    from app import gateway as state
 
     text = ("The quick brown fox jumps over the lazy dog; 狐狸跳过了懒狗。 " * 2000)[:100_000]
     assert len(text) > state.prompt_char_limit()  # 32 characters per token of the 2048-token cap

@@ -10,7 +10,8 @@ from streamlit.delta_generator import DeltaGenerator
 
 from apptest_util import by_id, decode, fig_with, run_app
 
-from app import explorer, gateway_costs
+from app import gateway
+from app.gateway import costs as gateway_costs
 from app.i18n import t
 from explorer_model import memory
 from explorer_model.analysis import measures as M
@@ -75,7 +76,7 @@ def test_a_prompt_that_cannot_fit_is_refused_without_running(deep, monkeypatch, 
     folder, loaded = deep
     run_app(model=folder, prompt="The capital", view="tokens")  # the model is loaded while memory is plentiful
     monkeypatch.setenv(memory.AVAILABLE_ENV, "1MB")
-    before = explorer.FORWARDS["count"]
+    before = gateway.FORWARDS["count"]
     prompt = f"Attention is all you need ({lang})"
     at = run_app(model=folder, prompt=prompt, view="tokens", lang=lang)
     assert not at.exception
@@ -84,18 +85,18 @@ def test_a_prompt_that_cannot_fit_is_refused_without_running(deep, monkeypatch, 
     runtime = memory.runtime_bytes(loaded.cfg, len(ids), torch.float32) - memory.OVERHEAD
     assert [e.value for e in at.error] == [t("big.refused", lang, tokens=len(ids), size=need,
                                               budget=memory.gb(max(2**20 - runtime, 0)))]
-    assert explorer.FORWARDS["count"] == before and not at.get("plotly_chart")
-    with pytest.raises(explorer.PromptTooBig, match=f"recording these {len(ids)} tokens would need about {need}"):
-        explorer.recording(folder, ids)  # the gateway refuses too, whoever asks
+    assert gateway.FORWARDS["count"] == before and not at.get("plotly_chart")
+    with pytest.raises(gateway.PromptTooBig, match=f"recording these {len(ids)} tokens would need about {need}"):
+        gateway.recording(folder, ids)  # the gateway refuses too, whoever asks
 
 
 def test_recording_progress_comes_through_the_gateway_once_per_layer(deep):
     folder, loaded = deep
     calls = []
     ids = loaded.tokenizer.encode("Tokens become vectors, vectors become")
-    explorer.recording(folder, ids, progress=lambda done, total: calls.append((done, total)))
+    gateway.recording(folder, ids, progress=lambda done, total: calls.append((done, total)))
     assert calls == [(i, 32) for i in range(1, 33)]
-    assert explorer.recording(folder, ids, progress=lambda *a: calls.append(a)) is not None and len(calls) == 32
+    assert gateway.recording(folder, ids, progress=lambda *a: calls.append(a)) is not None and len(calls) == 32
 
 
 def test_a_big_models_recording_shows_a_bar_per_layer(deep, monkeypatch, progress_calls):
@@ -145,13 +146,13 @@ def test_grids_and_sweep_take_a_layer_range_and_views_run_nothing(deep, progress
     for view in views:  # first visits: the SwiGLU view records its own comparison prompts once
         at.segmented_control(key="view").set_value(view).run()
         assert not at.exception and not at.error, (view, [e.value for e in at.error])
-    before = explorer.FORWARDS["count"]
+    before = gateway.FORWARDS["count"]
     for view in views + ("attention",):
         at.segmented_control(key="view").set_value(view).run()
         assert not at.exception and not at.error, (view, [e.value for e in at.error])
     at.sidebar.slider(key="layer").set_value(31).run()
     at.sidebar.slider(key="head").set_value(31).run()
-    assert explorer.FORWARDS["count"] == before  # switching views, layer and head runs no model
+    assert gateway.FORWARDS["count"] == before  # switching views, layer and head runs no model
     np.testing.assert_allclose(decode(by_id(at, "attn_sink")["data"][0]["z"]), sink, atol=1e-4)  # range kept
 
     at.segmented_control(key="view").set_value("whatif").run()
@@ -173,16 +174,16 @@ def test_a_shared_server_holds_a_recording_to_its_cache_budget(deep, monkeypatch
     ids = loaded.tokenizer.encode("Grouped-query attention shares each key")
     need = unique_bytes(record(loaded.model, ids))
     monkeypatch.setenv("LLAMA_EXPLORER_CACHE_MB", str(need / 2 / 2**20))  # room for half of it
-    explorer.result_cache.clear()
+    gateway.result_cache.clear()
     try:
-        local = explorer.prompt_cost(folder, ids)
+        local = gateway.prompt_cost(folder, ids)
         assert local["recording"] == need and not local["refused"]  # locally only free memory counts
         monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
-        shared = explorer.prompt_cost(folder, ids)
+        shared = gateway.prompt_cost(folder, ids)
         assert shared["budget"] == int(need / 2) and shared["refused"]  # `serve --share --cache-mb` bounds it
-        with pytest.raises(explorer.PromptTooBig):
-            explorer.recording(folder, ids)
+        with pytest.raises(gateway.PromptTooBig):
+            gateway.recording(folder, ids)
     finally:
         monkeypatch.delenv("LLAMA_EXPLORER_SHARE", raising=False)
         monkeypatch.delenv("LLAMA_EXPLORER_CACHE_MB")
-        explorer.result_cache.clear()  # the next test gets the default budget back
+        gateway.result_cache.clear()  # the next test gets the default budget back

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from explorer_model import classroom_check as C
-from explorer_model import loadtest as L
+from explorer_model.cli import classroom_check as C
+from explorer_model.cli import loadtest as L
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.app

@@ -1,4 +1,4 @@
-"""The lean decode step (explorer_model/decode.py) against the hooked forward it replaces.
+"""The lean decode step (explorer_model/generate/decode.py) against the hooked forward it replaces.
 
 Compared with torch.equal, not a tolerance: the lean step runs the very kernels of the unhooked forward in the
 same order (stacking projection rows changes no bit of a one-row product), so any difference is a bug, and equal
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from explorer_model import KVCache
-from explorer_model.decode import _Layer, lean_applies, lean_step, pack_for_decode
+from explorer_model.generate.decode import _Layer, lean_applies, lean_step, pack_for_decode
 from explorer_model.recording import record
 from explorer_model.runtime import threads
-from explorer_model.sampling import generate
+from explorer_model.generate.sampling import generate
 from test_model import tiny_model
 
 pytestmark = pytest.mark.kernels  # rerun under other threads and CPU capabilities: test_kernel_matrix.py
@@ -127,7 +127,7 @@ def test_new_weights_are_picked_up():
 
 
 def test_packing_leaves_a_model_that_does_not_fit_twice_as_it_is(monkeypatch):
-    import explorer_model.decode as decode
+    import explorer_model.generate.decode as decode
 
     model = tiny_model()
     before = [p for p in model.parameters()]

@@ -107,7 +107,7 @@ def test_extend_equals_recording_from_scratch_smollm2(loaded):
 
 def test_fast_decode_keeps_the_greedy_tokens_of_full_recompute_smollm2(loaded):
     """The decode path (one-row kernel, KV cache written in place) against re-running the whole sequence."""
-    from explorer_model.sampling import generate
+    from explorer_model.generate.sampling import generate
 
     model, seq = loaded.model, loaded.tokenizer.encode("The capital of France is")
     new = generate(model, seq, 12)

@@ -1,4 +1,4 @@
-"""The gateway's figure cache (app/gateway_figures.py through plots.show): a figure asked for again is not built
+"""The gateway's figure cache (app/gateway/figures.py through plots.show): a figure asked for again is not built
 again, the browser receives exactly the spec of the figure built directly, and a figure is never served for a
 selection, language or prompt other than its own."""
 import logging
@@ -9,8 +9,8 @@ import plotly.io
 import plotly.tools
 import pytest
 
-from app import explorer, plots
-from app.gateway_figures import digest
+from app import gateway, plots
+from app.gateway.figures import digest
 
 logging.getLogger("streamlit").setLevel(logging.ERROR)  # bare mode: no page run around the calls
 
@@ -33,7 +33,7 @@ def sent(monkeypatch):
     def chart(fig, **kw):
         specs.append(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
     monkeypatch.setattr(plots.st, "plotly_chart", chart)
-    explorer.result_cache().discard("figure")
+    gateway.result_cache().discard("figure")
     return specs
 
 
@@ -57,7 +57,7 @@ def test_a_figure_asked_for_again_is_not_built_again_and_is_sent_unchanged(sent)
     direct = plots.heatmap(z, ["x0", "x1", "x2"], ["a", "b"], title="layer 0")
     plots.show(direct, Ctx(), key="test_heat", height=400)
     assert sent[2] == sent[0]  # what the browser receives is the figure's own spec
-    assert any(k[0] == "figure" for k in explorer.result_cache().keys())
+    assert any(k[0] == "figure" for k in gateway.result_cache().keys())
 
 
 @pytest.mark.parametrize("change", [dict(layer=1), dict(lang="zh"), dict(presenter=True)])

@@ -1,4 +1,4 @@
-"""The gateway (app/explorer.py): one cache with one byte budget for every kind of result, one forward counter,
+"""The gateway (app/gateway/__init__.py): one cache with one byte budget for every kind of result, one forward counter,
 and lab experiments in one worker process that never touches the server's torch thread count."""
 import threading
 import time
@@ -10,8 +10,8 @@ import torch
 
 from apptest_util import run_app
 
-from app import explorer
-from app.gateway_state import LANE, SMALL_FORWARD_FLOPS
+from app import gateway
+from app.gateway.state import LANE, SMALL_FORWARD_FLOPS
 from explorer_model.analysis import measures as M
 from explorer_model.lab import normlab as lab
 
@@ -22,8 +22,8 @@ PROMPT = "The cat sat on the mat. The cat sat"
 def fresh_cache(monkeypatch, mb: float):
     """A new gateway cache whose budget comes from the environment, as `serve --cache-mb` sets it."""
     monkeypatch.setenv("LLAMA_EXPLORER_CACHE_MB", str(mb))
-    explorer.result_cache.clear()  # the st.cache_resource singleton: the next call builds it from the env
-    cache = explorer.result_cache()
+    gateway.result_cache.clear()  # the st.cache_resource singleton: the next call builds it from the env
+    cache = gateway.result_cache()
     assert cache.budget == int(mb * 2**20) and cache.stored_bytes() == 0
     return cache
 
@@ -53,16 +53,16 @@ def walk_views(lab_init: bool = True):
 
 def test_one_budget_holds_every_kind_and_counts_forwards(monkeypatch):
     cache = fresh_cache(monkeypatch, 4096)
-    before = explorer.FORWARDS["count"]
+    before = gateway.FORWARDS["count"]
     walk_views()
     kinds = cache.kinds()
     for kind in ("recording", "lens", "whatif", "whatif_kl", "lab_init"):
         assert kinds.get(kind, 0) > 0, (kind, kinds)
     # forwards: prompt recording + lens, changed run + its KL, the twins (2 prompts × 2 twins), one lab experiment
-    assert explorer.FORWARDS["count"] - before == 2 + 2 + 4 + 1
+    assert gateway.FORWARDS["count"] - before == 2 + 2 + 4 + 1
     assert cache.stored_bytes() == sum(kinds.values()) <= cache.budget
     # a recording is counted by its distinct storages (resid_post of L is resid_pre of L+1: once)
-    ids = tuple(explorer.encode_prompt("smollm2", PROMPT, 256)[0])
+    ids = tuple(gateway.encode_prompt("smollm2", PROMPT, 256)[0])
     rec = cache.peek(("recording", "smollm2", ids))
     tensors = [rec[n] for n in rec.names  # not what the recording rebuilds on access
                if "hook_pattern" not in n and "hook_attn_scores" not in n and n not in rec._rebuilt]
@@ -75,9 +75,9 @@ def test_one_budget_holds_every_kind_and_counts_forwards(monkeypatch):
     run = cache.peek(key)
     assert counted_at_least(cache._bytes[key], [t for qk in run["rot"] for t in qk])
     # asking again costs no forward pass
-    n = explorer.FORWARDS["count"]
+    n = gateway.FORWARDS["count"]
     walk_views()
-    assert explorer.FORWARDS["count"] == n
+    assert gateway.FORWARDS["count"] == n
 
 
 def counted_at_least(n: int, tensors) -> bool:
@@ -89,9 +89,9 @@ def test_a_small_budget_evicts_and_stays_bounded(monkeypatch):
     walk_views(lab_init=False)
     assert cache.evictions > 0
     assert len(cache.keys()) == 1 or cache.stored_bytes() <= cache.budget  # only the newest may exceed it
-    n = explorer.FORWARDS["count"]
+    n = gateway.FORWARDS["count"]
     at = run_app(view="residual", prompt=PROMPT)  # evicted: the recording and the lens are made again
-    assert not at.exception and explorer.FORWARDS["count"] >= n + 1
+    assert not at.exception and gateway.FORWARDS["count"] >= n + 1
 
 
 def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monkeypatch):
@@ -99,7 +99,7 @@ def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monk
     restore = torch.get_num_threads()
     torch.set_num_threads(2)  # (this test process plays the server) two threads, so a worker's 1 would show
     server_threads = torch.get_num_threads()
-    assert explorer.lab_worker_threads() == 1  # the worker has its own count
+    assert gateway.lab_worker_threads() == 1  # the worker has its own count
     seen, stop = set(), threading.Event()
 
     def poll() -> None:
@@ -109,7 +109,7 @@ def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monk
     poller = threading.Thread(target=poll)
     poller.start()
     configs = [lab.RaceConfig(depth=2, steps=40, log_every=5, seq=16, batch=4, seed=s) for s in (11, 12)]
-    jobs = [explorer.lab_race(rc, None) for rc in configs]  # started at once
+    jobs = [gateway.lab_race(rc, None) for rc in configs]  # started at once
     positions = []
     while not jobs[1].done():
         positions.append(jobs[1].position())
@@ -120,13 +120,13 @@ def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monk
     torch.set_num_threads(restore)
     assert seen == {server_threads} and server_threads == 2
     assert positions[0] == 1 and positions[-1] == 0 and positions == sorted(positions, reverse=True)
-    assert jobs[0].done() and explorer.lab_queue_length() == 0
+    assert jobs[0].done() and gateway.lab_queue_length() == 0
     with lab.threads(1):  # the same experiment in this process, one thread: the worker's results are these
         for rc, r in zip(configs, results):
             assert lab.race(rc)["curves"] == r["curves"]
-    n = explorer.FORWARDS["count"]
-    again = explorer.lab_race(configs[0], None)  # cached once finished: no second run
-    assert again.done() and again.result()["curves"] == results[0]["curves"] and explorer.FORWARDS["count"] == n
+    n = gateway.FORWARDS["count"]
+    again = gateway.lab_race(configs[0], None)  # cached once finished: no second run
+    assert again.done() and again.result()["curves"] == results[0]["curves"] and gateway.FORWARDS["count"] == n
 
 
 def test_the_lab_view_shows_the_place_in_the_queue():
@@ -177,44 +177,44 @@ def test_gateway_extend_reuses_the_cached_prefix_and_equals_a_fresh_recording(mo
     under the longer prompt is, hook by hook, the recording of that prompt made from scratch."""
     from explorer_model.recording import record
     fresh_cache(monkeypatch, 4096)
-    source = explorer.DEFAULT_SOURCE
-    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
-    explorer.recording(source, ids)
+    source = gateway.DEFAULT_SOURCE
+    ids, _ = gateway.encode_prompt(source, PROMPT, 64)
+    gateway.recording(source, ids)
     calls = []
-    from app import gateway_costs
+    from app.gateway import costs as gateway_costs
     real = gateway_costs.extend_recording
-    monkeypatch.setattr("app.gateway_costs.extend_recording",  # where the timed recording calls it
+    monkeypatch.setattr("app.gateway.costs.extend_recording",  # where the timed recording calls it
                         lambda *a, **kw: calls.append((a[2], kw["keep"])) or real(*a, **kw))
-    grown = explorer.extend(source, ids, 42)
+    grown = gateway.extend(source, ids, 42)
     assert calls == [([42], len(ids))]  # the one-position step, not a whole recording
-    assert explorer.recording(source, list(ids) + [42]) is grown  # stored where the next page run looks
+    assert gateway.recording(source, list(ids) + [42]) is grown  # stored where the next page run looks
     # The SwiGLU view's prompt with one token replaced: the positions from the replaced one on run, no others.
     pos = len(ids) // 2
     changed = list(ids[:pos]) + [7] + list(ids[pos + 1:])
-    replaced = explorer.recording(source, changed, base=ids)
+    replaced = gateway.recording(source, changed, base=ids)
     assert calls[1] == ([7] + list(ids[pos + 1:]), pos)
     for rec, prompt in ((grown, list(ids) + [42]), (replaced, changed)):
-        fresh = record(explorer._model(source).model, prompt)
+        fresh = record(gateway._model(source).model, prompt)
         assert_close_recording(rec, fresh)  # other row counts, other kernels: within float32 rounding
     fresh_cache(monkeypatch, 4096)
     calls.clear()
-    explorer.extend(source, ids, 42)  # nothing cached: the longer prompt is recorded whole
+    gateway.extend(source, ids, 42)  # nothing cached: the longer prompt is recorded whole
     assert calls == []
 
 
 def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(monkeypatch):
     fresh_cache(monkeypatch, 4096)
-    source = explorer.DEFAULT_SOURCE
-    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
-    explorer.logit_lens(source, ids)
+    source = gateway.DEFAULT_SOURCE
+    ids, _ = gateway.encode_prompt(source, PROMPT, 64)
+    gateway.logit_lens(source, ids)
     rows = []
     real = M.lens_top
     monkeypatch.setattr(M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
-    explorer.extend(source, ids, 42)
-    top, prob = explorer.logit_lens(source, list(ids) + [42])
+    gateway.extend(source, ids, 42)
+    top, prob = gateway.logit_lens(source, list(ids) + [42])
     assert rows == [1]  # the new position only
     fresh_cache(monkeypatch, 4096)
-    full_top, full_prob = explorer.logit_lens(source, list(ids) + [42])
+    full_top, full_prob = gateway.logit_lens(source, list(ids) + [42])
     assert rows == [1, len(ids) + 1]
     assert np.array_equal(top, full_top)
     np.testing.assert_allclose(prob, full_prob, rtol=1e-4, atol=1e-6)  # pieces: other row counts
@@ -222,35 +222,35 @@ def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(mo
 
 def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypatch):
     from explorer_model.lab.corpus import HELDOUT_LINE
-    from explorer_model.serve import server_env
+    from explorer_model.cli.serve import server_env
     assert server_env()["LLAMA_EXPLORER_WARM_UP"] == "1"  # what `serve` starts has it; AppTest does not
     cache = fresh_cache(monkeypatch, 4096)
-    monkeypatch.setattr(explorer, "_WARM", {"started": False})
+    monkeypatch.setattr(gateway, "_WARM", {"started": False})
     monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
-    explorer.warm_up()
-    explorer.warm_up()  # once per process
+    gateway.warm_up()
+    gateway.warm_up()  # once per process
     threads = [t for t in threading.enumerate() if t.name == "warm-up"]
     assert len(threads) == 1
     threads[0].join(60)
     for source in lab.TWINS:
-        line = explorer._model(source).tokenizer.encode(HELDOUT_LINE, add_bos=True)
-        assert cache.peek(("recording", explorer._ident(source), tuple(line))) is not None, source
+        line = gateway._model(source).tokenizer.encode(HELDOUT_LINE, add_bos=True)
+        assert cache.peek(("recording", gateway._ident(source), tuple(line))) is not None, source
 
 
 def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(monkeypatch):
     fresh_cache(monkeypatch, 4096)
-    source = explorer.DEFAULT_SOURCE
-    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
+    source = gateway.DEFAULT_SOURCE
+    ids, _ = gateway.encode_prompt(source, PROMPT, 64)
     n = len(ids)
     rows = []
     real = M.lens_top
     monkeypatch.setattr(M, "lens_top", lambda m, x: rows.append(x.shape[1]) or real(m, x))
-    narrow = explorer.logit_lens(source, ids, n - 4)
-    wide = explorer.logit_lens(source, ids, n - 9)
+    narrow = gateway.logit_lens(source, ids, n - 4)
+    wide = gateway.logit_lens(source, ids, n - 9)
     assert rows == [4, 5]  # the last 4 positions, then the 5 left of them
     assert narrow[0].shape[1] == 4 and wide[0].shape[1] == 9
     fresh_cache(monkeypatch, 4096)
-    at_once = explorer.logit_lens(source, ids, n - 9)
+    at_once = gateway.logit_lens(source, ids, n - 9)
     assert rows == [4, 5, 9]
     assert np.array_equal(wide[0], at_once[0]) and np.array_equal(wide[1], at_once[1])
 
@@ -261,38 +261,38 @@ def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypa
     from explorer_model.memory import forward_flops
     fresh_cache(monkeypatch, 512)
     source = lab.TWINS[0]
-    ids, _ = explorer.encode_prompt(source, "The quick brown fox", 64)
-    assert forward_flops(explorer._model(source).model.cfg, len(ids)) < SMALL_FORWARD_FLOPS
-    big = explorer._model(explorer.DEFAULT_SOURCE).model.cfg
+    ids, _ = gateway.encode_prompt(source, "The quick brown fox", 64)
+    assert forward_flops(gateway._model(source).model.cfg, len(ids)) < SMALL_FORWARD_FLOPS
+    big = gateway._model(gateway.DEFAULT_SOURCE).model.cfg
     assert forward_flops(big, 16) > 4 * SMALL_FORWARD_FLOPS  # a short prompt on a big model
     held, done = threading.Event(), threading.Event()
 
     def hold():
-        with explorer._FORWARD:
+        with gateway._FORWARD:
             held.set()
             done.wait(60)
     other = threading.Thread(target=hold)
     other.start()
     try:
         assert held.wait(30)
-        rec = explorer.recording(source, ids)
+        rec = gateway.recording(source, ids)
         assert other.is_alive()  # it returned while the lock was still held
     finally:
         done.set()
         other.join()
     fresh_cache(monkeypatch, 512)
-    alone = explorer.recording(source, ids)
+    alone = gateway.recording(source, ids)
     assert all(torch.equal(rec[n], alone[n]) for n in alone.names)
 
 
 def test_view_data_is_computed_with_the_drawing_lane_given_up(monkeypatch):
-    """explorer.derived (and compare mode's pair_derived) compute from cached recordings outside the drawing
+    """gateway.derived (and compare mode's pair_derived) compute from cached recordings outside the drawing
     lane, so another visitor's page draws meanwhile; the page has the lane back when the data returns."""
     from test_lanes import lane_is_free
     fresh_cache(monkeypatch, 4096)
-    source = explorer.DEFAULT_SOURCE
-    ids, _ = explorer.encode_prompt(source, PROMPT, 64)
-    explorer.recording(source, ids)
+    source = gateway.DEFAULT_SOURCE
+    ids, _ = gateway.encode_prompt(source, PROMPT, 64)
+    gateway.recording(source, ids)
     seen = []
 
     def data(rec, layer):
@@ -300,11 +300,11 @@ def test_view_data_is_computed_with_the_drawing_lane_given_up(monkeypatch):
         return rec.pattern(layer)[0, 0].numpy().copy()
 
     with LANE.held():
-        first = explorer.derived("lane_probe", source, ids, data, 3)
+        first = gateway.derived("lane_probe", source, ids, data, 3)
         assert LANE.holding() and not lane_is_free(LANE)
         side = (source, ids, "")
-        pair = explorer.pair_derived("lane_probe", (side, side), lambda a, b: seen.append(
+        pair = gateway.pair_derived("lane_probe", (side, side), lambda a, b: seen.append(
             (lane_is_free(LANE), LANE.holding())) or 1)
         assert LANE.holding()
     assert seen == [(True, False), (True, False)] and pair == 1
-    assert np.array_equal(first, explorer.recording(source, ids).pattern(3)[0, 0].numpy())
+    assert np.array_equal(first, gateway.recording(source, ids).pattern(3)[0, 0].numpy())

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from apptest_util import all_text, forwards, run_app
 
-from app import explorer, lab_jobs, plots
-from app.result_cache import ResultCache
+from app import gateway, plots
+from app.gateway import lab_jobs
+from app.gateway.result_cache import ResultCache
 from explorer_model import interventions as I
 
 MODEL = "tiny-pre"
@@ -25,17 +26,17 @@ PROMPT = "The cat sat on the mat because it was warm"
 
 @pytest.fixture
 def ids():
-    return tuple(explorer.encode_prompt(MODEL, PROMPT, 64)[0])
+    return tuple(gateway.encode_prompt(MODEL, PROMPT, 64)[0])
 
 
 @pytest.fixture
 def shared(monkeypatch):
     monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
-    explorer.result_cache.clear()  # rebuilt with the shared server's rules
+    gateway.result_cache.clear()  # rebuilt with the shared server's rules
     yield monkeypatch
     monkeypatch.delenv("LLAMA_EXPLORER_SHARE")
     monkeypatch.delenv("LLAMA_EXPLORER_CACHE_MB", raising=False)
-    explorer.result_cache.clear()
+    gateway.result_cache.clear()
 
 
 # --------------------------------------------------------------------------- one cost check for every run
@@ -48,9 +49,9 @@ def test_a_what_if_list_collapses_repeats_and_is_bounded():
 
 @pytest.mark.parametrize("lang, lead", [("en", "Not run:"), ("zh", "未运行")])
 def test_the_long_what_if_link_is_refused_in_one_line_before_anything_runs(lang, lead):
-    cfg = explorer.facts(MODEL).cfg
+    cfg = gateway.facts(MODEL).cfg
     many = ",".join(f"scale:blocks.0.hook_resid_post={1 + i / 1e4}" for i in range(cfg.n_layers * cfg.n_heads + 5))
-    explorer.recording(MODEL, explorer.encode_prompt(MODEL, PROMPT, 256)[0])  # A is cached: only B could run
+    gateway.recording(MODEL, gateway.encode_prompt(MODEL, PROMPT, 256)[0])  # A is cached: only B could run
     before = forwards()
     at = run_app(view="tokens", prompt=PROMPT, model=MODEL, lang=lang, cmp="whatif", cmp_iv=many)
     assert not at.exception
@@ -60,44 +61,44 @@ def test_the_long_what_if_link_is_refused_in_one_line_before_anything_runs(lang,
 
 
 RUNS = {
-    "recording": lambda ids: explorer.recording(MODEL, ids[:-1]),
-    "compare B": lambda ids: explorer.changed_recording(MODEL, ids, "no-mask"),
-    "what-if": lambda ids: explorer.whatif_run(MODEL, ids, "no-rope"),
-    "what-if KL": lambda ids: explorer.whatif_kl(MODEL, ids, "skip:blocks.0.mlp"),
-    "logit lens": lambda ids: explorer.logit_lens(MODEL, ids, 0),
-    "head sweep": lambda ids: explorer.head_sweep(MODEL, ids, 1, False),
-    "generation": lambda ids: explorer.continuation(MODEL, ids, 8),
+    "recording": lambda ids: gateway.recording(MODEL, ids[:-1]),
+    "compare B": lambda ids: gateway.changed_recording(MODEL, ids, "no-mask"),
+    "what-if": lambda ids: gateway.whatif_run(MODEL, ids, "no-rope"),
+    "what-if KL": lambda ids: gateway.whatif_kl(MODEL, ids, "skip:blocks.0.mlp"),
+    "logit lens": lambda ids: gateway.logit_lens(MODEL, ids, 0),
+    "head sweep": lambda ids: gateway.head_sweep(MODEL, ids, 1, False),
+    "generation": lambda ids: gateway.continuation(MODEL, ids, 8),
 }
 
 
 @pytest.mark.parametrize("run", RUNS, ids=list(RUNS))
 def test_every_run_is_refused_before_it_starts_when_it_would_hold_the_lock_too_long(run, ids, shared):
-    explorer.recording(MODEL, ids)  # A, recorded while the bound allows it
+    gateway.recording(MODEL, ids)  # A, recorded while the bound allows it
     shared.setenv("LLAMA_EXPLORER_MAX_RUN_SECONDS", "1e-9")
     before = forwards()
-    with pytest.raises(explorer.RunRefused) as e:
+    with pytest.raises(gateway.RunRefused) as e:
         RUNS[run](ids)
     assert forwards() == before and e.value.key == "run.too_long" and "\n" not in str(e.value)
 
 
 def test_the_time_bound_is_twenty_seconds_on_a_shared_server_and_none_locally(monkeypatch):
-    assert explorer.max_run_seconds() is None
+    assert gateway.max_run_seconds() is None
     monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
-    assert explorer.max_run_seconds() == 20.0
+    assert gateway.max_run_seconds() == 20.0
     monkeypatch.setenv("LLAMA_EXPLORER_MAX_RUN_SECONDS", "nan")
-    assert explorer.max_run_seconds() is None
+    assert gateway.max_run_seconds() is None
 
 
 # --------------------------------------------------------------------------- compare mode's B and the budget
 def test_compare_b_over_the_shared_budget_is_refused_before_running(ids, shared):
-    need = explorer.prompt_cost(MODEL, ids)["recording"]
+    need = gateway.prompt_cost(MODEL, ids)["recording"]
     shared.setenv("LLAMA_EXPLORER_CACHE_MB", str(need / 2 / 2**20))
-    explorer.result_cache.clear()
+    gateway.result_cache.clear()
     before = forwards()
-    with pytest.raises(explorer.RunRefused) as e:
-        explorer.changed_recording(MODEL, ids, "no-mask")
+    with pytest.raises(gateway.RunRefused) as e:
+        gateway.changed_recording(MODEL, ids, "no-mask")
     assert e.value.key == "run.too_big" and forwards() == before
-    assert explorer.stored_bytes() == 0
+    assert gateway.stored_bytes() == 0
 
 
 def test_a_shared_cache_never_stores_an_entry_larger_than_its_budget():
@@ -108,18 +109,18 @@ def test_a_shared_cache_never_stores_an_entry_larger_than_its_budget():
 
 # --------------------------------------------------------------------------- .npz downloads
 def test_an_npz_download_is_built_on_disk_and_leaves_no_file(ids):
-    handle = explorer.recording_npz(MODEL, ids)
+    handle = gateway.recording_npz(MODEL, ids)
     assert not os.path.exists(handle.name)  # unlinked once open: nothing left behind
     arrays = np.load(handle)
     assert arrays["token_ids"].ravel().tolist() == list(ids) and "blocks.0.attn.hook_pattern" in arrays.files
-    assert os.fstat(handle.fileno()).st_size == pytest.approx(explorer.npz_bytes(MODEL, len(ids)), rel=0.03)  # + zip headers
-    assert "npz" not in explorer.result_cache().kinds()  # not kept in memory beside the recording
+    assert os.fstat(handle.fileno()).st_size == pytest.approx(gateway.npz_bytes(MODEL, len(ids)), rel=0.03)  # + zip headers
+    assert "npz" not in gateway.result_cache().kinds()  # not kept in memory beside the recording
 
 
 def test_an_npz_over_the_cap_is_refused_in_one_line_before_a_click(ids, monkeypatch):
-    monkeypatch.setenv("LLAMA_EXPLORER_EXPORT_MB", str(explorer.npz_bytes(MODEL, len(ids)) / 2 / 2**20))
-    with pytest.raises(explorer.RunRefused):
-        explorer.recording_npz(MODEL, ids)
+    monkeypatch.setenv("LLAMA_EXPLORER_EXPORT_MB", str(gateway.npz_bytes(MODEL, len(ids)) / 2 / 2**20))
+    with pytest.raises(gateway.RunRefused):
+        gateway.recording_npz(MODEL, ids)
     at = run_app(view="tokens", prompt=PROMPT, model=MODEL, lang="zh")
     assert not at.exception
     assert not [b for b in at.get("download_button") if b.proto.id.endswith("download_npz")] or \
@@ -150,15 +151,15 @@ def fake_lab(monkeypatch):
 
 def test_the_lab_queue_holds_one_experiment_per_visitor_and_a_room_cap(fake_lab):
     first = fake_lab.submit("a", "x")
-    with pytest.raises(explorer.LabBusy) as e:
+    with pytest.raises(gateway.LabBusy) as e:
         fake_lab.submit("a", "y")  # a second experiment while the first waits
     assert e.value.key == "lab.one_each"
     assert fake_lab.submit("b", "x") is first  # joining the same experiment is free
     fake_lab.submit("c", "y")
     fake_lab.submit("d", "z")
-    with pytest.raises(explorer.LabBusy) as e:
+    with pytest.raises(gateway.LabBusy) as e:
         fake_lab.submit("e", "w")
-    assert e.value.key == "lab.queue_full" and explorer.lab_queue_length() == 3
+    assert e.value.key == "lab.queue_full" and gateway.lab_queue_length() == 3
 
 
 def test_waiting_experiments_of_visitors_who_left_are_dropped(fake_lab, monkeypatch):
@@ -166,7 +167,7 @@ def test_waiting_experiments_of_visitors_who_left_are_dropped(fake_lab, monkeypa
     fake_lab.submit("a", "x")  # running
     waiting = [fake_lab.submit(v, v) for v in "bcd"]
     fake_lab.gone.update("bc")
-    assert explorer.lab_queue_length() == 2  # a's and d's
+    assert gateway.lab_queue_length() == 2  # a's and d's
     assert waiting[0].future.cancelled() and waiting[1].future.cancelled() and not waiting[2].future.cancelled()
     fake_lab.submit("e", "e")  # there is room again
 
@@ -177,7 +178,7 @@ def test_share_mode_errors_name_the_model_never_a_server_path(tmp_path, shared):
     folder.mkdir()
     (folder / "theta_inf.gguf").write_bytes(b"GGUF" + b"\xff" * 60)
     shared.setenv("LLAMA_EXPLORER_MODELS_DIR", str(folder))
-    facts, err = explorer.try_load("theta_inf.gguf")
+    facts, err = gateway.try_load("theta_inf.gguf")
     assert facts is None and "theta_inf.gguf" in err and str(tmp_path) not in err and "/" not in err, err
     at = run_app(view="tokens", prompt=PROMPT, model="theta_inf.gguf")
     assert not at.exception
@@ -190,16 +191,16 @@ def test_a_visitors_clear_cache_message_keeps_the_rooms_caches(ids):
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.runtime.app_session import AppSession
 
-    loaded, cache = explorer._model(MODEL), explorer.result_cache()
-    rec = explorer.recording(MODEL, ids)
+    loaded, cache = gateway._model(MODEL), gateway.result_cache()
+    rec = gateway.recording(MODEL, ids)
     session = types.SimpleNamespace(_session_state=types.SimpleNamespace(clear=lambda: None))
     session._handle_clear_cache_request = lambda: AppSession._handle_clear_cache_request(session)
     msg = BackMsg()
     msg.clear_cache = True
     AppSession.handle_backmsg(session, msg)  # what the server does with the message a browser sends
-    assert explorer.result_cache() is cache and explorer._model(MODEL) is loaded
+    assert gateway.result_cache() is cache and gateway._model(MODEL) is loaded
     before = forwards()
-    assert explorer.recording(MODEL, ids) is rec and forwards() == before
+    assert gateway.recording(MODEL, ids) is rec and forwards() == before
 
 
 # --------------------------------------------------------------------------- CSV formulas

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from explorer_model import cli, export
+from explorer_model import cli
+from explorer_model import export
 from explorer_model.loaders import LoadError, load
 from explorer_model.tokenizer import MAX_PROMPT_CHARS, PromptError, check_prompt
 
@@ -160,7 +161,7 @@ def test_out_of_memory_is_one_line(monkeypatch, previous, capsys, error):
 
 
 def test_other_runtime_errors_are_one_line_too(monkeypatch, capsys):
-    import explorer_model.sampling as sampling
+    import explorer_model.generate.sampling as sampling
 
     monkeypatch.setattr(sampling, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("shape '[1, -1]'")))
     line = one_line(cli.main(["generate", "smollm2", "--prompt", "hi"]), capsys.readouterr().err, "RuntimeError")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer_model.serve import free_port
+from explorer_model.cli.serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.app

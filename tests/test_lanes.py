@@ -1,8 +1,8 @@
-"""The drawing lane (app/lanes.py): one page run draws at a time, and a page run gives the lane up while it waits
+"""The drawing lane (app/gateway/lanes.py): one page run draws at a time, and a page run gives the lane up while it waits
 for or runs a forward pass, so other pages draw meanwhile and a forward pass competes with one drawer at most."""
 import threading
 
-from app.lanes import DrawingLane, FifoLock, ForwardLock
+from app.gateway.lanes import DrawingLane, FifoLock, ForwardLock
 
 
 def in_thread(fn):
@@ -126,7 +126,7 @@ def test_a_waiter_on_the_forward_lock_finds_the_result_it_waited_for():
     storing it takes a while (here: a slow put)."""
     import time
 
-    from app.result_cache import ResultCache
+    from app.gateway.result_cache import ResultCache
 
     cache, lock, computed = ResultCache(2**30), threading.RLock(), []
     real_put = cache.put

@@ -142,7 +142,7 @@ def test_serve_lecture_passes_the_file_to_the_server(monkeypatch, tmp_path):
     from explorer_model import cli
 
     seen = {}
-    monkeypatch.setattr("explorer_model.serve.supervise", lambda commands, envs, restart: seen.update(env=envs[0]))
+    monkeypatch.setattr("explorer_model.cli.serve.supervise", lambda commands, envs, restart: seen.update(env=envs[0]))
     shipped = ROOT / "assets" / "lectures" / "tutorial-000.toml"
     assert cli.main(["serve", "--port", "8599", "--lecture", str(shipped)]) in (0, None)
     assert seen["env"]["LLAMA_EXPLORER_LECTURE"] == str(shipped.resolve())
@@ -151,7 +151,7 @@ def test_serve_lecture_passes_the_file_to_the_server(monkeypatch, tmp_path):
 def test_serve_refuses_a_lecture_with_mistakes_in_one_line(monkeypatch, tmp_path, capsys):
     from explorer_model import cli
 
-    monkeypatch.setattr("explorer_model.serve.supervise", lambda *a, **k: pytest.fail("server started"))
+    monkeypatch.setattr("explorer_model.cli.serve.supervise", lambda *a, **k: pytest.fail("server started"))
     bad = tmp_path / "bad.toml"
     bad.write_text(lecture_text('layer = "x"\nmodel = "/etc/passwd"'), encoding="utf-8")
     assert cli.main(["serve", "--lecture", str(bad)]) == 2
@@ -166,7 +166,7 @@ def test_serve_share_prints_a_presenter_link_with_the_rooms_secret_key(monkeypat
 
     seen = {}
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setattr("explorer_model.serve.supervise", lambda commands, envs, restart: seen.update(env=envs[0]))
+    monkeypatch.setattr("explorer_model.cli.serve.supervise", lambda commands, envs, restart: seen.update(env=envs[0]))
     assert cli.main(["serve", "--share", "--port", "8598"]) in (0, None)
     key = seen["env"]["LLAMA_EXPLORER_ROOM_KEY"]
     assert len(key) >= 20 and f"?room_key={key}&presenter=1" in capsys.readouterr().out

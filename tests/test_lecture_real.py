@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from apptest_util import run_app
 
-from app import explorer
+from app import gateway
 from app import lecture_player as P
 from app.presets import BY_KEY
 from explorer_model import lecture as L
@@ -23,11 +23,11 @@ def check_lesson(at, step: dict) -> None:
     preset = BY_KEY[step["lesson"]]
     ss = at.session_state
     source = ss["active_model"]
-    body, _ = explorer.encode_prompt(source, preset.prompt, 10_000)
+    body, _ = gateway.encode_prompt(source, preset.prompt, 10_000)
     if preset.kind == "compare":
-        target = explorer.compare_lesson(source, preset.key, tuple(body))
+        target = gateway.compare_lesson(source, preset.key, tuple(body))
     else:
-        target = explorer.lesson_target(source, preset.key, tuple(body))
+        target = gateway.lesson_target(source, preset.key, tuple(body))
     assert (ss["view"], ss["layer"], ss["head"]) == (target["view"], target["layer"], target["head"])
     template = step["caption"][ss["lang"] if "lang" in ss else "en"]
     shown = caption_markdown(at, template)
@@ -72,7 +72,7 @@ def test_a_server_prepares_every_steps_recording_in_the_background(monkeypatch):
 
     from apptest_util import forwards
 
-    explorer.result_cache().clear()
+    gateway.result_cache().clear()
     monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
     data = (P.SHIPPED / "tutorial-001.toml").read_bytes() + b"\n# prepared by the test\n"
     lecture, _ = L.parse(data, P.view_keys(), P.lessons())

@@ -113,9 +113,9 @@ def bench():
 @pytest.mark.slow
 @pytest.mark.kernels
 def test_same_prompt_is_bit_identical_across_threads_cache_and_processes(bench):
-    from app import explorer
+    from app import gateway
 
-    report = bench.determinism(explorer._model("smollm2"), "The bank near the river collapsed.", threads=3)
+    report = bench.determinism(gateway._model("smollm2"), "The bank near the river collapsed.", threads=3)
     assert report["identical"], report
     assert report["cache_recomputed"] > 1  # the cache really recomputed the same prompt
     assert len(report["digests"]) == 3
@@ -123,12 +123,19 @@ def test_same_prompt_is_bit_identical_across_threads_cache_and_processes(bench):
 
 @pytest.mark.slow
 def test_five_visitors_no_errors_memory_bounded(bench):
-    args = bench.parse_args(["--visitors", "5", "--prompts", "2", "--think", "0.3", "--ramp", "2",
-                             "--timeout", "60", "--max-seconds", "150", "--cache-mb", "256", "--no-determinism"])
+    # four ordinary visitors and an adversarial one (a what-if link of 2,500 changes, a long prompt against its
+    # no-mask twin, the .npz download, the lab button pressed again and again): each of its asks is answered or
+    # refused in one line, and nobody sees an error
+    args = bench.parse_args(["--visitors", "5", "--adversaries", "1", "--prompts", "2", "--think", "0.3", "--ramp",
+                             "2", "--timeout", "60", "--max-seconds", "150", "--cache-mb", "256", "--no-determinism"])
     report = bench.run(args)
     assert report["errors"] == 0, report["error_examples"]
     assert report["server_log_tracebacks"] == 0
-    assert report["actions"] == 5 * (1 + 6 * 2)
+    assert report["actions"] == 4 * (1 + 6 * 2)
+    answers = report["adversaries"]["answers"]
+    assert answers["adv_long_whatif refused"] == 2, answers  # more changes than the model has heads, each round
+    assert answers["adv_download refused"] == 2, answers  # a long prompt's .npz is over this server's 128 MB cap
+    assert set(report["adversaries"]["latency_s"]) == {"adv_long_whatif", "adv_huge_b", "adv_lab_flood"}
     mem = report["memory_mb"]
     assert 0 < mem["peak_rss"] < mem["bound"], mem
     assert set(report["latency_s"]) >= {"open", "new_prompt", "switch_view", "switch_layer", "switch_head"}
@@ -144,11 +151,11 @@ def test_a_visitors_session_does_not_keep_evicted_recordings(monkeypatch):
     sys.path.insert(0, str(Path(__file__).parent))
     from apptest_util import run_app
 
-    from app import explorer
+    from app import gateway
     from app.panels import VIEWS
     from explorer_model.recording import Recording
 
-    cache = explorer.result_cache()
+    cache = gateway.result_cache()
     monkeypatch.setattr(cache, "budget", 1)  # keep only the newest recording
     at = run_app(view="tokens", prompt="The first prompt of this visitor.")
     for text in ("A second prompt, to evict the first.", "And a third one."):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from explorer_model import KVCache, LlamaModel, ModelConfig
 from explorer_model.recording import record, recorder
 from explorer_model.rope import adjacent_to_hf, apply_rope, cos_sin, hf_to_adjacent, inverse_frequencies
-from explorer_model.sampling import generate
+from explorer_model.generate.sampling import generate
 
 
 def tiny_config(**kw) -> ModelConfig:

@@ -1,4 +1,4 @@
-"""The compiled decode step (explorer_model/native_step.c) against decode.py's lean step, which is bit-identical to
+"""The compiled decode step (explorer_model/generate/native_step.c) against decode.py's lean step, which is bit-identical to
 the hooked forward (tests/test_decode.py).
 
 The C step sums in another order, so logits are compared with a bound (relative to the logits' spread) and
@@ -9,10 +9,10 @@ pass a short logits check at position 0 but not these.
 import pytest
 import torch
 
-import explorer_model.native_step as native
+import explorer_model.generate.native_step as native
 from explorer_model import KVCache
-from explorer_model.decode import lean_step, pack_for_decode
-from explorer_model.sampling import generate
+from explorer_model.generate.decode import lean_step, pack_for_decode
+from explorer_model.generate.sampling import generate
 from test_model import tiny_model
 
 pytestmark = pytest.mark.kernels  # rerun under other threads and CPU capabilities: test_kernel_matrix.py
@@ -65,7 +65,7 @@ def test_native_step_follows_the_lean_step_tiny_gqa(biased):
 def test_generate_takes_the_native_step_with_the_lean_steps_tokens(biased, monkeypatch):
     calls = []
     real = native.native_forward
-    monkeypatch.setattr("explorer_model.sampling.native_forward", lambda m, t, c: calls.append(len(t)) or real(m, t, c))
+    monkeypatch.setattr("explorer_model.generate.sampling.native_forward", lambda m, t, c: calls.append(len(t)) or real(m, t, c))
     prompt = [5, 6, 7]
     assert generate(biased, prompt, 12) == native_against_lean(biased, prompt, 12)
     assert calls == [3] + [1] * 11  # the prompt, then every step but the last token's, which is chosen, not run

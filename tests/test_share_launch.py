@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer_model.serve import free_port
+from explorer_model.cli.serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def foreign_origin_websocket(port: int) -> bytes:
 
 
 def test_share_mode_makes_no_outbound_connection(tmp_path):
-    from explorer_model.serve import lan_addresses
+    from explorer_model.cli.serve import lan_addresses
 
     (tmp_path / "hook").mkdir()
     (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
@@ -106,7 +106,7 @@ def test_the_hook_sees_an_outbound_connection(tmp_path):
 
 
 def test_lan_addresses_are_interfaces_not_loopback():
-    from explorer_model.serve import lan_addresses
+    from explorer_model.cli.serve import lan_addresses
 
     addrs = lan_addresses()
     assert all(not a.startswith("127.") for a in addrs)

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import explorer, plots
+from app import gateway, plots
 from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
@@ -98,14 +98,14 @@ def _text_fallback(facts, ids: list[int]):
 
 
 def _step(source: str, ids: tuple, new: int, entry: dict, append) -> None:
-    explorer.extend(source, ids, new)  # one KV-cache step; the next run reads it from the cache
+    gateway.extend(source, ids, new)  # one KV-cache step; the next run reads it from the cache
     st.session_state.setdefault("pred_history", []).append(entry)
     append(new)
 
 
 def _continue(source: str, ids: tuple, n: int, sampling: tuple, how: str, facts, append_many) -> None:
-    """Up to n tokens at once, decoded without recording (explorer.continuation), appended as one step."""
-    new = explorer.continuation(source, ids, n, *sampling)
+    """Up to n tokens at once, decoded without recording (gateway.continuation), appended as one step."""
+    new = gateway.continuation(source, ids, n, *sampling)
     if not new:
         return
     labels = fragment_labels([facts.token_bytes(int(i)) for i in [*ids, *new]])[-len(new):]

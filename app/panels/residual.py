@@ -9,14 +9,14 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import explorer, plots
+from app import gateway, plots
 from app.context import ViewContext
 from app.panels import generation
 from explorer_model.analysis import views_data as V
 
 # The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2 at 40 positions: 68 GFLOP, several
 # times its whole recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
-# default, up to LENS_MAX_POS on request (only the added positions run: explorer.logit_lens).
+# default, up to LENS_MAX_POS on request (only the added positions run: gateway.logit_lens).
 LENS_POS, LENS_MAX_POS = 16, 64
 
 
@@ -125,7 +125,7 @@ def draw_lens(ctx: ViewContext) -> None:
     st.subheader(t("residual.logit_lens"))
     start = T - lens_positions(ctx)
     with st.spinner(t("residual.applying_the_output_layer_to")):
-        top_ids, top_probs = explorer.logit_lens(ctx.source, ctx.ids, start)
+        top_ids, top_probs = gateway.logit_lens(ctx.source, ctx.ids, start)
     ids = [int(i) for i in ctx.ids]
     text = [[generation.candidate_label(ctx.facts, ids[:start + p + 1], int(i)) for p, i in enumerate(row)]
             for row in top_ids]

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import explorer, plots
+from app import gateway, plots
 from app.context import ViewContext, plain
 from app.panels import costs, shapes
 from explorer_model.analysis import lesson
@@ -150,8 +150,8 @@ def draw_bos(ctx: ViewContext) -> None:
                   on_click=lambda: st.session_state.update(tokens_bos_compare=True))
         return
     # Two recordings (one of them is the page's own, cached): attention to the first position with and without BOS
-    rec_bare = ctx.rec if tuple(ctx.ids) == bare else explorer.recording(ctx.source, bare)
-    rec_bos = ctx.rec if tuple(ctx.ids) == with_bos else explorer.recording(ctx.source, with_bos)
+    rec_bare = ctx.rec if tuple(ctx.ids) == bare else gateway.recording(ctx.source, bare)
+    rec_bos = ctx.rec if tuple(ctx.ids) == with_bos else gateway.recording(ctx.source, with_bos)
     # labels for the figure come from the page's token labels (plain() is for markdown only)
     first_label = ctx.pieces[1] if first else ctx.pieces[0]
     bos_label = ctx.pieces[0] if first else facts.piece(facts.bos_id)
@@ -165,7 +165,7 @@ def draw_embedding(ctx: ViewContext) -> None:
     st.subheader(t("tokens.embed.title"))
     emb = ctx.rec["hook_embed"][0].float().numpy()  # [T, D]
     tid = ctx.ids[ctx.token]
-    weight_row = explorer.embedding_rows(ctx.source, [tid])[0]
+    weight_row = gateway.embedding_rows(ctx.source, [tid])[0]
     choices = [d for d in DIM_CHOICES if d < ctx.cfg.d_model] + [ctx.cfg.d_model]
     n_dims = st.select_slider(t("tokens.embed.dims"), choices, value=min(64, ctx.cfg.d_model),
                               key="tokens_embed_dims")

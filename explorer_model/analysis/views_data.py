@@ -10,7 +10,7 @@ import torch
 
 from ..model import attention_pattern, causal_scores
 from ..rope import apply_rope, inverse_frequencies, model_inverse_frequencies
-from ..sampling import filter_steps
+from ..generate.sampling import filter_steps
 
 
 # --------------------------------------------------------------------------- norms of recorded vectors

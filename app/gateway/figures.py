@@ -1,0 +1,84 @@
+"""The gateway's figure cache: a figure built once per (recording, view, selection, language, presenter) and kept
+in the one result cache, counted by its bytes, so a view switch back to a recording already seen, or a rerun that
+changes nothing the figure shows, costs no figure building.
+
+A figure is named by what it is built from: the build function (module and name) and the values it closes over,
+digested (arrays by dtype, shape and bytes; a ViewContext by its recording and selection; functions by name). A
+build function reads nothing else: no widget state, no session state (the panel reads those and the closure
+captures them), so equal digests mean equal figures. A value of a kind the digest does not know makes the figure
+uncached (built every time) rather than risk showing another selection's figure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import types
+from typing import Callable
+
+import numpy as np
+
+from app.gateway.state import result_cache
+
+class Undigestable(TypeError):
+    """A closed-over value whose identity the digest cannot tell: the figure is built, not cached."""
+
+
+def _feed(h, value, depth: int = 0) -> None:
+    if depth > 6:
+        raise Undigestable("nested too deep")
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    elif isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        h.update(f"nd:{arr.dtype}:{arr.shape};".encode())
+        h.update(arr.view(np.uint8).data if arr.dtype != object else repr(arr.tolist()).encode())
+    elif isinstance(value, np.generic):
+        h.update(f"np:{value.dtype}:{value!r};".encode())
+    elif isinstance(value, (list, tuple)):
+        h.update(f"{type(value).__name__}[{len(value)}](".encode())
+        for v in value:
+            _feed(h, v, depth + 1)
+        h.update(b")")
+    elif isinstance(value, dict):
+        h.update(f"dict[{len(value)}](".encode())
+        for k in sorted(value, key=repr):
+            _feed(h, k, depth + 1)
+            _feed(h, value[k], depth + 1)
+        h.update(b")")
+    elif isinstance(value, types.MethodType):  # e.g. ctx.t: its object decides what it says (the language)
+        h.update(f"method:{value.__func__.__qualname__};".encode())
+        _feed(h, value.__self__, depth + 1)
+    elif isinstance(value, types.FunctionType):
+        h.update(f"fn:{value.__module__}.{value.__qualname__};".encode())
+        for cell in value.__closure__ or ():
+            _feed(h, cell.cell_contents, depth + 1)
+    elif hasattr(value, "figure_digest"):  # a ViewContext, a ModelFacts: what of it a figure may read
+        _feed(h, value.figure_digest(), depth + 1)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. a model's config
+        h.update(f"dc:{type(value).__qualname__}(".encode())
+        for f in dataclasses.fields(value):
+            _feed(h, getattr(value, f.name), depth + 1)
+        h.update(b")")
+    else:
+        raise Undigestable(type(value).__name__)
+
+
+def digest(build: Callable) -> str | None:
+    """What names the figure `build` makes, or None when one of its closed-over values cannot be digested."""
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        _feed(h, build)
+    except (Undigestable, ValueError):
+        return None
+    return h.hexdigest()
+
+
+def figure(build: Callable, finish: Callable, tag: tuple = ()):
+    """finish(build()), cached under the digest of `build` and `tag` (what `finish` adds: presenter mode, a height);
+    built every time when `build` closes over something the digest cannot name. What `finish` returns is what is
+    kept: for a figure, its serialized form (plain dicts, lists and strings, measured by the cache like any result),
+    not Plotly's graph objects."""
+    name = digest(build)
+    if name is None:
+        return finish(build())
+    return result_cache().get(("figure", name, tag), lambda: finish(build()))

@@ -1,0 +1,131 @@
+"""Server settings read from the environment (set by `llama-explorer serve`), and which models a visitor may pick.
+
+A shared (classroom) server lists models by name only: the default, the shipped teaching models, and the
+entries of the teacher's folder (LLAMA_EXPLORER_MODELS_DIR). Visitors never see a server path, and an entry
+that is a symlink leading out of the folder is not offered.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from explorer_model.paths import ASSETS
+
+DEFAULT_SOURCE = "smollm2"
+DEFAULT_MAX_TOKENS = 256
+MODEL_FILES = ("config.json", "params.json", "explorer_config.json")
+
+
+def shared() -> bool:
+    """Classroom mode (`llama-explorer serve --share`): visitors pick from a list, never type a path."""
+    return os.environ.get("LLAMA_EXPLORER_SHARE") == "1"
+
+
+def token_cap() -> int:
+    return int(os.environ.get("LLAMA_EXPLORER_MAX_TOKENS", 512 if shared() else 2048))
+
+
+def prompt_char_limit() -> int:
+    """Characters a visitor's prompt may have, checked before tokenizing: tokenizing costs memory per character,
+    and more than ~32 characters per token of the cap could never be used anyway."""
+    from explorer_model.tokenizer import MAX_PROMPT_CHARS
+
+    return min(MAX_PROMPT_CHARS, 32 * token_cap())
+
+
+def lab_enabled() -> bool:
+    """`serve --no-lab` turns the norm lab's heavy experiments (training races, gradient probes) off; results
+    already computed (and the shipped curves) are still shown."""
+    return os.environ.get("LLAMA_EXPLORER_LAB", "1") != "0"
+
+
+def max_run_seconds() -> float | None:
+    """The longest a visitor's run may hold the forward lock (estimated before it starts), or None for no bound:
+    LLAMA_EXPLORER_MAX_RUN_SECONDS (0: none), by default 20 s on a shared server, none on a local one."""
+    value = os.environ.get("LLAMA_EXPLORER_MAX_RUN_SECONDS", "")
+    try:
+        seconds = float(value) if value else (20.0 if shared() else 0.0)
+    except ValueError:
+        seconds = 20.0 if shared() else 0.0
+    return seconds if seconds > 0 and seconds == seconds else None
+
+
+def cache_budget_bytes() -> int:
+    return int(float(os.environ.get("LLAMA_EXPLORER_CACHE_MB", 2048)) * 2**20)
+
+
+def shipped_models() -> list[str]:
+    """The teaching models in assets/ (a folder with explorer_config.json), by name."""
+    return sorted(p.name for p in ASSETS.glob("*") if (p / "explorer_config.json").is_file()) if ASSETS.is_dir() else []
+
+
+def folder_models() -> dict[str, Path]:
+    """{name: path} of the models in the teacher's folder; entries resolving outside the folder are refused."""
+    folder = os.environ.get("LLAMA_EXPLORER_MODELS_DIR")
+    if not folder or not Path(folder).is_dir():
+        return {}
+    root = Path(folder).resolve()
+    out = {}
+    for p in sorted(Path(folder).iterdir()):
+        real = p.resolve()
+        if not real.is_relative_to(root):  # a symlink out of the folder would expose any file of the server
+            continue
+        if real.suffix.lower() == ".gguf" and real.is_file() or (
+                real.is_dir() and any((real / f).is_file() for f in MODEL_FILES)):
+            out.setdefault(p.name, real)
+    return out
+
+
+def offered_models() -> list[str]:
+    """Names a visitor may choose: the default, the shipped twins, the teacher's folder (names only)."""
+    names = [DEFAULT_SOURCE] + shipped_models()
+    return names + [n for n in folder_models() if n not in names]
+
+
+def resolve_source(source: str) -> str:
+    """The loader's source for a name from the list (a folder entry's path); anything else unchanged."""
+    if source in (DEFAULT_SOURCE, *shipped_models()):
+        return source
+    path = folder_models().get(source)
+    return str(path) if path is not None else source
+
+
+def source_version(source: str) -> tuple | None:
+    """What identifies the file(s) behind a path source now: a replaced or rewritten model is loaded again, a
+    vanished one fails with the loader's message. Named sources (smollm2, tiny-pre…) have no version."""
+    path = Path(source).expanduser()
+    try:
+        if path.is_file():
+            st_ = path.stat()
+            return (st_.st_size, st_.st_mtime_ns)
+        if path.is_dir():
+            return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir() if p.is_file()))
+    except OSError:
+        return ("unreadable",)
+    return None if not any(sep in source for sep in "/\\") else ("missing",)
+
+
+def warm_up_enabled() -> bool:
+    """Set by `serve` (explorer_model.cli.serve.server_env): the gateway prepares visitor-independent work at start."""
+    return os.environ.get("LLAMA_EXPLORER_WARM_UP") == "1"
+
+
+def public_port() -> int | None:
+    """The port visitors open when this process serves behind `serve --processes` (the balancer's), else None."""
+    value = os.environ.get("LLAMA_EXPLORER_PUBLIC_PORT", "")
+    return int(value) if value.isdigit() else None
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/])(?:~|[A-Za-z]:)?[/\\](?:[^\s/\\:'\"]+[/\\])*([^\s/\\:'\",;]*)")
+
+
+def without_paths(text: str, source: str) -> str:
+    """A message for a visitor of a shared server: the model's server path named as the visitor typed it, any other
+    absolute path cut to its last part (an error from a loader or the system names files in full)."""
+    text = str(text)
+    path = resolve_source(source)
+    for form in {path, str(Path(path).expanduser().resolve())} - {source}:
+        if form and form not in (".", "/"):
+            text = text.replace(form, source)
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "…", text)

@@ -1,0 +1,204 @@
+"""Attention: who each token reads from, per layer and head.
+
+scores = Q K^T / sqrt(d_head) with the future masked to -inf, pattern = softmax(scores). Masked cells are
+drawn blank: they are not small numbers, they do not exist for that query. Long prompts are shown through a
+window of tokens around the selected one. The sections below the main figure live in their own modules:
+attention_links (which heads link two tokens), attention_heads (V, z, concatenation, W_O) and attention_scale
+(why divide by √d_k).
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import gateway, plots
+from app.context import ViewContext, plain
+from app.panels.attention import heads as attention_heads
+from app.panels.attention import links as attention_links
+from app.panels.attention import scale as attention_scale
+from app.layer_range import layer_range, per_layer
+from app.panels.attention.cells import (WINDOW_DEFAULT, click_overlay, clickable, csv_cells, head_label,
+                                        layer_matrices, thinned, window)
+from explorer_model.analysis.attention_math import attention_entropy
+from explorer_model.analysis.lesson import sink_share
+
+WINDOW_CHOICES = (4, 8, 16, WINDOW_DEFAULT, 32, 48, 64, 128)
+
+
+def overview(rec, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per head of one layer: mean entropy of the query rows (nats) and mean attention to position 0, both
+    without query 0 (it can only read itself). One layer at a time: a deep model's grid fills under a bar."""
+    return attention_entropy(rec.pattern(layer)[0].double().numpy()), sink_share(rec, layers=[layer])[0]
+
+
+# --------------------------------------------------------------------------- sections
+def draw_explanation(ctx: ViewContext) -> None:
+    cfg = ctx.cfg
+    with plots.explainer(ctx, ctx.t("attention.explain.title")):
+        st.markdown(ctx.t("attention.explain.body"))
+        st.latex(r"\mathrm{scores}=\frac{QK^\top}{\sqrt{d_{head}}}+M,\quad "
+                 r"M_{ij}=\begin{cases}0 & j\le i\\ -\infty & j>i\end{cases}")
+        st.latex(r"\mathrm{pattern}=\mathrm{softmax}(\mathrm{scores}),\qquad z=\mathrm{pattern}\,V")
+        st.caption(ctx.t("attention.explain.gqa", n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads, n_rep=cfg.n_rep,
+                         d_head=cfg.head_dim))
+
+
+def window_sink_share(pattern: np.ndarray, lo: int, hi: int) -> float:
+    """Mean attention the queries lo…hi-1 of one head's [q_pos, k_pos] pattern put on key 0."""
+    return float(np.mean(pattern[lo:hi, 0]))
+
+
+def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
+    m = mats[ctx.head]
+    sub, labels = m[lo:hi, lo:hi], ctx.labels[lo:hi]
+    name = ctx.t("attention.value.pattern" if kind == "pattern" else "attention.value.scores")
+    q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
+    pair = attention_links.pair()
+
+    def figure() -> go.Figure:
+        fig = plots.heatmap(
+            sub, labels, labels, colorscale="Blues" if kind == "pattern" else "RdBu_r",
+            zmin=0 if kind == "pattern" else None, zmax=1 if kind == "pattern" else None,
+            zmid=None if kind == "pattern" else 0.0,
+            title=ctx.t("attention.head.title", layer=ctx.layer, head=head_label(ctx, ctx.head), value=name),
+            x_title=k_title, y_title=q_title, value_name=name)
+        # Clicking a visible (not masked) cell picks the query/key pair of "Which heads link these two tokens?".
+        qs, ks = np.tril_indices(hi - lo)
+        text = [f"{q_title}: {labels[q]}<br>{k_title}: {labels[k]}<br>{name}: {sub[q, k]:.4f}"
+                for q, k in zip(qs, ks)]
+        fig.add_trace(click_overlay(qs, ks, labels, labels, text,
+                                    selected=None if pair is None else (pair[0] - lo, pair[1] - lo)))
+        fig.data[0].hoverinfo = "skip"  # the overlay's markers carry the hover text
+        fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
+        return clickable(fig)
+    plots.show(figure, ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
+               height=500, on_select=attention_links.pick_pair_callback("attn_head", lo),
+               selection_mode="points")
+    if hi - lo < len(ctx.ids):
+        st.caption(ctx.t("attention.window.shown", first=lo, last=hi - 1, n=len(ctx.ids)))
+    if lo > 0 and kind == "pattern":  # the window leaves out position 0, often the strongest column (the sink)
+        st.caption(ctx.t("attention.window.sink", first=lo, last=hi - 1, piece=plain(ctx.pieces[0]),
+                         share=f"{window_sink_share(m, lo, hi):.0%}"))
+    label = ctx.t("attention.csv.head")
+    plots.csv_button(ctx, label, label,
+                     lambda: plots.matrix_csv(csv_cells(m), ctx.labels, ctx.labels, "query\\key"),
+                     f"attention_L{ctx.layer}_H{ctx.head}_{kind}.csv", key="attn_csv_head")
+
+
+def draw_query_text(ctx: ViewContext, pattern: np.ndarray) -> None:
+    """The selected query token's attention row as highlighted text (pattern: [head, q, k], future NaN)."""
+    row = np.nan_to_num(pattern[ctx.head, ctx.token])
+    top = row.max() if row.size else 1.0
+    masked = ctx.t("attention.query.masked")
+    spans = []
+    for i, piece in enumerate(ctx.pieces):
+        if i > ctx.token:
+            style = "color:#999;border:1px dashed #ccc"  # the future: masked, not read at all
+            tip = masked
+        else:
+            alpha = 0.08 + 0.92 * row[i] / top if top > 0 else 0
+            style = f"background:rgba(220,80,30,{alpha:.3f})"
+            tip = f"{row[i]:.4f}"
+        if i == ctx.token:
+            style += ";outline:2px solid #1f4e9c"
+        spans.append(f'<span title="{html.escape(tip)}" style="{style};padding:2px 3px;margin:1px;'
+                     f'border-radius:4px;display:inline-block;font-family:monospace">{html.escape(piece)}</span>')
+    st.markdown(ctx.t("attention.query.reads", token=ctx.token, piece=plain(ctx.pieces[ctx.token])))
+    st.markdown("".join(spans), unsafe_allow_html=True)
+    order = np.argsort(-row[: ctx.token + 1])[:3]
+    st.caption(ctx.t("attention.query.top", keys=", ".join(f"{plain(ctx.labels[i])} ({row[i]:.3f})" for i in order)))
+
+
+def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
+    cfg = ctx.cfg
+    # Columns are KV groups, so heads that share K and V stand in one column.
+    n_cols, n_rows = cfg.n_kv_heads, cfg.n_rep
+    if n_cols > 8:  # many KV heads (no GQA): fall back to a compact square grid
+        n_cols = int(np.ceil(np.sqrt(cfg.n_heads)))
+        n_rows = int(np.ceil(cfg.n_heads / n_cols))
+    slots = {h: divmod(h, cfg.n_rep)[::-1] if n_cols == cfg.n_kv_heads else divmod(h, n_cols)
+             for h in range(cfg.n_heads)}
+    titles = [""] * (n_rows * n_cols)
+    for h, (r, c) in slots.items():
+        titles[r * n_cols + c] = head_label(ctx, h)
+
+    def figure() -> go.Figure:
+        layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.06, vspace=0.08)
+        labels = ctx.labels[lo:hi]
+        ticks = thinned(labels)
+        q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
+        traces = []
+        for h, (r, c) in slots.items():
+            xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
+            traces.append(go.Heatmap(z=mats[h, lo:hi, lo:hi], x=labels, y=labels,
+                                     coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya, meta=h,
+                                     hovertemplate=f"{q_title}: %{{y}}<br>{k_title}: %{{x}}<br>%{{z:.4f}}"
+                                                   f"<extra>{head_label(ctx, h)}</extra>"))
+            # Token labels on the outer axes only, every k-th one: at 49 tokens a small multiple has room for ~16.
+            layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", tickmode="array", tickvals=ticks,
+                                            showticklabels=c == 0, tickfont=dict(size=9))
+            layout["xaxis" + xa[1:]].update(type="category", tickmode="array", tickvals=ticks,
+                                            showticklabels=r == n_rows - 1, tickangle=-60, tickfont=dict(size=9))
+        fig = go.Figure(traces, layout)
+        fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
+                                         cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
+                          title=ctx.t("attention.grid.title", layer=ctx.layer), meta=dict(id="attn_grid"),
+                          margin=dict(l=90, r=10, t=70, b=90))  # room for the outer axes' token labels
+        return fig
+    plots.show(figure, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=300 * n_rows + 160)
+
+
+def draw_overview(ctx: ViewContext) -> None:
+    if not plots.titled(ctx, ctx.t("attention.overview.title"), ctx.t("attention.overview.one_token")):
+        return
+    shown = layer_range(ctx, "big_overview_layers")
+    cells = per_layer(ctx, "attention_overview", overview, shown)
+    entropy, sink = np.stack([c[0] for c in cells]), np.stack([c[1] for c in cells])
+    heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
+    layers = [ctx.t("attention.layer_label", layer=layer) for layer in shown]
+    head_t, layer_t = ctx.t("attention.axis.head"), ctx.t("attention.axis.layer")
+    c1, c2 = st.columns(2)
+    with c1:
+        plots.show(lambda: plots.heatmap(
+            entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("attention.entropy_nats"),
+            title=ctx.t("attention.overview.entropy"), x_title=head_t, y_title=layer_t,
+        ).update_layout(meta=dict(id="attn_entropy")), ctx, key="attn_entropy", filename="attention_entropy", height=620)
+    with c2:
+        plots.show(lambda: plots.heatmap(
+            sink, heads, layers, colorscale="Reds", zmin=0, zmax=1, value_name=ctx.t("attention.overview.sink_value"),
+            title=ctx.t("attention.overview.sink"), x_title=head_t, y_title=layer_t,
+        ).update_layout(meta=dict(id="attn_sink")), ctx, key="attn_sink", filename="attention_sink", height=620)
+    st.caption(ctx.t("attention.overview.caption"))
+    rows = [(layer, h, h // ctx.cfg.n_rep, entropy[i, h], sink[i, h])
+            for i, layer in enumerate(shown) for h in range(ctx.cfg.n_heads)]
+    label = ctx.t("attention.csv.overview")
+    plots.csv_button(ctx, label, label,
+                     lambda: plots.to_csv(["layer", "head", "kv_head", "entropy_nats", "attention_to_first"], rows),
+                     "attention_overview.csv", key="attn_csv_overview")
+
+
+def draw(ctx: ViewContext) -> None:
+    st.subheader(ctx.t("attention.title"))
+    attention_links.init_pair(ctx)  # before the main figure, which marks the pair and sets it on a click
+    left, right = st.columns([3, 2])
+    with right:  # the controls stand beside the figure, so the figure starts right under the title
+        kind = st.radio(ctx.t("attention.show"), ["pattern", "scores"], horizontal=True, key="attn_kind",
+                        format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
+                                                    else "attention.show.scores"))
+        half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
+                                value=WINDOW_DEFAULT, key="attn_window", help=ctx.t("attention.window.help"))
+        pattern = layer_matrices(ctx, ctx.layer, "pattern")
+        draw_query_text(ctx, pattern)
+    mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
+    lo, hi = window(len(ctx.ids), ctx.token, half)
+    with left:
+        draw_head(ctx, mats, kind, lo, hi)
+    draw_explanation(ctx)
+    draw_head_grid(ctx, mats, kind, lo, hi)
+    attention_links.draw(ctx)
+    attention_heads.draw(ctx, lo, hi)
+    attention_scale.draw(ctx)
+    draw_overview(ctx)

@@ -1,0 +1,1 @@
+"""Generation: sampling (greedy, temperature, top-k, top-p), the lean torch decode step and its compiled C twin."""
