@@ -79,8 +79,5 @@ async def adversary_run(n: int, port: int, args, deadline: float, times: dict[st
     except Exception as e:
         errors.append({"visitor": n, "action": action, "problem": f"{type(e).__name__}: {e}"})
     finally:
-        try:
-            await v.close()
-        except Exception:
-            pass
+        await v.close()
     return done

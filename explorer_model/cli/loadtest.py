@@ -114,10 +114,7 @@ async def visitor_run(n: int, port: int, prompts: list[str], views: list[str], a
         else:
             errors.append({"visitor": n, "action": action, "problem": f"{type(e).__name__}: {e}"})
     finally:
-        try:
-            await v.close()
-        except Exception:
-            pass
+        await v.close()
     return done
 
 

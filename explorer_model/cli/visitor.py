@@ -75,8 +75,12 @@ class Visitor:
         return cookie.split(";", 1)[0].split("=", 1)[1]
 
     async def close(self) -> None:
+        """Close the connection; a connection already gone is closed too (never raises)."""
         if self.ws is not None:
-            await self.ws.close()
+            try:
+                await self.ws.close()
+            except Exception:
+                pass
 
     async def rerun(self, query: str = "", widget: tuple[str, str, object] | None = None) -> tuple[float, list[str]]:
         """One script run; (seconds until script_finished, problems seen on the page)."""
