@@ -36,8 +36,9 @@ def test_a_short_check_answers_from_its_own_run_and_leaves_nothing_running():
     lat = report["latencies_s"]
     assert report["actions"] == sum(len(v) for v in lat.values()) >= 3 * 7
     switches = lat["switch_view"] + lat["switch_layer"] + lat["switch_head"]
-    assert report["p95_s"]["new_prompt"] == round(L.percentile(lat["new_prompt"], 95), 3)
-    assert report["p95_s"]["switch"] == round(L.percentile(switches, 95), 3)
+    # the report's p95 comes from these latencies (listed to 4 decimals, the p95 rounded to 3: within rounding)
+    assert report["p95_s"]["new_prompt"] == pytest.approx(L.percentile(lat["new_prompt"], 95), abs=6e-4)
+    assert report["p95_s"]["switch"] == pytest.approx(L.percentile(switches, 95), abs=6e-4)
     assert report["peak_rss_mb"] > 100  # a Python server with a model loaded
     cpu = report["server_cpu"]
     assert cpu["seconds"] > 0 and cpu["per_action_s"] == round(cpu["seconds"] / report["actions"], 4)
