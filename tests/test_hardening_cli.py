@@ -374,6 +374,29 @@ def test_signal_during_record_leaves_no_temporary(tmp_path, sig):
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("sig", [15, 1], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_whose_cleanup_raises_still_reports_the_signal(tmp_path, capsys, sig):
+    """The signal can land inside a library's own cleanup (zipfile closing a member while unwinding), which then
+    raises its own error in place of the Stopped the handler raised: the command still ends as the signal would
+    end it, with no error line and no temporary."""
+    import signal
+    import types
+    import zipfile
+
+    def command(_args):
+        with export.atomic_file(tmp_path / "r.npz") as tmp, zipfile.ZipFile(tmp, "w") as zf:
+            member = zf.open("a.npy", "w")
+            member.write(b"x" * 1000)
+            os.kill(os.getpid(), sig)  # Stopped is raised here; ZipFile's exit then refuses the open member
+        return 0
+
+    before = signal.getsignal(sig)
+    assert cli._run(types.SimpleNamespace(fn=command)) == 128 + sig
+    assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err == ""
+    assert signal.getsignal(sig) == before  # the handler is put back
+
+
 def test_stale_temporaries_of_dead_writers_are_swept(tmp_path, capsys):
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -482,38 +482,49 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from ..config import ConfigError
-    from ..export import ExportError
-    from ..loaders import LoadError
-    from ..tokenizer import PromptError, TokenizerError
+    stopped: list[int] = []
 
     def stop(signum, _frame):
+        stopped.append(signum)
         raise Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         status = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
-    except Stopped as e:  # what the signal's default action would report, after the cleanups ran
-        return 128 + e.signum
-    except (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError) as e:
-        return _fail(one_line(e))
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `llama-explorer tokenize ... | head -1`
-        # stdout is gone: point it at /dev/null so the interpreter's final flush does not complain again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return _fail("the output was closed before everything was written (broken pipe)")
-    except (MemoryError, RuntimeError) as e:
-        if not _is_oom(e):
-            return _unexpected(e)
-        return _fail("out of memory; try a shorter prompt, fewer hooks (--names) or a smaller model")
-    except Exception as e:  # a case nobody foresaw: still one line (LLAMA_EXPLORER_DEBUG=1 shows the traceback)
-        return _unexpected(e)
+    except BaseException as e:
+        # After SIGTERM or SIGHUP, what the signal's default action would report, once the cleanups ran. The
+        # signal can land inside a library's own cleanup (zipfile closing a member), which then raises its own
+        # error in place of Stopped; the signal is still why the command ended.
+        if stopped:
+            return 128 + stopped[0]
+        return _failure_status(e)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return status if isinstance(status, int) else 0
+
+
+def _failure_status(e: BaseException) -> int:
+    """The exit status for an exception that ended a command, with its one line on stderr."""
+    from ..config import ConfigError
+    from ..export import ExportError
+    from ..loaders import LoadError
+    from ..tokenizer import PromptError, TokenizerError
+
+    if isinstance(e, (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError)):
+        return _fail(one_line(e))
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    if isinstance(e, BrokenPipeError):  # `llama-explorer tokenize ... | head -1`
+        # stdout is gone: point it at /dev/null so the interpreter's final flush does not complain again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _fail("the output was closed before everything was written (broken pipe)")
+    if isinstance(e, (MemoryError, RuntimeError)) and _is_oom(e):
+        return _fail("out of memory; try a shorter prompt, fewer hooks (--names) or a smaller model")
+    if isinstance(e, Exception):  # a case nobody foresaw: still one line (LLAMA_EXPLORER_DEBUG=1: the traceback)
+        return _unexpected(e)
+    raise e  # SystemExit and the like keep their meaning
 
 
 def _fail(message: str) -> int:
