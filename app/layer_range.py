@@ -5,6 +5,8 @@ Panels call these with their ViewContext; the work itself is gateway.derived (re
 """
 from __future__ import annotations
 
+import contextlib
+
 import streamlit as st
 
 from app import gateway
@@ -33,14 +35,19 @@ def layer_range(ctx, key: str) -> range:
 
 def per_layer(ctx, name: str, fn, layers: range, *args) -> list:
     """[fn(recording, layer, *args) for layer in layers], each through gateway.derived (cached per layer), with
-    a progress bar while PROGRESS_FROM or more layers are asked for."""
+    a progress bar while PROGRESS_FROM or more of them are still to compute (none when they are all cached: the
+    bar's updates would be most of a redrawn page's messages)."""
+    todo = sum(not gateway.derived_cached(name, ctx.source, ctx.ids, layer, *args) for layer in layers)
     bar = st.progress(0.0, text=ctx.t("big.grid_progress", done=0, total=len(layers))) \
-        if len(layers) >= PROGRESS_FROM else None
+        if todo >= PROGRESS_FROM else None
     out = []
-    for i, layer in enumerate(layers):
-        out.append(gateway.derived(name, ctx.source, ctx.ids, fn, layer, *args))
-        if bar is not None:
-            bar.progress((i + 1) / len(layers), text=ctx.t("big.grid_progress", done=i + 1, total=len(layers)))
+    # the page's turn is given up once for the layers to compute, not once per layer (each time taken back only
+    # after the page that drew meanwhile); a page that finds them all cached keeps its turn
+    with gateway.aside() if todo else contextlib.nullcontext():
+        for i, layer in enumerate(layers):
+            out.append(gateway.derived(name, ctx.source, ctx.ids, fn, layer, *args))
+            if bar is not None:
+                bar.progress((i + 1) / len(layers), text=ctx.t("big.grid_progress", done=i + 1, total=len(layers)))
     if bar is not None:
         bar.empty()
     return out

@@ -192,3 +192,41 @@ def test_a_page_back_from_a_forward_pass_draws_before_pages_that_arrived_meanwhi
     for th in (first, h, *others):
         th.join(5)
     assert order == ["holder", "back from the forward", "page 0", "page 1", "page 2"]
+
+
+def test_pages_asking_for_the_same_result_at_once_compute_it_once_without_deadlock():
+    """Thirty followers reach a lecture step together: the first page computes a key, the others wait for it and
+    find it cached. A page waits for a key with the drawing lane given up, because the page computing it may need
+    the lane to finish (derived data is computed outside the lane and handed back inside it)."""
+    from app.gateway.lanes import Flights
+    from app.gateway.result_cache import ResultCache
+
+    lane = DrawingLane()
+    flights, cache, computed = Flights(lane), ResultCache(2**30), []
+    first_inside, waiter_waits = threading.Event(), threading.Event()
+
+    def compute():  # as gateway.derived: array work outside the lane, then the lane taken back to draw
+        computed.append(1)
+        first_inside.set()
+        with lane.released():
+            assert waiter_waits.wait(5)
+        return [len(computed)]
+
+    def page(out):
+        with lane.held():
+            out.append(cache.get(("view", 1), compute, flights.one(("view", 1))))
+
+    first_out, second_out = [], []
+    first = threading.Thread(target=page, args=(first_out,), daemon=True)  # a deadlock must fail, not hang
+    first.start()
+    assert first_inside.wait(5)
+    second = threading.Thread(target=page, args=(second_out,), daemon=True)
+    second.start()
+    while flights._keys[("view", 1)][1] < 2:  # until the second page waits for the key
+        threading.Event().wait(0.001)
+    waiter_waits.set()
+    for th in (first, second):
+        th.join(5)
+        assert not th.is_alive()
+    assert computed == [1] and first_out == second_out == [[1]] and second_out[0] is first_out[0]
+    assert flights._keys == {} and lane_is_free(lane)

@@ -31,12 +31,12 @@ from app.gateway.costs import (BIG_LAYERS, BIG_WIDTH, admit, intervention_second
                                prompt_cost)
 from app.gateway.exports import check_export, export_cap_bytes, npz_bytes, npz_file
 from app.gateway.figures import figure
-from app.gateway.runs import (RecordingRef, cached_head_sweep, continuation, derived, extend,  # noqa: F401
+from app.gateway.runs import (RecordingRef, cached_head_sweep, continuation, derived, derived_cached, extend,  # noqa: F401
                               head_sweep, layer_weights, logit_lens, recording, recording_npz,
                               sweep_seconds, twin_recordings, whatif_kl, whatif_run)
 from app.gateway.state import (_FORWARD, FORWARDS, KL_MAX_POS, WHATIF_NAMES,  # noqa: F401
                                PromptTooBig, RunRefused, _encode, _ident, _model, check_interventions,
-                               embedding_rows, encode_prompt, facts, forwards_ahead, page_run, pages_ahead,
+                               aside, embedding_rows, encode_prompt, facts, forwards_ahead, page_run, pages_ahead,
                                result_cache, stored_bytes, try_load, visitor_message)
 from app.gateway.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,
                           lab_worker_threads)
@@ -69,6 +69,7 @@ def warm_up() -> None:
 
 __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "facts", "encode_prompt",
            "embedding_rows", "check_interventions", "recording", "extend", "continuation", "recording_npz", "derived",
+           "derived_cached", "aside",
            "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",

@@ -9,6 +9,7 @@ from app.gateway import costs
 from app.gateway import runs
 from app.gateway import state as gw
 from app.gateway.exports import npz_file
+from app.gateway.lanes import FLIGHTS
 from app.gateway.settings import DEFAULT_MAX_TOKENS
 from explorer_model.recording import record
 from explorer_model.recording import Recording
@@ -45,7 +46,8 @@ def pair_derived(name: str, sides, fn, *args):
         recs = [changed_recording(*side) for side in sides]
         with gw.LANE.released():  # array work, as explorer.derived
             return fn(*recs, *args)
-    return gw.result_cache().get((f"pair:{name}", keys, args), compute)
+    key = (f"pair:{name}", keys, args)
+    return gw.result_cache().get(key, compute, FLIGHTS.one(key))
 
 
 def changed_recording_npz(source: str, ids, specs: str = ""):

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from app.gateway.lanes import FLIGHTS
 from app.gateway.state import result_cache
 
 class Undigestable(TypeError):
@@ -81,4 +82,5 @@ def figure(build: Callable, finish: Callable, tag: tuple = ()):
     name = digest(build)
     if name is None:
         return finish(build())
-    return result_cache().get(("figure", name, tag), lambda: finish(build()))
+    key = ("figure", name, tag)
+    return result_cache().get(key, lambda: finish(build()), FLIGHTS.one(key))

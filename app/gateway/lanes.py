@@ -139,6 +139,38 @@ class ForwardLock:
             self._local.released.__exit__(None, None, None)
 
 
+class Flights:
+    """One computation of a key at a time. Thirty followers' pages reach a new lecture step together and ask for
+    the same view data and figures: without this each would compute them; with it the first computes and the
+    others wait for it and find the result cached (result_cache.get checks again after taking the lock). A page
+    waits for a key with the drawing lane given up: the page computing it may need the lane to finish."""
+
+    def __init__(self, lane: DrawingLane) -> None:
+        self._lane = lane
+        self._mutex = threading.Lock()
+        self._keys: dict[object, list] = {}  # key -> [its lock, how many hold or wait for it]
+
+    @contextmanager
+    def one(self, key):
+        with self._mutex:
+            entry = self._keys.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        lock = entry[0]
+        try:
+            if not lock.acquire(blocking=False):
+                with self._lane.released():
+                    lock.acquire()
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            with self._mutex:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._keys[key]
+
+
 def quick_thread_switches() -> None:
     """Process-wide, harmless to repeat (unlike a torch thread count): see the module docstring."""
     if sys.getswitchinterval() > SWITCH_INTERVAL_S:
@@ -146,3 +178,4 @@ def quick_thread_switches() -> None:
 
 
 LANE = DrawingLane()
+FLIGHTS = Flights(LANE)

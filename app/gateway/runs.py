@@ -10,6 +10,7 @@ import torch
 
 from app.gateway.costs import _admit_unless_cached, _record_measured, intervention_seconds, pass_seconds
 from app.gateway.exports import npz_file
+from app.gateway.lanes import FLIGHTS
 from app.gateway.state import (_FORWARD, KL_MAX_POS, SMALL_FORWARD_FLOPS, WHATIF_NAMES, LANE, _forward, _ident, _model,
                                check_interventions, encode_prompt, result_cache, try_load)
 from explorer_model import memory as _memory
@@ -85,14 +86,21 @@ def recording_npz(source: str, ids):
 
 
 def derived(name: str, source: str, ids, fn, *args):
-    """fn(recording, *args) cached under (name, source, ids, args): view data worth keeping (no model runs)."""
+    """fn(recording, *args) cached under (name, source, ids, args): view data worth keeping (no model runs),
+    computed once however many pages ask for it at the same time (FLIGHTS)."""
     ids = tuple(ids)
 
     def compute():
         rec = recording(source, ids)
         with LANE.released():  # array work, mostly outside the GIL: other pages draw meanwhile (app/gateway/lanes.py)
             return fn(rec, *args)
-    return result_cache().get((f"view:{name}", _ident(source), ids, args), compute)
+    key = (f"view:{name}", _ident(source), ids, args)
+    return result_cache().get(key, compute, FLIGHTS.one(key))
+
+
+def derived_cached(name: str, source: str, ids, *args) -> bool:
+    """Whether derived(name, source, ids, fn, *args) would be answered from the cache."""
+    return result_cache().peek((f"view:{name}", _ident(source), tuple(ids), args)) is not None
 
 
 class RecordingRef:

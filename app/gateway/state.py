@@ -36,6 +36,12 @@ def page_run():
     return LANE.held()
 
 
+def aside():
+    """Around view work that runs no model and draws little (many cached computations in a row): other pages
+    draw meanwhile, and this one takes its turn back once, at the front of the line (app/gateway/lanes.py)."""
+    return LANE.released()
+
+
 def pages_ahead() -> int:
     """Other visitors' page runs drawing or waiting to draw (what a page about to wait has before it)."""
     return LANE.pages()
