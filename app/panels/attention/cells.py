@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from app import plots
+from app import gateway, plots
 from app.context import ViewContext
 
 WINDOW_DEFAULT = 24  # tokens either side of the selected one: 49 rows stay legible in a square of ~500 px
@@ -30,9 +30,14 @@ def head_label(ctx: ViewContext, h: int) -> str:
 
 def layer_matrices(ctx: ViewContext, layer: int, kind: str) -> np.ndarray:
     """[head, q_pos, k_pos] probabilities or scaled scores of one layer; the masked future is NaN in both (drawn
-    blank). Built once per run and shared by the figures: the recording rebuilds it from Q and K on every read."""
-    m = (ctx.rec.pattern(layer) if kind == "pattern" else ctx.rec.scores(layer))[0].double().numpy()
-    return plots.blank_future(m)
+    blank). The recording rebuilds them from Q and K on every read: kept by the gateway, once per server."""
+    return gateway.derived("attention_layer", ctx.source, ctx.ids, _layer_matrices, layer, kind)
+
+
+def _layer_matrices(rec, layer: int, kind: str) -> np.ndarray:
+    m = plots.blank_future((rec.pattern(layer) if kind == "pattern" else rec.scores(layer))[0].double().numpy())
+    m.setflags(write=False)  # every page shares it
+    return m
 
 
 def thinned(labels: list[str], most: int = MAX_TICKS) -> list[str]:

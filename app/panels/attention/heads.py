@@ -36,6 +36,11 @@ def _panel(z, labels, xa, ya, name, meta, blocks: int = 0, width: int = 0) -> tu
 
 
 def draw_flow(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int) -> None:
+    plots.show(lambda: flow_figure(ctx, parts, lo, hi), ctx, key="attn_mh_flow",
+               filename=f"attention_L{ctx.layer}_multihead", height=520)
+
+
+def flow_figure(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int) -> go.Figure:
     cfg, n = ctx.cfg, hi - lo
     g = ctx.head // cfg.n_rep
     labels = ctx.labels[lo:hi]
@@ -59,26 +64,44 @@ def draw_flow(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int) -> None:
     fig = go.Figure(traces, layout)
     fig.update_layout(shapes=shapes, meta=dict(id="attn_mh_flow", lo=lo, hi=hi),
                       title=ctx.t("attention.mh.flow_title", layer=ctx.layer), margin=dict(l=10, r=10, t=80, b=10))
-    plots.show(fig, ctx, key="attn_mh_flow", filename=f"attention_L{ctx.layer}_multihead", height=520)
+    return fig
+
+
+def contribution_norms(parts: A.MultiHead, w_o: np.ndarray, token: int) -> tuple[np.ndarray, float]:
+    """‖z_h · W_O,hᵀ‖ of each head at `token`, and ‖attn_out‖ there."""
+    norms = np.linalg.norm(A.head_contributions(parts.z[token:token + 1], w_o)[:, 0], axis=-1)  # [H]
+    return norms, float(np.linalg.norm(parts.attn_out[token]))
+
+
+def reconstruction(parts: A.MultiHead, w_o: np.ndarray, b_o, lo: int, hi: int) -> tuple[float, float]:
+    """How far concat · W_Oᵀ (+ b_O) is from the recorded attn_out over the window, and attn_out's own size."""
+    err = float(np.abs(A.project_heads(parts.concat[lo:hi], w_o, b_o) - parts.attn_out[lo:hi]).max())
+    return err, float(np.abs(parts.attn_out[lo:hi]).max())
 
 
 def draw_contributions(ctx: ViewContext, parts: A.MultiHead, w_o: np.ndarray) -> np.ndarray:
-    """Bars: ‖z_h · W_O,hᵀ‖ for the selected token, each head's vector added to the residual stream."""
-    cfg, t = ctx.cfg, ctx.token
-    contrib = A.head_contributions(parts.z[t:t + 1], w_o)[:, 0]  # [H, d_model]
-    norms = np.linalg.norm(contrib, axis=-1)
+    """Bars: ‖z_h · W_O,hᵀ‖ for the selected token, each head's vector added to the residual stream. Kept by the
+    gateway under (layer, token), which name `parts` and `w_o`."""
+    norms, total = gateway.derived("attention_mh_norms", ctx.source, ctx.ids,
+                                   lambda _rec, _layer, token: contribution_norms(parts, w_o, token),
+                                   ctx.layer, ctx.token)
+    plots.show(lambda: contributions_figure(ctx, norms, total), ctx, key="attn_mh_norms",
+               filename=f"attention_L{ctx.layer}_head_norms", height=380)
+    return norms
+
+
+def contributions_figure(ctx: ViewContext, norms: np.ndarray, total: float) -> go.Figure:
+    cfg = ctx.cfg
     heads = [head_label(ctx, h) for h in range(cfg.n_heads)]
     colours = [PALETTE[(h // cfg.n_rep) % len(PALETTE)] for h in range(cfg.n_heads)]
     fig = go.Figure(go.Bar(x=heads, y=norms, marker=dict(color=colours, line=dict(
         color=["#000" if h == ctx.head else "rgba(0,0,0,0)" for h in range(cfg.n_heads)], width=3)),
         meta="norms", hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    total = float(np.linalg.norm(parts.attn_out[t]))
     fig.add_hline(y=total, line_dash="dash", annotation_text=ctx.t("attention.mh.total", norm=total))
-    fig.update_layout(title=ctx.t("attention.mh.contrib_title", token=ctx.labels[t]), meta=dict(id="attn_mh_norms"),
-                      yaxis_title=ctx.t("attention.mh.norm_axis"), xaxis_type="category",
-                      margin=dict(l=10, r=10, t=60, b=10))
-    plots.show(fig, ctx, key="attn_mh_norms", filename=f"attention_L{ctx.layer}_head_norms", height=380)
-    return norms
+    fig.update_layout(title=ctx.t("attention.mh.contrib_title", token=ctx.labels[ctx.token]),
+                      meta=dict(id="attn_mh_norms"), yaxis_title=ctx.t("attention.mh.norm_axis"),
+                      xaxis_type="category", margin=dict(l=10, r=10, t=60, b=10))
+    return fig
 
 
 def draw(ctx: ViewContext, lo: int, hi: int) -> None:
@@ -91,8 +114,9 @@ def draw(ctx: ViewContext, lo: int, hi: int) -> None:
     st.markdown(ctx.t("attention.mh.shapes", n=n, kv=cfg.n_kv_heads, d=cfg.head_dim, heads=cfg.n_heads,
                       hd=cfg.n_heads * cfg.head_dim, dm=cfg.d_model))
     draw_flow(ctx, parts, lo, hi)
-    err = float(np.abs(A.project_heads(parts.concat[lo:hi], w_o, b_o) - parts.attn_out[lo:hi]).max())
-    scale = float(np.abs(parts.attn_out[lo:hi]).max())
+    err, scale = gateway.derived("attention_mh_check", ctx.source, ctx.ids,  # (layer, window) name parts and W_O
+                                 lambda _rec, _layer, lo_, hi_: reconstruction(parts, w_o, b_o, lo_, hi_),
+                                 ctx.layer, lo, hi)
     st.caption(ctx.t("attention.mh.check", err=err, scale=scale))
     draw_contributions(ctx, parts, w_o)
     with plots.explainer(ctx, ctx.t("attention.mh.explain_title")):

@@ -67,6 +67,21 @@ def _link_row(rec, layer: int, q: int, k: int) -> np.ndarray:
     return lesson.head_link_map(rec, q, k, layers=[layer])[0]
 
 
+def map_figure(ctx: ViewContext, m: np.ndarray, heads: list[str], layers: list[str], q: int, k: int,
+               first_layer: int):
+    """The layers × heads map of the pair's weight, every cell clickable (a click jumps to that layer and head)."""
+    value = ctx.t("attention.value.pattern")
+    fig = plots.heatmap(m, heads, layers, colorscale="Blues", zmin=0, zmax=1, value_name=value,
+                        title=ctx.t("attention.link.map_title", q=ctx.labels[q], k=ctx.labels[k]),
+                        x_title=ctx.t("attention.axis.head"), y_title=ctx.t("attention.axis.layer"))
+    rows, cols = np.indices(m.shape).reshape(2, -1)
+    text = [f"{layers[r]}, {heads[c]}<br>{value}: {m[r, c]:.4f}" for r, c in zip(rows, cols)]
+    fig.add_trace(click_overlay(rows, cols, heads, layers, text, selected=(ctx.layer - first_layer, ctx.head)))
+    fig.data[0].hoverinfo = "skip"
+    fig.update_layout(meta=dict(id="attn_link", q=q, k=k))
+    return clickable(fig)
+
+
 def draw(ctx: ViewContext) -> None:
     if not plots.titled(ctx, ctx.t("attention.link.title"), ctx.t("attention.link.one_token")):
         return
@@ -84,17 +99,10 @@ def draw(ctx: ViewContext) -> None:
     best["layer"] += shown.start
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
     layers = [ctx.t("attention.layer_label", layer=layer) for layer in shown]
-    value = ctx.t("attention.value.pattern")
-    fig = plots.heatmap(m, heads, layers, colorscale="Blues", zmin=0, zmax=1, value_name=value,
-                        title=ctx.t("attention.link.map_title", q=ctx.labels[q], k=ctx.labels[k]),
-                        x_title=ctx.t("attention.axis.head"), y_title=ctx.t("attention.axis.layer"))
-    rows, cols = np.indices(m.shape).reshape(2, -1)
-    text = [f"{layers[r]}, {heads[c]}<br>{value}: {m[r, c]:.4f}" for r, c in zip(rows, cols)]
-    fig.add_trace(click_overlay(rows, cols, heads, layers, text, selected=(ctx.layer - shown.start, ctx.head)))
-    fig.data[0].hoverinfo = "skip"
-    fig.update_layout(meta=dict(id="attn_link", q=q, k=k))
-    plots.show(clickable(fig), ctx, key="attn_link_map", filename=f"attention_link_q{q}_k{k}", height=640,
-               on_select=_jump_from_map("attn_link_map", q, shown.start), selection_mode="points")
+    first = shown.start
+    plots.show(lambda: map_figure(ctx, m, heads, layers, q, k, first), ctx, key="attn_link_map",
+               filename=f"attention_link_q{q}_k{k}", height=640,
+               on_select=_jump_from_map("attn_link_map", q, first), selection_mode="points")
     st.caption(ctx.t("attention.link.strongest", layer=best["layer"], head=head_label(ctx, best["head"]),
                      weight=best["weight"], q=plain(ctx.labels[q]), k=plain(ctx.labels[k])))
     c1, c2 = st.columns([2, 3])

@@ -31,6 +31,10 @@ def random_table(d_k: int) -> dict:
 
 
 def draw_study(ctx: ViewContext, s: A.ScaleStudy) -> None:
+    plots.show(lambda: study_figure(ctx, s), ctx, key="attn_scale", filename="attention_sqrt_dk", height=460)
+
+
+def study_figure(ctx: ViewContext, s: A.ScaleStudy) -> go.Figure:
     layers = np.array(s.layers)
     layer_t = ctx.t("attention.axis.layer")
     layout = plots.grid_layout(1, 2, [ctx.t("attention.scale.spread_title", d_k=s.d_k),
@@ -58,7 +62,7 @@ def draw_study(ctx: ViewContext, s: A.ScaleStudy) -> None:
                       yaxis2=dict(title=ctx.t("attention.entropy_nats"), rangemode="tozero"),
                       meta=dict(id="attn_scale", queries=s.queries), legend=dict(orientation="h", y=-0.2),
                       margin=dict(l=10, r=10, t=60, b=10))
-    plots.show(fig, ctx, key="attn_scale", filename="attention_sqrt_dk", height=460)
+    return fig
 
 
 def draw(ctx: ViewContext) -> None:

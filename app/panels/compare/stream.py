@@ -55,10 +55,9 @@ def draw_stream(pair: Pair, field: str, fig_id: str) -> None:
     t = pair.t
     series = [(side, t("compare.stream_side", side=side, kind=c.norm_placement.capitalize()), c.stream_depth,
                getattr(c, field)) for side, c in (("A", ca), ("B", cb))]
-    fig = F.curves_figure(fig_id, series,
-                          title=t(STREAM_KEYS[field][0]), x_title=t("compare.stream_depth"),
-                          y_title=t(STREAM_KEYS[field][1]), log_y=True)
-    plots.show(fig, pair.a, key=fig_id)
+    title, x_title, y_title = t(STREAM_KEYS[field][0]), t("compare.stream_depth"), t(STREAM_KEYS[field][1])
+    plots.show(lambda: F.curves_figure(fig_id, series, title=title, x_title=x_title, y_title=y_title, log_y=True),
+               pair.a, key=fig_id)
     values = prepost_values(ca, cb)
     if values is not None:
         st.info(t("compare.prepost", **values))
@@ -77,9 +76,9 @@ def draw_norm(pair: Pair) -> None:
     if pair.positions and pair.same_layers:
         d = pair.cached("diff:ln1", divisor_difference, pair.pairs)
         diff = (t("compare.diff_title"), d, pair.diff_labels(), ya)
-    fig = F.pair_heatmaps("compare_norm", [("A", t("compare.divisors_title", side="A"), da, a.labels, ya),
-                                           ("B", t("compare.divisors_title", side="B"), db, b.labels, yb)], diff)
-    plots.show(fig, a, key="compare_norm")
+    panels = [("A", t("compare.divisors_title", side="A"), da, a.labels, ya),
+              ("B", t("compare.divisors_title", side="B"), db, b.labels, yb)]
+    plots.show(lambda: F.pair_heatmaps("compare_norm", panels, diff), a, key="compare_norm")
     draw_curve_panels(pair, ("ln1_scale", "ln2_scale"), "compare_norm_curves")
     rows = []
     for side, ctx, m in (("A", a, da), ("B", b, db)):
@@ -113,10 +112,11 @@ def draw_next_token(pair: Pair) -> dict:
     res = pair.cached("next", next_token, pair.same_vocab, a.facts.piece, b.facts.piece, a.token, b.token)
     rows = res["top_k"]["rows"]
     labels = candidate_labels(pair, [r["text"] for r in rows])
-    fig = F.bars_figure("compare_next", labels, [("A", "A", [r["p_a"] for r in rows]), ("B", "B", [r["p_b"] for r in rows])],
-                        title=t("compare.next_title", token_a=a.token, piece_a=a.pieces[a.token], token_b=b.token,
-                                piece_b=b.pieces[b.token]), y_title=t("compare.probability"))
-    plots.show(fig, a, key="compare_next")
+    bars = [("A", "A", [r["p_a"] for r in rows]), ("B", "B", [r["p_b"] for r in rows])]
+    title = t("compare.next_title", token_a=a.token, piece_a=a.pieces[a.token], token_b=b.token,
+              piece_b=b.pieces[b.token])
+    y_title = t("compare.probability")
+    plots.show(lambda: F.bars_figure("compare_next", labels, bars, title=title, y_title=y_title), a, key="compare_next")
     d = res["distances"]
     if d is not None:
         c = st.columns(4)
@@ -140,9 +140,10 @@ def draw_change_map(pair: Pair) -> None:
     res = pair.cached("change_map", C.resid_change_map, pair.pairs)
     labels = pair.diff_labels()
     top = most_changed(res["ratio"])
-    fig = F.change_map_figure("compare_change_map", res["ratio"], res["depth"], labels, top,
-                              title=t("compare.map_title"), x_title=t("compare.position"), y_title=t("compare.blocks_passed"))
-    plots.show(fig, pair.a, key="compare_change_map")
+    ratio, depth = res["ratio"], res["depth"]
+    title, x_title, y_title = t("compare.map_title"), t("compare.position"), t("compare.blocks_passed")
+    plots.show(lambda: F.change_map_figure("compare_change_map", ratio, depth, labels, top, title=title,
+                                           x_title=x_title, y_title=y_title), pair.a, key="compare_change_map")
     peak = np.nanmax(res["ratio"], axis=0)
     st.caption(t("compare.map_caption", positions=", ".join(f"{plain(labels[i])} ({peak[i]:.2f})" for i in top)))
     rows = [["B-A", k, labels[i], float(res["ratio"][k, i])] for k in range(res["ratio"].shape[0])
@@ -170,11 +171,11 @@ def draw_whatif(pair: Pair) -> None:
     draw_next_token(pair)
     if pair.positions and pair.same_layers:
         js = pair.cached("head_js", head_js, pair.pairs)
-        fig = plots.heatmap(js, [str(h) for h in range(js.shape[1])], [f"L{l}" for l in range(js.shape[0])],
-                            title=t("compare.heads_title"), colorscale="Reds", zmin=0, x_title=t("compare.head"),
-                            y_title=t("compare.layer"), value_name="JS (nats)")
-        fig.update_layout(meta={"id": "compare_heads"})
-        plots.show(fig, pair.a, key="compare_heads")
+        title, x_title, y_title = t("compare.heads_title"), t("compare.head"), t("compare.layer")
+        plots.show(lambda: plots.heatmap(
+            js, [str(h) for h in range(js.shape[1])], [f"L{l}" for l in range(js.shape[0])], title=title,
+            colorscale="Reds", zmin=0, x_title=x_title, y_title=y_title, value_name="JS (nats)",
+        ).update_layout(meta={"id": "compare_heads"}), pair.a, key="compare_heads")
         rows = [["B-A", l, h, float(js[l, h])] for l in range(js.shape[0]) for h in range(js.shape[1])]
         _csv(pair, "heads", ["layer", "head", "js_nats"], rows)
 

@@ -85,9 +85,9 @@ def _matrix_figure(pair: Pair, kind: str, fig_id: str):
         diff = (t("compare.diff_title"), zd, ld, ld)
     if wa[1] - wa[0] < len(a.ids):
         st.caption(t("compare.window", half=WINDOW_DEFAULT, n=len(a.ids)))
-    fig = F.pair_heatmaps(fig_id, panels, diff, zmin=0.0 if kind == "pattern" else None,
-                          zmax=1.0 if kind == "pattern" else None, colorscale="Blues" if kind == "pattern" else "Viridis")
-    plots.show(fig, pair.a, key=fig_id)
+    plots.show(lambda: F.pair_heatmaps(fig_id, panels, diff, zmin=0.0 if kind == "pattern" else None,
+                                       zmax=1.0 if kind == "pattern" else None,
+                                       colorscale="Blues" if kind == "pattern" else "Viridis"), pair.a, key=fig_id)
     return m
 
 
@@ -128,10 +128,11 @@ def draw_rope(pair: Pair) -> None:
 def draw_swiglu(pair: Pair) -> None:
     a, b, t = pair.a, pair.b, pair.t
     ca, cb = gate_closed(a.rec, a.layer), gate_closed(b.rec, b.layer)
-    fig = F.curves_figure("compare_swiglu", [("A", t("compare.side_name", side="A", layer=a.layer), np.arange(len(ca)), ca),
-                                             ("B", t("compare.side_name", side="B", layer=b.layer), np.arange(len(cb)), cb)],
-                          title=t("compare.gates_title"), x_title=t("compare.position"), y_title=t("compare.closed_share"))
-    plots.show(fig, a, key="compare_swiglu")
+    series = [("A", t("compare.side_name", side="A", layer=a.layer), np.arange(len(ca)), ca),
+              ("B", t("compare.side_name", side="B", layer=b.layer), np.arange(len(cb)), cb)]
+    title, x_title, y_title = t("compare.gates_title"), t("compare.position"), t("compare.closed_share")
+    plots.show(lambda: F.curves_figure("compare_swiglu", series, title=title, x_title=x_title, y_title=y_title), a,
+               key="compare_swiglu")
     if pair.positions and a.layer == b.layer:
         change = pair.cached(f"ffn:{a.layer}", ffn_change, a.layer, pair.pairs)
         plots.show(lambda: F.bars_figure("compare_swiglu_change", pair.diff_labels(), [("B-A", t("compare.ffn_change_name"), change)],

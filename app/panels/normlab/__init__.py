@@ -34,9 +34,9 @@ def twin_lines_figure(fig_id, title, x, series: dict, t, y_title, x_title) -> go
     return fig
 
 
-def twin_attention_figure(rec, layer: int, head: int, labels, t, v: str) -> go.Figure:
-    z = plots.blank_future(rec.pattern(layer)[0, head].double().numpy())
-    fig = plots.heatmap(z, x=labels, y=labels, zmin=0, zmax=1, fmt=".3f",
+def twin_attention_figure(pattern, layer: int, head: int, labels, t, v: str) -> go.Figure:
+    """One twin's attention pattern ([query, key] of `head` in `layer`), the masked future left blank."""
+    fig = plots.heatmap(plots.blank_future(pattern), x=labels, y=labels, zmin=0, zmax=1, fmt=".3f",
                         title=t("normlab.layer_head", variant_name_t_v=variant_name(t, v), layer=layer, head=head),
                         x_title=t("normlab.key"), y_title=t("normlab.query"), value_name=t("normlab.weight"))
     fig.update_layout(height=360, meta={"id": f"normlab_attn_{v}"})
@@ -108,10 +108,12 @@ def draw_twins(ctx: ViewContext) -> dict | None:
         labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
         layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
-            plots.show(lambda: twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
+            pattern = rec.pattern(layer)[0, head].double().numpy()
+            plots.show(lambda: twin_attention_figure(pattern, layer, head, labels, t, v), ctx,
+                       key=f"normlab_attn_{v}_fig")
             top, probs = lab.top_predictions(rec)
-            plots.show(lambda: top_figure([plain(candidate_label(loaded, list(ids), int(i))) for i in top], probs, t, v), ctx,
-                       key=f"normlab_top_{v}_fig")
+            names = [plain(candidate_label(loaded, list(ids), int(i))) for i in top]
+            plots.show(lambda: top_figure(names, probs, t, v), ctx, key=f"normlab_top_{v}_fig")
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))
     st.caption(t("normlab.layer_and_head_follow_the"))
@@ -135,9 +137,10 @@ def draw_train_logs(ctx: ViewContext) -> None:
     for v, c in curves.items():
         series[f"{v}_train"] = (f"{variant_name(t, v)} · " + t("normlab.train"), c["train_loss"], COLORS[v], "solid", c["step"])
         series[f"{v}_heldout"] = (f"{variant_name(t, v)} · " + t("normlab.held_out"), c["heldout_loss"], COLORS[v], "dot", c["step"])
-    fig = twin_lines_figure("normlab_train_loss", t("normlab.how_the_twins_were_trained"),
-                            curves["pre"]["step"], series, t, t("normlab.loss_nats_token"), t("normlab.step"))
-    plots.show(fig, ctx, key="normlab_train_loss_fig")
+    title, y_title, x_title = t("normlab.how_the_twins_were_trained"), t("normlab.loss_nats_token"), t("normlab.step")
+    steps = curves["pre"]["step"]
+    plots.show(lambda: twin_lines_figure("normlab_train_loss", title, steps, series, t, y_title, x_title), ctx,
+               key="normlab_train_loss_fig")
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         with col:

@@ -232,9 +232,9 @@ def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_id
         mats.append(masked_blank(pattern_of(shuf, L, ivs)[H], ivs, L))
         titles.append(t("whatif.changed_words_shuffled"))
         label_sets.append([f"{i}:{ctx.pieces[j]}" for i, j in enumerate(perm)])
-    fig = attention_figure(mats, titles, label_sets, t)
-    fig.update_layout(title=t("whatif.attention_of_layer_head", l=L, h=H))
-    plots.show(fig, ctx, key="whatif_attn", height=min(700, 260 + 14 * len(ctx.ids)))
+    title = t("whatif.attention_of_layer_head", l=L, h=H)
+    plots.show(lambda: attention_figure(mats, titles, label_sets, t).update_layout(title=title), ctx,
+               key="whatif_attn", height=min(700, 260 + 14 * len(ctx.ids)))
     if rope_off:
         draw_shuffle(ctx, ivs, perm, shuffled, specs, source_ids)
 
