@@ -24,6 +24,7 @@ from app import gateway
 from app.context import plain
 from app.i18n import t
 from app.presets import BY_KEY, PRESETS
+from explorer_model import interventions as I
 from explorer_model import lecture as L
 from explorer_model.paths import ASSETS
 
@@ -52,6 +53,26 @@ def shipped() -> list[str]:
     return sorted(p.stem for p in SHIPPED.glob("*.toml")) if SHIPPED.is_dir() else []
 
 
+_TEXTS: dict[str, str] = {}
+_TEXTS_LOCK = threading.Lock()
+
+
+def lecture_text(lecture: dict) -> str:
+    """The open lecture ({"title", "steps"}) as TOML (explorer_model.lecture.dumps), written once per content: the
+    presenter's page hands it to the room and the Lecture box offers it as a file on every run, and the writer
+    quotes every string in Python (tens of ms for a shipped lecture); its repr is a small fraction of that."""
+    key = repr((lecture["title"], lecture["steps"]))
+    with _TEXTS_LOCK:
+        if key in _TEXTS:
+            return _TEXTS[key]
+    text = L.dumps(L.Lecture(lecture["title"], lecture["steps"]))
+    with _TEXTS_LOCK:
+        while len(_TEXTS) >= 16:
+            _TEXTS.pop(next(iter(_TEXTS)))
+        _TEXTS[key] = text
+    return text
+
+
 def problem_line(p: L.Problem) -> str:
     """One mistake in the reader's language: where (step, field) and what is allowed."""
     what = tr(f"lecture.err.{p.code}", **{k: plain(v) for k, v in p.detail.items()})
@@ -74,8 +95,8 @@ def open_lecture(data: bytes, name: str | None) -> bool:
 
 
 def prepare(data: bytes, steps: list[dict]) -> None:
-    """On a server, once per lecture file: every step's recording (and lesson target) computed in the background
-    through the gateway, so each step opens from the cache when the lecturer gets there."""
+    """On a server, once per lecture file: every step's recording (its lesson's target, its what-if run) computed in
+    the background through the gateway, so each step opens from the cache when the lecturer gets there."""
     from app.gateway.settings import warm_up_enabled
 
     digest = hashlib.sha256(data).hexdigest()
@@ -110,9 +131,14 @@ def _prepare_step(step: dict) -> None:
     bos = [facts.bos_id] if step.get("bos") and facts.bos_id is not None and not facts.add_bos else []
     if not body:
         return
-    gateway.recording(source, tuple(bos + body))
+    ids = tuple(bos + body)
+    gateway.recording(source, ids)
     if preset is not None and preset.kind != "compare":
-        gateway.lesson_target(source, preset.key, tuple(bos + body))
+        gateway.lesson_target(source, preset.key, ids)
+    if step.get("whatif") and not step.get("whatif_source"):  # the What-if view's run and its KL, as it asks
+        specs = I.format_list(gateway.check_interventions(source, step["whatif"]))
+        gateway.whatif_run(source, ids, specs, ())
+        gateway.whatif_kl(source, ids, specs, ())
 
 
 def start() -> None:

@@ -12,6 +12,7 @@ Prompt state (st.session_state):
 """
 from __future__ import annotations
 
+import functools
 import io
 
 import streamlit as st
@@ -257,7 +258,9 @@ def room_addresses() -> list[str]:
     return serve.lan_addresses()  # every non-loopback interface, read from the kernel
 
 
+@functools.lru_cache(maxsize=8)
 def qr_png(url: str) -> bytes:
+    """The address as a QR code, made once per address (every page run of a shared server shows it)."""
     import segno  # pure Python; only needed on a shared server
 
     buf = io.BytesIO()

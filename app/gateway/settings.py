@@ -6,6 +6,7 @@ that is a symlink leading out of the folder is not offered.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -55,9 +56,13 @@ def cache_budget_bytes() -> int:
     return int(float(os.environ.get("LLAMA_EXPLORER_CACHE_MB", 2048)) * 2**20)
 
 
-def shipped_models() -> list[str]:
-    """The teaching models in assets/ (a folder with explorer_config.json), by name."""
-    return sorted(p.name for p in ASSETS.glob("*") if (p / "explorer_config.json").is_file()) if ASSETS.is_dir() else []
+@functools.lru_cache(maxsize=1)
+def shipped_models() -> tuple[str, ...]:
+    """The teaching models in assets/ (a folder with explorer_config.json), by name; read once per process (the
+    shipped folder does not change under a running server, and a page run asks several times)."""
+    if not ASSETS.is_dir():
+        return ()
+    return tuple(sorted(p.name for p in ASSETS.glob("*") if (p / "explorer_config.json").is_file()))
 
 
 def folder_models() -> dict[str, Path]:
@@ -79,7 +84,7 @@ def folder_models() -> dict[str, Path]:
 
 def offered_models() -> list[str]:
     """Names a visitor may choose: the default, the shipped twins, the teacher's folder (names only)."""
-    names = [DEFAULT_SOURCE] + shipped_models()
+    names = [DEFAULT_SOURCE, *shipped_models()]
     return names + [n for n in folder_models() if n not in names]
 
 
