@@ -107,6 +107,8 @@ def _open_shipped() -> None:
 
 def editor() -> None:
     ss = st.session_state
+    if ss.get("room_following"):  # the room's lecture is the presenter's: "explore on my own" opens the box
+        return
     with st.sidebar.expander(P.tr("lecture.box"), expanded=False):
         st.selectbox(P.tr("lecture.open_shipped"), P.shipped(), index=None, key="lecture_shipped",
                      on_change=_open_shipped, placeholder=P.tr("lecture.choose"))
@@ -133,7 +135,7 @@ def editor() -> None:
         c[0].button(P.tr("lecture.up"), key="lecture_up", on_click=_swap, args=(-1,), disabled=i == 0)
         c[1].button(P.tr("lecture.down"), key="lecture_down", on_click=_swap, args=(1,), disabled=i == len(steps) - 1)
         c[2].button(P.tr("lecture.delete"), key="lecture_delete", on_click=_delete)
-        data = L.dumps(L.Lecture(ss["lecture"]["title"], steps)).encode("utf-8")  # built here: the callback has no session
+        data = P.lecture_text(ss["lecture"]).encode("utf-8")  # built here: the callback has no session
         st.download_button(P.tr("lecture.download"), data=data, file_name=f"{ss.get('lecture_name') or 'lecture'}.toml",
                            mime="application/toml", on_click="ignore", key="lecture_download",
                            use_container_width=True)

@@ -4,21 +4,30 @@ own" ("back to the lecture" rejoins at the current step).
 
 The key is checked here, on the server, against the one the server was started with: a follower's page never
 writes the room, whatever its URL or messages say. The room's state is explorer_model/room.py (SQLite, shared by the
-server's processes). Session state: room_presenter (the key matched), room_following, room_detached, room_seen (the
-room version this page shows), _room_sent (what the presenter last wrote).
+server's processes); the server reruns a following page when it changes (app/room_push.py). Session state:
+room_presenter (the key matched), room_following, room_detached, room_seen (the room version this page shows),
+_room_sent (what the presenter last wrote).
 """
 from __future__ import annotations
 
+import copy
+import functools
 import hmac
 import os
+from urllib.parse import urlencode
 
 import streamlit as st
 
 from app import lecture_player as P
+from app import room_push
 from explorer_model import lecture as L
 from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
 
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.5  # where the server cannot rerun a page (room_push.available() is False), the page asks this often
+# Where it can, a following page still asks now and then: a page whose connection was lost (its server process
+# restarted) is not rerun by any server until it asks, and Streamlit's page asks for a run as soon as it reconnects
+# when it has a timed fragment; if it did not, this is how late such a page comes back.
+CATCH_UP_SECONDS = 15.0
 _ROOMS: dict[str, Room] = {}
 
 
@@ -47,24 +56,30 @@ def sync() -> None:
     if is_presenter():
         ss["room_following"] = False
         if ss.get("lecture"):
-            sent = (L.dumps(L.Lecture(ss["lecture"]["title"], ss["lecture"]["steps"])), ss.get("lecture_name") or "",
-                    ss.get("lecture_step", 0))
+            sent = (P.lecture_text(ss["lecture"]), ss.get("lecture_name") or "", ss.get("lecture_step", 0))
             if ss.get("_room_sent") != sent:
                 r.publish(*sent)
                 ss["_room_sent"] = sent
         return
-    current = r.current()
-    ss["room_following"] = current is not None and not ss.get("room_detached")
-    if not ss["room_following"] or current["version"] == ss.get("room_seen"):
+    version = r.version()
+    ss["room_following"] = version != 0 and not ss.get("room_detached")
+    if not ss["room_following"] or version == ss.get("room_seen"):
         return
+    current = r.current()
     ss["room_seen"] = current["version"]
-    lecture, _ = L.parse(current["lecture"], P.view_keys(), P.lessons())
+    lecture = room_lecture(current["lecture"])
     if lecture is None:  # the presenter's page validated it: nothing else is ever written
         return
-    if ss.get("lecture", {}).get("steps") != lecture.steps:
-        ss["lecture"] = {"title": lecture.title, "steps": lecture.steps}
+    if ss.get("lecture", {}).get("steps") != lecture.steps:  # a copy: a page that explores may edit its own
+        ss["lecture"] = {"title": lecture.title, "steps": copy.deepcopy(lecture.steps)}
     ss["lecture_name"] = current["name"] or None
     P.go(current["step"])
+
+
+@functools.lru_cache(maxsize=4)
+def room_lecture(text: str) -> L.Lecture | None:
+    """The room's lecture, read once per process: every follower's page takes it at each step."""
+    return L.parse(text, P.view_keys(), P.lessons())[0]
 
 
 def _detach() -> None:
@@ -75,12 +90,35 @@ def _rejoin() -> None:
     st.session_state.update(room_detached=False, room_seen=None)
 
 
-@st.fragment(run_every=POLL_SECONDS)
-def _poll() -> None:
-    """A follower's page asks the room for its version twice a second and reruns when the presenter moved."""
+def _ask() -> None:
+    """A follower's page asks the room for its version and reruns when the presenter moved."""
     r = room()
     if r is not None and st.session_state.get("room_following") and r.version() != st.session_state.get("room_seen"):
         st.rerun(scope="app")
+
+
+_ask_often = st.fragment(run_every=POLL_SECONDS)(_ask)
+_ask_now_and_then = st.fragment(run_every=CATCH_UP_SECONDS)(_ask)
+
+
+def _listen(r: Room, following: bool) -> None:
+    """A following page is rerun by the server when the room changes (app/room_push.py) and asks now and then
+    itself, or asks often where the server cannot rerun it; any other page is neither."""
+    if not room_push.available():
+        if following:
+            _ask_often()
+        return
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return
+    watcher = room_push.watcher(r)
+    if following:  # the page's URL as this run found it: the rerun reads it as the browser would send it
+        watcher.follow(ctx.session_id, urlencode(st.query_params.to_dict()))
+        _ask_now_and_then()
+    else:
+        watcher.leave(ctx.session_id)
 
 
 def controls() -> None:
@@ -94,6 +132,6 @@ def controls() -> None:
         c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.caption(P.tr("room.following"))
         c2.button(P.tr("room.detach"), key="room_detach", on_click=_detach, use_container_width=True)
-        _poll()
     elif ss.get("room_detached") and r.version():
         st.button(P.tr("room.rejoin"), key="room_rejoin", on_click=_rejoin)
+    _listen(r, bool(ss.get("room_following")) and not is_presenter())

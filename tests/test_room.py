@@ -74,3 +74,51 @@ def test_a_student_with_a_wrong_key_or_a_lecture_link_never_moves_the_room(share
             if found:
                 found[0].click().run()
     assert shared_room.version() == version and shared_room.current()["step"] == 4
+
+
+def test_the_watcher_reruns_the_following_pages_when_the_room_changes(tmp_path):
+    from app.room_push import Watcher
+
+    room = Room(tmp_path / "room.sqlite3")
+    room.publish("lecture text", "tutorial-000", 1)
+    asked: list[tuple[str, str]] = []
+
+    def ask(session_id: str, query: str) -> bool:
+        asked.append((session_id, query))
+        return session_id != "closed-tab"  # that page is gone: it is asked once and then forgotten
+
+    w = Watcher(room, ask, every=3600)  # ticked by hand here; the thread would wait an hour
+    try:
+        w.follow("student-1", "step=1&view=predict")
+        w.follow("closed-tab", "step=1")
+        w.follow("explorer", "step=1")
+        w.leave("explorer")  # explores on their own: not rerun
+        w.tick()
+        assert asked == []  # nothing moved: nobody is asked
+        room.publish("lecture text", "tutorial-000", 2)
+        w.tick()
+        assert sorted(asked) == [("closed-tab", "step=1"), ("student-1", "step=1&view=predict")]
+        assert set(w.pages) == {"student-1"}
+        w.tick()
+        assert len(asked) == 2  # once per change
+        Room(tmp_path / "room.sqlite3").publish("lecture text", "tutorial-000", 3)  # another process's presenter
+        w.tick()
+        assert asked[2:] == [("student-1", "step=1&view=predict")]
+    finally:
+        w.stop()
+
+
+def test_a_following_page_has_no_lecture_box_and_gets_it_back_when_it_explores(shared_room):
+    run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
+    student = run_app()
+    assert student.session_state["room_following"]
+    assert [b for b in student.button if b.key == "lecture_add"] == []  # the room's lecture is the presenter's
+    student.button(key="room_detach").click().run()
+    assert [b.key for b in student.button if b.key == "lecture_add"] == ["lecture_add"]
+
+
+def test_the_presenter_s_edit_reaches_the_room(shared_room):
+    presenter = run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
+    before = shared_room.version()
+    presenter.text_input(key="lecture_edit_title_en").set_value("A title of my own").run()
+    assert shared_room.version() == before + 1 and "A title of my own" in shared_room.current()["lecture"]
