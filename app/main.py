@@ -122,7 +122,11 @@ def page_top() -> None:
         side.share_box(gateway.public_port() or int(st.get_option("server.port")))
 
 
-def main() -> None:
+def head():
+    """The top of the page, drawn before the page's turn in the drawing lane: what the page is (its link, its
+    lecture step, the room's step), the title and the lecture's player. A few ms of Python, so when the presenter
+    moves, thirty followers' pages show the new step's number, title and caption together instead of one after
+    another; the rest of each page waits its turn (gateway.page_run). Returns the caption's slot."""
     side.apply_pending()
     read_url_once()
     dropped = state_guard.check_state({"view": tuple(v[0] for v in VIEWS), "cmp": compare.MODES})
@@ -133,6 +137,11 @@ def main() -> None:
         st.info(tr("app.state_reset"))
     lecture_slot = lecture_player.bar()
     room_follow.controls()
+    return lecture_slot
+
+
+def main(lecture_slot) -> None:
+    """The rest of the page, in its turn: the sidebar's model, prompt and selection, and the view."""
     lecture_editor.editor()
     facts = side.choose_model()
     if facts is not None:
@@ -188,14 +197,25 @@ def main() -> None:
         ctx.rec = gateway.RecordingRef(source, tuple(ids))
 
 
+def failed() -> None:
+    """A value no entry check foresaw: one line, and the settings back to their defaults."""
+    log.exception("page run failed")
+    state_guard.reset_widgets()
+    st.error(tr("app.state_reset"))
+
+
 _waiting = st.empty()
-if gateway.pages_ahead():  # a frozen page would look broken: say why it waits
-    _waiting.caption(tr("app.queue_pages", n=gateway.pages_ahead()))
-with gateway.page_run():  # one page draws at a time; forward passes run beside it (app/gateway/lanes.py)
-    _waiting.empty()
-    try:
-        main()
-    except Exception:  # a value no entry check foresaw: one line, and the settings back to their defaults
-        log.exception("page run failed")
-        state_guard.reset_widgets()
-        st.error(tr("app.state_reset"))
+try:
+    _slot, _drawn = head(), True
+except Exception:
+    failed()
+    _drawn = False
+if _drawn:
+    if gateway.pages_ahead():  # a frozen page would look broken: say why it waits
+        _waiting.caption(tr("app.queue_pages", n=gateway.pages_ahead()))
+    with gateway.page_run():  # one page draws at a time; forward passes run beside it (app/gateway/lanes.py)
+        _waiting.empty()
+        try:
+            main(_slot)
+        except Exception:
+            failed()
