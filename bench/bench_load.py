@@ -21,8 +21,14 @@ The server's CPU seconds (user + system, all its processes, from /proc) over the
 which unlike wall time does not depend on what else the machine runs; a quiet visitor alone afterwards gives
 the CPU of each action kind (--quiet-prompts). --taskset confines the server to some cores.
 
-Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5] [--processes 1]   (prints a JSON report;
-exit status 0 when there were no errors, memory stayed under the bound and recordings were identical)
+With --lecture NAME the class follows a lecturer instead (explorer_model/cli/room_load.py): the server is `serve
+--share`, one presenter presses Next every --step-every seconds through --steps steps of the shipped lecture NAME, and
+the visitors are followers; it reports the follow lag (from the press to each follower's page showing the step)
+beside the other actions' latency, and the server CPU per step, between steps and per action kind.
+
+Usage: .venv/bin/python bench/bench_load.py [--visitors 30] [--prompts 5] [--processes 1] [--lecture tutorial-000]
+(prints a JSON report; exit status 0 when there were no errors, memory stayed under the bound and recordings were
+identical)
 """
 from __future__ import annotations
 
@@ -49,6 +55,7 @@ from load_determinism import determinism  # noqa: E402
 from explorer_model.cli.loadtest import (ACTIONS, BACKENDS, CpuMeter, MemorySampler, Visitor, free_port,  # noqa: E402
                                      outcomes, percentile, quiet_visitor_cpu, rss_kb, run_visitors, start_server,
                                      stop_server, tree_pids, wait_healthy)
+from explorer_model.cli import room_load  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 from machine import machine_line  # noqa: E402
@@ -78,7 +85,8 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
     port = free_port()
     # one server, or `serve --processes N`: N servers behind HAProxy (docs/haproxy.cfg) pinning each visitor to one
-    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes, args.taskset)
+    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes, args.taskset,
+                        room=bool(args.lecture))
     if args.taskset:
         report["server_taskset"] = args.taskset
     sampler = MemorySampler([proc.pid])
@@ -109,15 +117,21 @@ def run(args) -> dict:
         deadline = t_start + args.max_seconds - 60  # leave a minute to finish the runs in progress
         meter = CpuMeter(proc.pid)
         t0, cpu0 = time.monotonic(), meter.read()
-        times, errors, done = asyncio.run(asyncio.wait_for(run_visitors(port, args, deadline),
-                                                           args.max_seconds - (time.monotonic() - t_start)))
+        left = args.max_seconds - (time.monotonic() - t_start)
+        if args.lecture:  # a lecturer and followers; their actions' CPU is measured inside the scenario
+            key = room_load.presenter_key(tmp / "server.log")
+            times, errors, report["room"] = asyncio.run(asyncio.wait_for(
+                room_load.lecture_run(port, key, args, meter.read, deadline), left))
+            done = [len(times["follow"]) + len(times["present_step"])]
+        else:
+            times, errors, done = asyncio.run(asyncio.wait_for(run_visitors(port, args, deadline), left))
         report["load_seconds"] = round(time.monotonic() - t0, 1)
         report["loadavg_after"] = round(os.getloadavg()[0], 2)
         cpu_s = meter.read() - cpu0
         report["server_cpu"] = {"seconds": round(cpu_s, 1), "per_action_s": round(cpu_s / max(1, sum(done)), 3),
                                 "cores_busy": round(cpu_s / report["load_seconds"], 2),
                                 "actions_per_s": round(sum(done) / report["load_seconds"], 2)}
-        if args.quiet_prompts:
+        if args.quiet_prompts and not args.lecture:
             report["server_cpu"]["per_kind_quiet_visitor_s"] = quiet_visitor_cpu(port, args, meter)
     except asyncio.TimeoutError:
         times, errors, done = {a: [] for a in ACTIONS}, [{"problem": "the whole run exceeded --max-seconds"}], []
@@ -137,7 +151,7 @@ def run(args) -> dict:
     done = done[:ordinary]  # an adversary's actions are not the class's
     if args.prompt_chars:  # a visitor whose connection the server closed sends nothing more
         report["oversized_prompts"] = {"chars": args.prompt_chars, **outcomes}
-    elif sum(done) < planned:
+    elif not args.lecture and sum(done) < planned:
         errors.append({"problem": f"only {sum(done)} of {planned} actions ran (time bound reached)"})
     if not server_alive:
         errors.append({"problem": f"the server exited during the run: {log[-500:]}"})
@@ -200,6 +214,11 @@ def parse_args(argv=None):
                         "each action: server CPU per action kind (0: skip)")
     p.add_argument("--taskset", default="", metavar="CPUS",
                    help="confine the server to these cores (taskset -c CPUS, e.g. 0): a stand-in for a slower host")
+    p.add_argument("--lecture", default="", metavar="NAME",
+                   help="the lecture scenario: one presenter steps through the shipped lecture NAME (e.g. "
+                        "tutorial-000) and the visitors follow it (explorer_model/cli/room_load.py)")
+    p.add_argument("--steps", type=int, default=10, help="with --lecture: how many times the presenter presses Next")
+    p.add_argument("--step-every", type=float, default=20.0, help="with --lecture: seconds between two presses")
     p.add_argument("--no-determinism", action="store_true")
     p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
     return p.parse_args(argv)

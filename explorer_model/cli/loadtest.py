@@ -250,18 +250,19 @@ class MemorySampler(threading.Thread):
 
 
 def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path,
-                 processes: int = 1, taskset: str = "") -> subprocess.Popen:
-    """One shared server as `serve --share` runs it, or with processes > 1 the `serve --share --processes N` command
-    itself (app servers behind HAProxy); in its own process group, so stopping it stops all of it. With `taskset`
-    (a CPU list such as "0") the whole server is confined to those cores."""
+                 processes: int = 1, taskset: str = "", room: bool = False) -> subprocess.Popen:
+    """One shared server as `serve --share` runs it, or with processes > 1 or a `room` the `serve --share
+    [--processes N]` command itself (app servers behind HAProxy; the room's presenter link printed into the log, its
+    state in the log's folder); in its own process group, so stopping it stops all of it. With `taskset` (a CPU list
+    such as "0") the whole server is confined to those cores."""
     from explorer_model.cli.serve import server_env, streamlit_command
 
     log = open(log_path, "wb")
-    if processes > 1:
+    if processes > 1 or room:
         cmd = [sys.executable, "-m", "explorer_model.cli", "serve", "--share", "--processes", str(processes),
                "--port", str(port)] + (["--cache-mb", str(cache_mb)] if cache_mb else []) + \
               (["--max-tokens", str(max_tokens)] if max_tokens else [])
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", XDG_RUNTIME_DIR=str(log_path.parent))
     else:
         cmd, env = streamlit_command(port, "127.0.0.1"), server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb)
     if taskset:

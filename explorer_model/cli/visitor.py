@@ -106,37 +106,45 @@ class Visitor:
         return time.perf_counter() - t0, problems
 
     async def _read_run(self) -> list[str]:
-        from streamlit.proto.Alert_pb2 import Alert
         from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
         problems = []
         while True:
             f = ForwardMsg()
             f.ParseFromString(await self.ws.recv())
-            kind = f.WhichOneof("type")
-            if kind == "delta" and f.delta.WhichOneof("type") == "new_element":
-                el_kind = f.delta.new_element.WhichOneof("type")
-                el = getattr(f.delta.new_element, el_kind)
-                if getattr(el, "id", ""):
-                    self.ids[el.id.rsplit("-", 1)[-1]] = el.id
-                    if el_kind == "slider":  # the layer and head sliders' ranges: the model's shape
-                        self.limits[el.id.rsplit("-", 1)[-1]] = int(el.max)
-                if el_kind == "download_button" and el.deferred_file_id:
-                    self.downloads[el.id.rsplit("-", 1)[-1]] = el.deferred_file_id
-                if el_kind == "button_group":
-                    self.view_labels = [o.content for o in el.options]
-                if el_kind == "exception":
-                    problems.append(f"exception: {el.type}: {el.message}")
-                elif el_kind == "alert" and el.format == Alert.ERROR:
-                    problems.append(f"error: {el.body[:200]}")
-            elif kind == "new_session" and f.new_session.initialize.session_id:
-                self.session_id = f.new_session.initialize.session_id
-            elif kind == "page_info_changed":
-                self.query = {k: v[0] for k, v in parse_qs(f.page_info_changed.query_string).items()}
-            elif kind == "script_finished":
+            problems += self.take(f)
+            if f.WhichOneof("type") == "script_finished":
                 if f.script_finished != ForwardMsg.FINISHED_SUCCESSFULLY:
                     problems.append(f"script_finished status {f.script_finished}")
                 return problems
+
+    def take(self, f) -> list[str]:
+        """What one message from the server tells about the page (widget ids, slider ranges, download buttons, the
+        view selector's labels, the session, the URL); returns the problems it shows (exceptions, error alerts)."""
+        from streamlit.proto.Alert_pb2 import Alert
+
+        problems = []
+        kind = f.WhichOneof("type")
+        if kind == "delta" and f.delta.WhichOneof("type") == "new_element":
+            el_kind = f.delta.new_element.WhichOneof("type")
+            el = getattr(f.delta.new_element, el_kind)
+            if getattr(el, "id", ""):
+                self.ids[el.id.rsplit("-", 1)[-1]] = el.id
+                if el_kind == "slider":  # the layer and head sliders' ranges: the model's shape
+                    self.limits[el.id.rsplit("-", 1)[-1]] = int(el.max)
+            if el_kind == "download_button" and el.deferred_file_id:
+                self.downloads[el.id.rsplit("-", 1)[-1]] = el.deferred_file_id
+            if el_kind == "button_group":
+                self.view_labels = [o.content for o in el.options]
+            if el_kind == "exception":
+                problems.append(f"exception: {el.type}: {el.message}")
+            elif el_kind == "alert" and el.format == Alert.ERROR:
+                problems.append(f"error: {el.body[:200]}")
+        elif kind == "new_session" and f.new_session.initialize.session_id:
+            self.session_id = f.new_session.initialize.session_id
+        elif kind == "page_info_changed":
+            self.query = {k: v[0] for k, v in parse_qs(f.page_info_changed.query_string).items()}
+        return problems
 
     async def download(self, key: str) -> tuple[float, int, str]:
         """Click download button `key` as a browser does: ask the server for the file (Streamlit's deferred-file
