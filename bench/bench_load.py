@@ -78,7 +78,10 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_load_"))
     port = free_port()
     # one server, or `serve --processes N`: N servers behind HAProxy (docs/haproxy.cfg) pinning each visitor to one
-    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes, args.taskset)
+    proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes, args.taskset,
+                        Path(args.server_root) if args.server_root else ROOT)
+    if args.server_root:
+        report["server_root"] = str(Path(args.server_root).resolve())
     if args.taskset:
         report["server_taskset"] = args.taskset
     sampler = MemorySampler([proc.pid])
@@ -200,6 +203,9 @@ def parse_args(argv=None):
                         "each action: server CPU per action kind (0: skip)")
     p.add_argument("--taskset", default="", metavar="CPUS",
                    help="confine the server to these cores (taskset -c CPUS, e.g. 0): a stand-in for a slower host")
+    p.add_argument("--server-root", default="", metavar="DIR",
+                   help="serve another checkout of the project (e.g. a git worktree of another version) to the same "
+                        "visitors: two versions measured on one machine")
     p.add_argument("--no-determinism", action="store_true")
     p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
     return p.parse_args(argv)
