@@ -165,11 +165,8 @@ def test_presenter_mode_keeps_presets_and_selection_in_the_main_area(lang):
     assert [s.key for s in at.main.selectbox if s.key == "preset"] and not [
         s for s in at.sidebar.selectbox if s.key == "preset"]
     texts = [main_texts(at)]
-    for view in ("tokens", "attention", "normlab"):
-        at.segmented_control(key="view").set_value(view).run()
-        if view == "attention":  # a window narrower than the prompt: its caption says how to move it
-            at.select_slider(key="attn_window").set_value(4).run()
-        texts.append(main_texts(at))
+    for view in ("tokens", "attention", "normlab"):  # a window narrower than the prompt says how to move it
+        texts.append(main_texts(run_app(view=view, prompt=LONG, presenter=1, lang=lang, attn_window=4)))
     at.main.selectbox(key="preset").select_index([p.key for p in PRESETS].index("coref")).run()
     assert at.main.button(key="back_to_mine") is not None  # the way back stands beside the presets
     texts.append(main_texts(at))
