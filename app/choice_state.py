@@ -15,6 +15,7 @@ import streamlit as st
 from explorer_model import view_choices as VC
 
 DRAWN = "_choices_drawn"  # {key: default} of the choices drawn in this page run
+KEPT = "_choices_kept"  # {key: value} of the choices kept while their view is not shown (start(keep=True))
 
 
 def new_run() -> None:
@@ -22,13 +23,16 @@ def new_run() -> None:
     st.session_state[DRAWN] = {}
 
 
-def start(key: str, default=None, lo=None, hi=None, offered=None):
+def start(key: str, default=None, lo=None, hi=None, offered=None, keep: bool = False):
     """The value `key`'s widget starts from, set in st.session_state before the widget exists; returns it.
     default: the view's own (None: the table's); lo/hi: a numeric range narrowed to this model or prompt;
-    offered: the options of a widget whose options depend on the model (a select slider's)."""
+    offered: the options of a widget whose options depend on the model (a select slider's); keep: the value
+    outlives its widget while another view is shown (Streamlit forgets a widget's value then)."""
     spec = VC.CHOICES[key]
     ss = st.session_state
     default = spec.default if default is None else default
+    if keep and key not in ss and key in (ss.get(KEPT) or {}):
+        ss[key] = ss[KEPT][key]
     value = ss.get(key)
     if value is not None and VC.check(key, value):
         value = VC.native(key, value)
@@ -46,6 +50,8 @@ def start(key: str, default=None, lo=None, hi=None, offered=None):
     if ss.get(key) != value or type(ss.get(key)) is not type(value):
         ss[key] = value
     ss.setdefault(DRAWN, {})[key] = default
+    if keep:
+        ss.setdefault(KEPT, {})[key] = value
     return value
 
 
@@ -95,4 +101,5 @@ def reset_all(keep: dict | None = None) -> None:
     ss = st.session_state
     for key in VC.CHOICES:
         ss.pop(key, None)
+    ss.pop(KEPT, None)
     ss.update({k: VC.native(k, v) for k, v in (keep or {}).items() if VC.check(k, v)})

@@ -18,14 +18,10 @@ def layer_range(ctx, key: str) -> range:
     n = ctx.cfg.n_layers
     if n <= RANGE_FROM:
         return range(n)
-    # Streamlit forgets a widget's value while its view is not shown: the range is kept beside it as well.
-    kept = st.session_state.get("_kept_" + key)
-    if key not in st.session_state and kept is not None:
-        st.session_state[key] = kept
-    choice_state.start(key, (0, n - 1), hi=n - 1)  # a range set for a deeper model starts again from every layer
+    # kept while another view is shown; a range set for a deeper model starts again from every layer
+    choice_state.start(key, (0, n - 1), hi=n - 1, keep=True)
     lo, hi = st.select_slider(ctx.t("big.grid_layers"), options=list(range(n)), key=key,
                               value=(0, n - 1))  # a pair: a range slider (the value in session state wins)
-    st.session_state["_kept_" + key] = (int(lo), int(hi))
     return range(int(lo), int(hi) + 1)
 
 

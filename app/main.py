@@ -77,11 +77,12 @@ def page_top() -> controls.Places:
              format_func=lambda v: "English" if v == "en" else "\u4e2d\u6587")
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))
     presenter = bool(st.session_state.get("presenter"))
-    if presenter:  # larger prose; figures scale in plots.show; slider values never wrap
+    if presenter:  # larger prose; figures scale in plots.show; slider values never wrap; the row of the title and
+        # the controls starts below the page's header (3.75rem), which would cover the controls' labels
         st.markdown("<style>[data-testid='stMain'] :is(.stMarkdown, p, li, label) {font-size: 1.3rem !important;}"
                     "[data-testid='stSliderTickBar'] {display: none;}"
-                    "[data-testid='stMain'] h1 {white-space: nowrap;}"
-                    "[data-testid='stMainBlockContainer'] {padding-top: 1.5rem;}</style>",
+                    "[data-testid='stMain'] h1 {white-space: nowrap; padding-top: 0;}"
+                    "[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;}</style>",
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     sections.landing()
     places = controls.top_row(presenter, gateway.shared())

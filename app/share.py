@@ -57,6 +57,7 @@ def box(place, port: int) -> None:
     urls = addresses(port)
     if not urls:
         return
-    with place.popover(tr("sidebar.share_title"), width="stretch"):
+    with place.popover(tr("sidebar.share_button"), icon=":material/qr_code_2:", help=tr("sidebar.share_title"),
+                       width="stretch"):
         st.code("\n".join(urls), language=None)
         st.image(qr_png(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240, output_format="PNG")

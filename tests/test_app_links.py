@@ -11,6 +11,8 @@ from apptest_util import all_text, figures, run_app
 from app.presets import PRESETS
 from explorer_model import view_choices as VC
 
+pytestmark = pytest.mark.real  # the pages open SmolLM2, the app's default model
+
 SHORT = "The capital of France is Paris."
 LONG = "The capital of France is Paris, and the capital of Italy is Rome. The capital of Spain is"  # > 16 tokens
 WIDGETS = ("radio", "selectbox", "select_slider", "slider", "number_input", "text_input", "toggle", "multiselect")
@@ -43,7 +45,6 @@ SCENARIOS = {
                                ("whatif_sweep_run", None)]),
     "normlab": ("normlab", SHORT, [("lab_ffn", "swiglu"), ("lab_init", "llama"), ("lab_norm", "rms"), ("lab_depth", 8),
                                    ("lab_race_depth", 4), ("lab_race_lr", 1e-3), ("lab_race_steps", 40)]),
-    "normlab-run": ("normlab", SHORT, [("lab_init_run", None)]),  # the lab's default experiment (tests share it)
 }
 
 
@@ -58,14 +59,38 @@ def chosen(actions) -> dict:
     return {BUTTON_FLAGS.get(key, key): True if value is None else value for key, value in actions}
 
 
+LAB_RUN = ("normlab", SHORT, [("lab_init_run", None)])  # the lab's experiment shown (a test of its own, below)
+
+
 def test_the_scenarios_change_every_choice_of_every_view():
-    covered = {k for _, _, actions in SCENARIOS.values() for k in chosen(actions)}
+    covered = {k for _, _, actions in [*SCENARIOS.values(), LAB_RUN] for k in chosen(actions)}
     assert covered == set(VC.CHOICES)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_choice_goes_into_the_link_and_comes_back(name):
-    view, prompt, actions = SCENARIOS[name]
+    round_trip(*SCENARIOS[name])
+
+
+def test_the_labs_experiment_on_screen_is_in_the_link(monkeypatch):
+    """The experiment the lab's button shows comes back from the link; here on two depths of its sweep (the
+    lab's own test, test_app_normlab.py, runs the whole one)."""
+    import functools
+
+    from app.panels.normlab import initialization
+    from explorer_model.lab import normlab as lab
+
+    @functools.lru_cache(maxsize=None)
+    def short(ffn, init, norm, depth, *_):
+        return lab.init_gradients(lab.LabOptions(ffn=ffn, init=init, norm=norm), depth, depths=(2, 4), sweep_seeds=1)
+    monkeypatch.setattr(initialization, "init_gradients", lambda ffn, init, norm, depth, t=None, box=None:
+                        short(ffn, init, norm, depth))
+    again = round_trip(*LAB_RUN)
+    assert "normlab_init_profile" in [(f["layout"].get("meta") or {}).get("id") for f in figures(again)]
+
+
+def round_trip(view: str, prompt: str, actions):
+    """The actions done in one session; the link they leave opened in another: the same choices and figures."""
     at = run_app(timeout=600, view=view, prompt=prompt)
     for key, value in actions:
         if value is None:
@@ -85,6 +110,7 @@ def test_every_choice_goes_into_the_link_and_comes_back(name):
         assert again.session_state[key] == at.session_state[key], key
     assert figures(again) == figures(at)
     assert "set back to their defaults" not in all_text(again)
+    return again
 
 
 def test_the_token_limit_and_the_full_view_of_a_comparison_are_in_the_link():

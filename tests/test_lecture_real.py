@@ -16,6 +16,8 @@ from app import lecture_player as P
 from app.presets import BY_KEY
 from explorer_model import lecture as L
 
+pytestmark = pytest.mark.real  # every test opens SmolLM2, the app's default model
+
 
 def caption_markdown(at, template: str) -> str:
     first = L.PLACEHOLDER.split(template)[0][:20]  # the caption's text before its first placeholder
