@@ -31,8 +31,9 @@ class ViewContext:
     # character never becomes U+FFFD): "append_token"(id) adds one token to the prompt, "append_tokens"(ids)
     # several as one step ("token_limit": how many tokens a prompt may have), "undo"() returns to the ids before
     # the last append, "can_undo" says whether there is one. Both are meant for a button's on_click;
-    # called in the script body, follow them with st.rerun(). "replace_prompt"(text) sets a new prompt and keeps
-    # the visitor's for the sidebar's "back to my prompt".
+    # called in the script body, follow them with st.rerun(). "replace_prompt"(text, **state) sets a new prompt
+    # (and the state that goes with it) and keeps the visitor's whole state for "back to my prompt": "back"() gives
+    # it back, "mine_prompt" is its prompt (None when nothing is kept).
     extras: dict = field(default_factory=dict)
 
     def figure_digest(self) -> tuple:

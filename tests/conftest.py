@@ -466,4 +466,5 @@ def pytest_collection_modifyitems(config, items):
 
 
 _LONG_MODULES = ("test_browser", "test_hardening_cli", "test_kernel_matrix", "test_load_short", "test_native_cache",
-                 "test_dtype_7b", "test_hardening_processes", "test_bad_input", "test_cli", "test_classroom_check")
+                 "test_dtype_7b", "test_hardening_processes", "test_bad_input", "test_cli", "test_classroom_check",
+                 "test_app_links", "test_lecture_real")

@@ -132,7 +132,7 @@ def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
     assert not at.exception
     at.button(key="whatif_q_bank").click().run()
     assert not at.exception
-    assert at.session_state["prompt"] == BANK_TARGET and at.session_state["prompt_before_preset"] == mine
+    assert at.session_state["prompt"] == BANK_TARGET and at.session_state["my_state"]["prompt"] == mine
     spec = at.session_state["whatif"]
     layer = int(spec.split(".")[1])
     assert spec == f"patch:blocks.{layer}.hook_resid_post@-1" and at.session_state["layer"] == layer
@@ -149,9 +149,10 @@ def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
         assert not (flipped and kl0 >= MIN_KL)
     text = all_text(at)
     assert f"KL {kl:.2f}" in text and display_piece(loaded.tokenizer.piece(int(q.argmax()))) in text
-    # the way back
+    # the way back: the prompt, and the layer and interventions the lesson had set
     at.button(key="whatif_back").click().run()
-    assert at.session_state["prompt"] == mine and "prompt_before_preset" not in at.session_state
+    assert at.session_state["prompt"] == mine and "my_state" not in at.session_state
+    assert at.session_state["layer"] == 0 and not at.session_state.get("whatif") and at.query_params["view"] == "whatif"
 
 
 def test_attention_heatmaps_label_tokens(loaded):

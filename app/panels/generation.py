@@ -13,8 +13,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, display_piece, plain
+from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
 from explorer_model.tokenizer.labels import completion, fragment_labels
@@ -145,10 +146,13 @@ def draw_prediction(ctx: ViewContext) -> None:
     t, tok = ctx.t, ctx.facts
     st.subheader(t("residual.choosing_the_next_token"))
     c1, c2, c3, c4 = st.columns(4)
-    temp = c1.slider(t("residual.temperature"), 0.0, 2.0, 1.0, 0.05, key="pred_temperature")
-    top_k = int(c2.number_input(t("residual.top_k_0_off"), 0, ctx.cfg.vocab_size, 50, key="pred_top_k"))
-    top_p = c3.slider(t("residual.step_top_p"), 0.01, 1.0, 0.9, 0.01, key="pred_top_p")
-    seed = int(c4.number_input(t("residual.sampling_seed"), 0, 2**31 - 1, 0, key="pred_seed"))
+    for key in ("pred_temperature", "pred_top_p", "pred_seed"):
+        choice_state.start(key)
+    choice_state.start("pred_top_k", hi=ctx.cfg.vocab_size)
+    temp = c1.slider(t("residual.temperature"), 0.0, 2.0, step=0.05, key="pred_temperature")
+    top_k = int(c2.number_input(t("residual.top_k_0_off"), 0, ctx.cfg.vocab_size, key="pred_top_k"))
+    top_p = c3.slider(t("residual.step_top_p"), 0.01, 1.0, step=0.01, key="pred_top_p")
+    seed = int(c4.number_input(t("residual.sampling_seed"), 0, 2**31 - 1, key="pred_seed"))
 
     ids = [int(i) for i in ctx.ids]
     hist = st.session_state.get("pred_history") or []
@@ -189,7 +193,7 @@ def draw_prediction(ctx: ViewContext) -> None:
     room = min(CONTINUE_MAX, int(ctx.extras.get("token_limit", ctx.cfg.max_seq_len)) - len(ids))
     if by_ids and many is not None and room > 0:  # several tokens per click: decoded, not recorded
         c1, c2, c3 = st.columns(3)
-        st.session_state["pred_continue_n"] = min(int(st.session_state.get("pred_continue_n", 20)), room)
+        choice_state.start("pred_continue_n", min(VC.CHOICES["pred_continue_n"].default, room), hi=room)
         n = int(c1.number_input(t("residual.continue_n"), 1, room, key="pred_continue_n"))
         run_seed = seed * 7919 + len(ids)  # reproducible, and another draw after every step
         c2.button(t("residual.continue_top", n=n), key="pred_continue_greedy", on_click=_continue,

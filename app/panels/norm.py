@@ -10,12 +10,14 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots
+from app import choice_state, plots
 from app.context import ViewContext, plain
 from app.plots import axis_ids, grid_layout
+from app.sections import section
+from explorer_model import view_choices as VC
 
 N_OUTLIERS = 5
-NORMS = ("ln1", "ln2")
+NORMS = VC.values("norm_which")
 
 
 # --------------------------------------------------------------------------- data
@@ -226,12 +228,18 @@ def draw_csv(ctx: ViewContext, which: str, z: np.ndarray, v: dict, c: dict) -> N
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("norm.title"))
+    choice_state.start("norm_which")
     which = st.radio(ctx.t("norm.which"), NORMS, key="norm_which", horizontal=True,
                      format_func=lambda w: norm_name(ctx, w))
-    z = draw_divisors(ctx, which)  # the main figure, first on the page
+    with section("norm", "divisors"):
+        z = draw_divisors(ctx, which)  # the main figure, first on the page
     draw_intro(ctx)
-    draw_final(ctx)
-    v = draw_vectors(ctx, which)
-    draw_gamma(ctx, v, which)
-    c = draw_layernorm(ctx, v)
+    with section("norm", "final"):
+        draw_final(ctx)
+    with section("norm", "vectors"):
+        v = draw_vectors(ctx, which)
+    with section("norm", "gamma"):
+        draw_gamma(ctx, v, which)
+    with section("norm", "layernorm"):
+        c = draw_layernorm(ctx, v)
     draw_csv(ctx, which, z, v, c)

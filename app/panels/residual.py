@@ -9,15 +9,17 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext
 from app.panels import generation
+from app.sections import section
+from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 
 # The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2 at 40 positions: 68 GFLOP, several
 # times its whole recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
 # default, up to LENS_MAX_POS on request (only the added positions run: gateway.logit_lens).
-LENS_POS, LENS_MAX_POS = 16, 64
+LENS_POS, LENS_MAX_POS = VC.CHOICES["lens_positions"].default, VC.CHOICES["lens_positions"].hi
 
 
 # ----------------------------------------------------------------------------- pure data / figures
@@ -70,11 +72,14 @@ def logit_lens_figure(top_probs, text, labels, t) -> go.Figure:
 # ----------------------------------------------------------------------------- drawing
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("residual.title"))
-    draw_norms(ctx)  # the main figure
+    with section("residual", "norms"):
+        draw_norms(ctx)  # the main figure
     with plots.explainer(ctx, ctx.t("residual.stream_expander")):
         draw_intro(ctx)
-    draw_contributions(ctx)
-    draw_lens(ctx)
+    with section("residual", "contributions"):
+        draw_contributions(ctx)
+    with section("residual", "lens"):
+        draw_lens(ctx)
 
 
 def draw_intro(ctx: ViewContext) -> None:
@@ -89,6 +94,7 @@ def draw_norms(ctx: ViewContext) -> None:
     st.subheader(t("residual.size_of_the_residual_stream"))
     norms = norms_data(ctx.rec)
     rows = [t("residual.layer_in", layer=l) for l in range(n_layers)] + [t("residual.layer_out", layer=n_layers - 1)]
+    choice_state.start("residual_log")
     log = st.toggle(t("residual.colour_by_log_one_huge"), key="residual_log")
     cap = norm_colour_cap(norms)
     fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
@@ -116,7 +122,7 @@ def lens_positions(ctx: ViewContext) -> int:
     if T <= LENS_POS:
         return T
     top = min(T, LENS_MAX_POS)
-    st.session_state["lens_positions"] = min(int(st.session_state.get("lens_positions", LENS_POS)), top)
+    choice_state.start("lens_positions", LENS_POS, hi=top)
     return int(st.slider(ctx.t("residual.lens_positions"), 1, top, key="lens_positions"))
 
 

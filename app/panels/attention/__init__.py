@@ -14,18 +14,20 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, plain
 from app.panels.attention import heads as attention_heads
 from app.panels.attention import links as attention_links
 from app.panels.attention import scale as attention_scale
 from app.layer_range import layer_range, per_layer
+from app.sections import section
 from app.panels.attention.cells import (WINDOW_DEFAULT, click_overlay, clickable, csv_cells, head_label,
                                         layer_matrices, thinned, window)
+from explorer_model import view_choices as VC
 from explorer_model.analysis.attention_math import attention_entropy
 from explorer_model.analysis.lesson import sink_share
 
-WINDOW_CHOICES = (4, 8, 16, WINDOW_DEFAULT, 32, 48, 64, 128)
+KINDS, WINDOW_CHOICES = VC.values("attn_kind"), VC.values("attn_window")
 
 
 def overview(rec, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,22 +185,30 @@ def draw_overview(ctx: ViewContext) -> None:
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("attention.title"))
     attention_links.init_pair(ctx)  # before the main figure, which marks the pair and sets it on a click
-    left, right = st.columns([3, 2])
-    with right:  # the controls stand beside the figure, so the figure starts right under the title
-        kind = st.radio(ctx.t("attention.show"), ["pattern", "scores"], horizontal=True, key="attn_kind",
-                        format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
-                                                    else "attention.show.scores"))
-        half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
-                                value=WINDOW_DEFAULT, key="attn_window", help=ctx.t("attention.window.help"))
-        pattern = layer_matrices(ctx, ctx.layer, "pattern")
-        draw_query_text(ctx, pattern)
-    mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
-    lo, hi = window(len(ctx.ids), ctx.token, half)
-    with left:
-        draw_head(ctx, mats, kind, lo, hi)
+    with section("attention", "head"):
+        left, right = st.columns([3, 2])
+        with right:  # the controls stand beside the figure, so the figure starts right under the title
+            choice_state.start("attn_kind")
+            choice_state.start("attn_window")
+            kind = st.radio(ctx.t("attention.show"), KINDS, horizontal=True, key="attn_kind",
+                            format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
+                                                        else "attention.show.scores"))
+            half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
+                                    key="attn_window", help=ctx.t("attention.window.help"))
+            pattern = layer_matrices(ctx, ctx.layer, "pattern")
+            draw_query_text(ctx, pattern)
+        mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
+        lo, hi = window(len(ctx.ids), ctx.token, half)
+        with left:
+            draw_head(ctx, mats, kind, lo, hi)
     draw_explanation(ctx)
-    draw_head_grid(ctx, mats, kind, lo, hi)
-    attention_links.draw(ctx)
-    attention_heads.draw(ctx, lo, hi)
-    attention_scale.draw(ctx)
-    draw_overview(ctx)
+    with section("attention", "grid"):
+        draw_head_grid(ctx, mats, kind, lo, hi)
+    with section("attention", "link"):
+        attention_links.draw(ctx)
+    with section("attention", "heads"):
+        attention_heads.draw(ctx, lo, hi)
+    with section("attention", "scale"):
+        attention_scale.draw(ctx)
+    with section("attention", "overview"):
+        draw_overview(ctx)

@@ -18,6 +18,7 @@ import streamlit as st
 from app import plots
 from app.context import ViewContext, plain
 from app.panels.block import code as blockcode
+from app.sections import section
 from explorer_model.analysis import views_data as V
 
 MIN_WIDTH_PX = 700  # the narrowest figure the labels must fit (768 px screen minus the page's padding)
@@ -235,6 +236,9 @@ def draw_flow(ctx: ViewContext) -> None:
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("block.title"))
-    draw_diagrams(ctx)
-    blockcode.draw_changes(ctx)
-    draw_flow(ctx)
+    with section("block", "diagram"):
+        draw_diagrams(ctx)
+    with section("block", "changes"):
+        blockcode.draw_changes(ctx)
+    with section("block", "flow"):
+        draw_flow(ctx)

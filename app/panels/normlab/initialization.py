@@ -9,9 +9,10 @@ import inspect
 
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext
 from app.panels.normlab.common import variants_figure, wait_for
+from explorer_model import view_choices as VC
 from explorer_model.lab import lesson_numbers
 from explorer_model.lab import normlab as lab
 
@@ -32,13 +33,15 @@ def draw_init(ctx: ViewContext) -> dict | None:
     st.markdown(t("normlab.fresh_random_models", d=o.d_model, heads=o.heads, batch=o.batch, seq=o.seq, seeds=o.seeds,
                   sweep_seeds=INIT_SWEEP_SEEDS))
     c = st.columns(4)
-    ffn = c[0].radio(t("normlab.ffn"), ("relu", "swiglu"), key="lab_ffn", horizontal=True,
+    for key in ("lab_ffn", "lab_init", "lab_norm", "lab_depth", "lab_init_go"):
+        choice_state.start(key)
+    ffn = c[0].radio(t("normlab.ffn"), VC.values("lab_ffn"), key="lab_ffn", horizontal=True,
                      format_func=lambda x: {"relu": "ReLU", "swiglu": "SwiGLU"}[x])
-    init = c[1].radio(t("normlab.initialization"), ("xavier", "llama"), key="lab_init", horizontal=True,
+    init = c[1].radio(t("normlab.initialization"), VC.values("lab_init"), key="lab_init", horizontal=True,
                       format_func=lambda x: {"xavier": "Xavier", "llama": "N(0, 0.02)"}[x])
-    norm = c[2].radio(t("normlab.norm"), ("layer", "rms"), key="lab_norm", horizontal=True,
+    norm = c[2].radio(t("normlab.norm"), VC.values("lab_norm"), key="lab_norm", horizontal=True,
                       format_func=lambda x: {"layer": "LayerNorm", "rms": "RMSNorm"}[x])
-    depth = c[3].select_slider(t("normlab.depth_n"), lab.DEPTHS, value=12, key="lab_depth")
+    depth = c[3].select_slider(t("normlab.depth_n"), lab.DEPTHS, key="lab_depth")
     if st.button(t("normlab.run_the_experiment"), key="lab_init_run"):
         st.session_state["lab_init_go"] = True
     if not st.session_state.get("lab_init_go"):

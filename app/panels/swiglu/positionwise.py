@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis import ffn as F
 
@@ -49,8 +49,8 @@ def _choose(ctx: ViewContext) -> tuple[int, int | None, str]:
     # the middle of the prompt by default, whatever token is selected: a view, layer or token switch never needs a
     # new changed recording (the tokens before it keep their FFN input, so must keep their output)
     default = T // 2
-    st.session_state["swiglu_pw_pos"] = min(int(st.session_state.get("swiglu_pw_pos", default)), T - 1)
-    st.session_state.setdefault("swiglu_pw_word", DEFAULT_WORD)
+    choice_state.start("swiglu_pw_pos", default, hi=T - 1)
+    choice_state.start("swiglu_pw_word", DEFAULT_WORD)
     c1, c2 = st.columns(2)
     pos = int(c1.selectbox(t("swiglu.pw_pos"), range(T), key="swiglu_pw_pos",
                            format_func=lambda i: ctx.labels[i]))
