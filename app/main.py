@@ -13,7 +13,8 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, gateway, lecture_editor, lecture_player, prompt_cost, room_follow, state_guard
+from app import (compare, gateway, lecture_editor, lecture_player, prompt_cost, room_follow, screen, screen_probe,
+                 state_guard)
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -109,12 +110,15 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
 
 def page_top() -> None:
     sb = st.sidebar
+    with sb:
+        screen_probe.probe()
     sb.radio("Language / \u8bed\u8a00", ["en", "zh"], key="lang", horizontal=True,
              format_func=lambda v: "English" if v == "en" else "\u4e2d\u6587")
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))
     if st.session_state.get("presenter"):  # larger prose; figures scale in plots.show; slider values never wrap
         st.markdown("<style>[data-testid='stMain'] :is(.stMarkdown, p, li, label) {font-size: 1.3rem !important;}"
                     "[data-testid='stSliderTickBar'] {display: none;}"
+                    "[data-testid='stTable'] :is(td, th) {font-size: 1.1rem !important;}"
                     "[data-testid='stMainBlockContainer'] {padding-top: 1.5rem;}</style>",
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     st.title(tr("app.title"))
@@ -173,7 +177,7 @@ def main() -> None:
     extras = {"source": source, **side.step_api(facts, body)}
     ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
-                      extras=extras)
+                      screen=screen.current(), extras=extras)
     lecture_editor.note_state(write_url(side.url_ids(source, prompt, body)))
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     try:
