@@ -102,12 +102,13 @@ def size_heatmap(fig: go.Figure, width: float, sizes: Sizes, max_height: float |
     if tr.texttemplate or tr.text is not None:  # cell text at the smallest size: cells are made wide for it
         tr.textfont.size = max(tr.textfont.size or 0, sizes.text)
         row = max(row, tr.textfont.size * 1.6)
-    room = (max_height or 10_000) - frame.top - frame.bottom
+    top, bottom = math.ceil(frame.top), math.ceil(frame.bottom)
+    room = (max_height or 10_000) - top - bottom
     plot_h = max(min(row * len(y), HEAT_MAX_H, room), min(row, 40.0) if len(y) == 1 else 80.0)
-    height = int(frame.top + plot_h + frame.bottom)
+    height = top + math.ceil(plot_h) + bottom
     fig.update_layout(width=None, height=height,
-                      margin=dict(l=int(frame.left), r=int(frame.right), t=int(frame.top), b=int(frame.bottom),
-                                  pad=0, autoexpand=False))
+                      margin=dict(l=math.ceil(frame.left), r=math.ceil(frame.right), t=top, b=bottom, pad=0,
+                                  autoexpand=False))
     fig.update_xaxes(title_standoff=STANDOFF, automargin=False)
     fig.update_yaxes(title_standoff=STANDOFF, automargin=False, scaleanchor=None, constrain=None)
     if colorbar:
