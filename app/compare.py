@@ -169,7 +169,7 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
                         layer=map_layer(ctx.layer, ctx.cfg.n_layers, cfg_b.n_layers),
                         head=min(ctx.head, cfg_b.n_heads - 1),
                         token=partner(align, ctx.token, len(ctx.ids), len(ids_b)),
-                        lang=ctx.lang, presenter=ctx.presenter, extras={"source": spec["source"]})
+                        lang=ctx.lang, presenter=ctx.presenter, screen=ctx.screen, extras={"source": spec["source"]})
     return Pair(a=ctx, b=ctx_b, specs_b=spec["specs"], level=level, align=align, lesson=lesson,
                 same_vocab=same_vocab, by_hand=by_hand), None
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from app import i18n
 from app.facts import ModelFacts
+from app.screen import DESKTOP, Screen
 from explorer_model.recording import Recording
 from explorer_model.tokenizer.labels import fragment_labels
 
@@ -27,6 +28,7 @@ class ViewContext:
     token: int  # position index into ids
     lang: str = "en"  # "en" | "zh"
     presenter: bool = False
+    screen: Screen = DESKTOP  # the visitor's screen (app/screen.py): figures are sized to it
     # "source": the model's name in the gateway. Step generation (the prompt is kept as token ids, so half a
     # character never becomes U+FFFD): "append_token"(id) adds one token to the prompt, "append_tokens"(ids)
     # several as one step ("token_limit": how many tokens a prompt may have), "undo"() returns to the ids before

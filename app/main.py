@@ -10,7 +10,7 @@ import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
 from app import (choice_state, compare, controls, gateway, lecture_editor, lecture_player, prompt_cost, room_follow,
-                 sections, share, state_guard, url_state)
+                 screen, screen_probe, sections, share, state_guard, url_state)
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -73,6 +73,8 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
 
 def page_top() -> controls.Places:
     sb = st.sidebar
+    with sb:
+        screen_probe.probe()
     sb.radio("Language / \u8bed\u8a00", ["en", "zh"], key="lang", horizontal=True,
              format_func=lambda v: "English" if v == "en" else "\u4e2d\u6587")
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))
@@ -82,6 +84,7 @@ def page_top() -> controls.Places:
         st.markdown("<style>[data-testid='stMain'] :is(.stMarkdown, p, li, label) {font-size: 1.3rem !important;}"
                     "[data-testid='stSliderTickBar'] {display: none;}"
                     "[data-testid='stMain'] h1 {white-space: nowrap; padding-top: 0;}"
+                    "[data-testid='stTable'] :is(td, th) {font-size: 1.1rem !important;}"
                     "[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;}</style>",
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     sections.landing()
@@ -143,7 +146,7 @@ def main() -> None:
     extras = {"source": source, **side.step_api(facts, body)}
     ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
-                      extras=extras)
+                      screen=screen.current(), extras=extras)
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for

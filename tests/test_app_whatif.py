@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, decode, fig_with, figures, run_app
+from apptest_util import all_text, decode, fig_with, figures, run_app, title
 
 import app.gateway as app_explorer
 from app.context import display_piece
@@ -120,7 +120,7 @@ def test_bank_patch_and_chinese(loaded):
     assert at.text_input(key="whatif_source_text").value == BANK_SOURCE  # the other bank sentence by default
     _, clean, changed = runs(loaded, BANK_TARGET, [spec], BANK_SOURCE)
     dist = figures(at)[0]
-    assert "修改前后" in dist["layout"]["title"]["text"]
+    assert "修改前后" in title(dist)
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)

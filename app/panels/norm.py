@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import choice_state, plots
+from app import choice_state, plots, token_window
 from app.context import ViewContext, plain
 from app.plots import axis_ids, grid_layout
 from app.sections import section
@@ -76,14 +76,15 @@ def _meta(fig: go.Figure, fig_id: str) -> go.Figure:
     return fig
 
 
-def divisor_figure(z: np.ndarray, labels, t, which_name: str) -> go.Figure:
-    fig = plots.heatmap(z, x=labels, y=[f"L{i}" for i in range(z.shape[0])],
+def divisor_figure(z: np.ndarray, labels, t, which_name: str, lo: int = 0, hi: int | None = None) -> go.Figure:
+    """[layer, token] divisors of the tokens lo…hi-1 (all by default), coloured on the whole prompt's scale."""
+    hi = z.shape[1] if hi is None else hi
+    fig = plots.heatmap(z[:, lo:hi], x=list(labels)[lo:hi], y=[f"L{i}" for i in range(z.shape[0])],
                         title=t("norm.divisor_title", norm=which_name),
                         x_title=t("norm.token"), y_title=t("norm.layer"), value_name=t("norm.divisor"), fmt=".5g")
     if z.shape[1] > 1:  # position 0 is usually a huge "sink"; cap the colours so the other tokens stay readable
         fig.update_traces(zmin=float(z.min()), zmax=float(z[:, 1:].max()),
                           colorbar=dict(title=t("norm.capped"), title_side="right"))
-    fig.update_layout(height=max(320, 16 * z.shape[0] + 120))
     return _meta(fig, "norm_divisors")
 
 
@@ -164,8 +165,12 @@ def draw_intro(ctx: ViewContext) -> None:
 
 def draw_divisors(ctx: ViewContext, which: str) -> np.ndarray:
     z = divisor_matrix(ctx.rec, which)
-    plots.show(lambda: divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which)), ctx, key="norm_divisor_fig",
-               filename=f"rms_divisor_{which}")
+    n = z.shape[1]
+    lo, hi = token_window.span("norm_divisor_fig", n, token_window.fitting(ctx, [f"L{i}" for i in range(len(z))]),
+                               ctx.token)
+    plots.show(lambda: divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which), lo, hi), ctx,
+               key="norm_divisor_fig", filename=f"rms_divisor_{which}")
+    token_window.controls(ctx, "norm_divisor_fig", n, lo, hi)
     st.caption(ctx.t("norm.divisor_caption"))
     return z
 

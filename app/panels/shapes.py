@@ -170,7 +170,7 @@ def draw_shapes(ctx: ViewContext, name: str, cfg) -> None:
                         t("tokens.shapes.col_numeric"): r["numeric"], t("tokens.shapes.col_hook"): r["hook"],
                         (t("tokens.shapes.col_recorded") if this else t("tokens.shapes.col_meta")): r["hook_shape"],
                         t("tokens.shapes.col_matches"): r["matches"]} for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_shapes", height=36 * (len(df) + 1) + 4)
+    plots.table(ctx, df, key="tokens_shapes", height=36 * (len(df) + 1) + 4)
     with plots.explainer(ctx, t("tokens.shapes.more")):
         st.markdown(t("tokens.shapes.explain_recorded") if this else t("tokens.shapes.explain_meta"))
         if cfg.n_rep > 1:
@@ -182,7 +182,7 @@ def draw_shapes(ctx: ViewContext, name: str, cfg) -> None:
                              t("tokens.weights.col_count"): r["count"],
                              t("tokens.weights.col_times"): cfg.n_layers if r["per_block"] else 1}
                             for r in weight_rows(cfg, layer)])
-    st.dataframe(weights, hide_index=True, key="tokens_weights")
+    plots.table(ctx, weights, key="tokens_weights")
 
 
 def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
@@ -196,13 +196,13 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
                         t("tokens.params.col_share"): f"{100 * r['count'] / total:.1f}%",
                         t("tokens.params.col_formula"): r["formula"],
                         t("tokens.params.col_formula_value"): r["formula_value"]} for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_params")
+    plots.table(ctx, df, key="tokens_params")
     if published is not None:
         st.markdown(t("tokens.params.published", name=name, total=billions(total), published=published,
                       diff=100 * (total / (published * 1e9) - 1)))
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: param_figure(rows, name, t), ctx, key="tokens_params_bar", filename="parameters")
+        plots.show(lambda: param_figure(rows, name, t), ctx, key="tokens_params_bar", filename="parameters", share=0.6)
     with right:
         if cfg.tie_embeddings:
             st.markdown(t("tokens.params.tied", extra=cfg.vocab_size * cfg.d_model))
@@ -227,7 +227,7 @@ def draw_memory(ctx: ViewContext, name: str, cfg) -> None:
                         t("tokens.memory.col_kv_prompt", T=T): gib(r["kv_per_token"] * T),
                         t("tokens.memory.col_kv_context", n=cfg.max_seq_len): gib(r["kv_per_token"] * cfg.max_seq_len)}
                        for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_memory")
+    plots.table(ctx, df, key="tokens_memory")
     with plots.explainer(ctx, t("tokens.memory.more")):
         st.markdown(t("tokens.memory.explain"))
         st.latex(t("tokens.memory.latex_kv", N=cfg.n_layers, Hkv=cfg.n_kv_heads, Dh=cfg.head_dim,

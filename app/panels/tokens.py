@@ -125,7 +125,7 @@ def draw_tokens(ctx: ViewContext) -> None:
                         t("tokens.col.bytes"): r["bytes"], t("tokens.col.n_bytes"): len(r["bytes"].split()),
                         t("tokens.col.special"): r["special"], t("tokens.col.whole"): r["whole_utf8"]}
                        for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_table", height=min(36 * (len(df) + 1) + 4, 400))
+    plots.table(ctx, df, key="tokens_table", height=min(36 * (len(df) + 1) + 4, 400))
     plots.csv_button(ctx, t("tokens.csv.tokens"), t("tokens.csv.tokens"), lambda: df.to_csv(index=False),
                      "tokens.csv", "tokens_csv_table")
 
@@ -175,14 +175,13 @@ def draw_embedding(ctx: ViewContext) -> None:
     left, right = st.columns(2)
     with left:
         plots.show(lambda: embedding_bar_figure(emb[ctx.token], ctx.labels[ctx.token], n_dims, t), ctx,
-                   key="tokens_embed_bar", filename="embedding_row")
+                   key="tokens_embed_bar", filename="embedding_row", share=0.5)
     with right:
         fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
             emb[:, :n_dims], [str(d) for d in range(n_dims)], ctx.labels, colorscale="RdBu",
             zmid=0.0, title=t("tokens.embed.heat_title", n=n_dims),
             x_title=t("tokens.axis.dimension"), y_title="token", value_name=t("tokens.axis.value"))
-        plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows",
-                   height=min(120 + 18 * len(ctx.ids), 600))
+        plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows", share=0.5)
     with plots.explainer(ctx, t("tokens.embed.more")):
         st.markdown(t("tokens.embed.explain"))
         st.latex(r"x_i = E[t_i] \in \mathbb{R}^{D},\quad E \in \mathbb{R}^{V\times D},\ "

@@ -109,10 +109,11 @@ def draw_twins(ctx: ViewContext) -> dict | None:
         labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
         layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
-            plots.show(lambda: twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig")
+            plots.show(lambda: twin_attention_figure(rec, layer, head, labels, t, v), ctx, key=f"normlab_attn_{v}_fig",
+                       share=0.5)
             top, probs = lab.top_predictions(rec)
             plots.show(lambda: top_figure([plain(candidate_label(loaded, list(ids), int(i))) for i in top], probs, t, v), ctx,
-                       key=f"normlab_top_{v}_fig")
+                       key=f"normlab_top_{v}_fig", share=0.5)
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))
     st.caption(t("normlab.layer_and_head_follow_above" if ctx.presenter else "normlab.layer_and_head_follow_the"))
@@ -142,7 +143,7 @@ def draw_train_logs(ctx: ViewContext) -> None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         with col:
-            plots.show(lambda: train_grad_figure(curves[v], t, v), ctx, key=f"normlab_train_grads_{v}_fig")
+            plots.show(lambda: train_grad_figure(curves[v], t, v), ctx, key=f"normlab_train_grads_{v}_fig", share=0.5)
     fin = {v: logs[v].get("final", {}) for v in logs}
     tc = logs["post"].get("train_config", {})
     ratio = {v: [g[-1] / g[0] for g in (curves[v]["grad_down"][0], curves[v]["grad_down"][-1])] for v in curves}

@@ -69,12 +69,12 @@ def draw_init(ctx: ViewContext) -> dict | None:
     with cols[0]:
         plots.show(lambda: variants_figure("normlab_init_resid", t("normlab.residual_rms_after_each_block", depth=depth),
                                    range(depth), {v: prof[v]["resid_rms"] for v in prof}, t, t("normlab.layer"), "RMS"),
-                   ctx, key="normlab_init_resid_fig")
+                   ctx, key="normlab_init_resid_fig", share=0.5)
     oc = {v: sweep[v]["output_change"] for v in sweep}
     with cols[1]:
         plots.show(lambda: variants_figure("normlab_init_update", t("normlab.output_change_after_one_adam", lr=o.probe_lr),
                                    depths, oc, t, t("normlab.layers_n_log"), t("normlab.rms_change_of_the_logits"), log_x=True),
-                   ctx, key="normlab_init_update_fig")
+                   ctx, key="normlab_init_update_fig", share=0.5)
     st.caption(t("normlab.left_pre_norm_s_residual", prof_pre_resid_rms_0=prof['pre']['resid_rms'][0], prof_pre_resid_rms_1=prof['pre']['resid_rms'][-1], depths_1=depths[-1], oc_pre_1=oc['pre'][-1], oc_post_1=oc['post'][-1], oc_deepnorm_1=oc['deepnorm'][-1], depths_0=depths[0], oc_pre_0=oc['pre'][0], oc_post_0=oc['post'][0], oc_deepnorm_0=oc['deepnorm'][0]))
     rows = lambda: plots.to_csv(["variant", "depth", "layer", "grad_down", "resid_rms"],  # noqa: E731
                                 ([v, depth, i, g, x] for v in prof for i, (g, x) in

@@ -75,10 +75,8 @@ def draw_race(ctx: ViewContext) -> dict | None:
     bar = st.empty()
 
     def chart(result, key: str) -> None:
-        fig = race_figure(result, t, shipped)
-        if ctx.presenter:
-            fig.update_layout(font=dict(size=18), title_font=dict(size=22))
-        slot.plotly_chart(fig, key=key)
+        fig = plots.finish(race_figure(result, t, shipped), ctx, None)
+        slot.plotly_chart(fig, key=key, config=plots.chart_config(ctx, "normlab_race"), width="stretch")
     chart(r, "normlab_race_fig")
     start = st.button(t("normlab.start_the_race_s", race_time_limit=RACE_TIME_LIMIT), key="lab_race_start")
     if start:

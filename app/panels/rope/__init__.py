@@ -84,6 +84,13 @@ def _meta(fig: go.Figure, fig_id: str) -> go.Figure:
     return fig
 
 
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(k: int) -> str:
+    return "1" if k == 0 else "10" + str(k).translate(SUPERSCRIPT)
+
+
 def theta_figure(plain: np.ndarray, used: np.ndarray, t, scaled: bool) -> go.Figure:
     i = np.arange(len(used))
     hover = t("rope.theta_hover") + "<extra>%{fullData.name}</extra>"
@@ -94,8 +101,12 @@ def theta_figure(plain: np.ndarray, used: np.ndarray, t, scaled: bool) -> go.Fig
     fig.add_trace(go.Scatter(x=i, y=used, mode="lines+markers", name=t("rope.used"),
                              meta="theta_model", customdata=TWO_PI / used, hovertemplate=hover,
                              line=dict(color="#4c78a8")))
-    # log axis: labels only at powers of ten (no crowded 2, 5 minor labels)
-    fig.update_yaxes(type="log", title_text="θ_i (rad / token)", dtick=1, exponentformat="power", minor=dict(showgrid=False))
+    # log axis: labels only at powers of ten (no crowded 2, 5 minor labels), written 10⁻⁴ in characters of the tick
+    # font's own size (Plotly's "power" format sets exponents in a smaller font)
+    both = np.log10(np.concatenate([used, plain]))
+    decades = range(int(np.floor(both.min())), int(np.ceil(both.max())) + 1)
+    fig.update_yaxes(type="log", title_text="θ_i (rad / token)", tickvals=[10.0 ** k for k in decades],
+                     ticktext=[power_of_ten(k) for k in decades], minor=dict(showgrid=False))
     fig.update_layout(title=t("rope.theta_title"), xaxis_title=t("rope.pair_i"),
                       height=340, margin=dict(l=10, r=10, t=40, b=10))
     return _meta(fig, "rope_theta")
@@ -246,14 +257,11 @@ def draw_shift(ctx: ViewContext, theta: np.ndarray) -> pd.DataFrame:
     choice_state.start("rope_key_token", hi=T - 1)
     n = int(st.number_input(ctx.t("rope.key_token"), min_value=0, max_value=T - 1, step=1, key="rope_key_token"))
     df = shift_table(ctx.rec, theta, ctx.layer, ctx.head, m, n)
-    num = st.column_config.NumberColumn
-    st.dataframe(df, hide_index=True, key="rope_shift_table", column_config={  # display labels only
-        "shift s": num(ctx.t("rope.col_shift")),
-        "query pos m+s": num(ctx.t("rope.col_query")),
-        "key pos n+s": num(ctx.t("rope.col_key")),
-        "q·k": num("q·k", format="%.6f"),
-        "score q·k/√d": num(ctx.t("rope.col_score"), format="%.6f"),
-        "diff vs s=0": num(ctx.t("rope.col_diff"), format="%.1e")})
+    plots.table(ctx, df, key="rope_shift_table",  # display labels only: the CSV keeps the frame's own names
+                labels={"shift s": ctx.t("rope.col_shift"), "query pos m+s": ctx.t("rope.col_query"),
+                        "key pos n+s": ctx.t("rope.col_key"), "q·k": "q·k", "score q·k/√d": ctx.t("rope.col_score"),
+                        "diff vs s=0": ctx.t("rope.col_diff")},
+                formats={"q·k": "%.6f", "score q·k/√d": "%.6f", "diff vs s=0": "%.1e"})
     spread = float(df["diff vs s=0"].abs().max())
     msg = ctx.t("rope.shift_text", m=m, head=ctx.head, n=n, spread=f"{spread:.2e}")
     if n <= m:

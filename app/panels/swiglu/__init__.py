@@ -241,7 +241,7 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
 
 def draw_silu(ctx: ViewContext, vals: dict) -> None:
     gates = vals["pre"].ravel()
-    plots.show(lambda: silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420)
+    plots.show(lambda: silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420, share=0.5)
     z = np.linspace(-6, 0, 60001)  # the minimum of SiLU, found numerically rather than typed in
     y = silu(z)
     st.caption(ctx.t("swiglu.silu_caption", neg=float((gates < 0).mean()), lowest=f"{y.min():.3f}",
@@ -253,7 +253,8 @@ def draw_sparsity(ctx: ViewContext) -> None:
     choice_state.start("swiglu_threshold")
     thr = float(st.number_input(t("swiglu.threshold"), 0.0, 10.0, step=0.01, key="swiglu_threshold"))
     act_frac, post_frac = sparsity_data(ctx.rec, thr)
-    plots.show(lambda: sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380)
+    plots.show(lambda: sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380,
+               share=0.5)
     st.caption(t("swiglu.sparsity_caption"))
 
 
@@ -264,10 +265,12 @@ def draw_token(ctx: ViewContext, vals: dict) -> None:
     idx, table = token_neurons_data(vals, ctx.token)
     c1, c2 = st.columns([1, 1])
     heads = [t("swiglu.neuron"), *(quantity_name(t, q) for q in QUANTITIES)]
-    c1.dataframe({heads[0]: [int(i) for i in idx], **{h: table[:, c] for c, h in enumerate(heads[1:])}},
-                 hide_index=True, height=460)
+    with c1:
+        plots.table(ctx, {heads[0]: [int(i) for i in idx], **{h: table[:, c] for c, h in enumerate(heads[1:])}},
+                    height=460)
     with c2:
-        plots.show(lambda: token_neurons_figure(idx, table, piece, t), ctx, key="swiglu_token", height=420)
+        plots.show(lambda: token_neurons_figure(idx, table, piece, t), ctx, key="swiglu_token", height=420,
+                   share=0.5)
     label = t("swiglu.csv_token")
     plots.csv_button(ctx, label, label,
                      plots.to_csv(["neuron", *QUANTITIES], ([int(i), *row.tolist()] for i, row in zip(idx, table))),
@@ -320,7 +323,8 @@ def draw_compare(ctx: ViewContext) -> None:
     sim_pre = similarity_data(rec_a, rec_b, i, j, "mlp.hook_pre")
     c1, c2 = st.columns([3, 2])
     with c1:
-        plots.show(lambda: similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400)
+        plots.show(lambda: similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400,
+                   share=0.6)
     label = t("swiglu.csv_similarity")
     plots.csv_button(ctx, label, label,
                      plots.to_csv(["layer", "cosine_hook_act", "cosine_hook_pre"],
@@ -330,4 +334,5 @@ def draw_compare(ctx: ViewContext) -> None:
         return  # every difference is zero; a "most different" table would list arbitrary neurons
     idx, va, vb = differing_neurons(rec_a, rec_b, i, j, ctx.layer)
     c2.markdown(t("swiglu.differ_heading", layer=ctx.layer))
-    c2.dataframe({t("swiglu.neuron"): [int(n) for n in idx], "A": va, "B": vb, "A − B": va - vb}, hide_index=True)
+    with c2:
+        plots.table(ctx, {t("swiglu.neuron"): [int(n) for n in idx], "A": va, "B": vb, "A − B": va - vb})

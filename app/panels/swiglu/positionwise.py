@@ -35,7 +35,7 @@ def diff_figure(cmp: dict, labels, changed: int, selected: int, layer: int, t) -
                   annotation_position="top left" if changed > len(x) / 2 else "top right")
     if selected != changed:
         fig.add_vline(x=selected, line_dash="dot", line_color="#555555", annotation_text=t("swiglu.pw_selected"),
-                      annotation_position="top left" if selected < changed else "top right")
+                      annotation_position="top left" if selected > len(x) / 2 else "top right")  # inward
     fig.update_layout(barmode="group", title=t("swiglu.pw_title", layer=layer), xaxis_title=t("swiglu.token"),
                       yaxis_title=t("swiglu.pw_axis"), height=380, margin=dict(l=10, r=10, t=50, b=10),
                       legend=dict(orientation="h", y=-0.3), meta={"id": "swiglu_positionwise"})

@@ -191,9 +191,9 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: distribution_figure(d, name, t), ctx, key="whatif_dist", height=420)
+        plots.show(lambda: distribution_figure(d, name, t), ctx, key="whatif_dist", height=420, share=0.6)
     with right:
-        plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420)
+        plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420, share=0.4)
     plots.show(lambda: kl_figure(kl, t), ctx, key="whatif_kl", height=340)
     start = max(0, len(ids) - KL_MAX_POS)
     st.caption(t("whatif.averaged_over_positions_a_layer", start=start, len_ids_1=len(ids) - 1))
@@ -271,7 +271,7 @@ def draw_shuffle(ctx: ViewContext, ivs: list, perm, shuffled, specs: str, source
     for name, a, b in rows:
         for col, v in zip(table, (name, top(a), top(b), V.max_abs_diff(a, b))):
             table[col].append(v)
-    st.dataframe(table, hide_index=True)
+    plots.table(ctx, table)
 
 
 def draw_sweep(ctx: ViewContext) -> None:
