@@ -5,7 +5,7 @@ tiny-post), or the same prompt and model run with what-if interventions (their s
 view). B is recorded by the gateway exactly like A (app/gateway/__init__.py: recording / changed_recording, one cache),
 so switching view, layer, head or token runs no forward pass; a new B costs one recording.
 
-State (st.session_state, and the URL through app/main.py's URL_KEYS, so a shared link opens the same comparison):
+State (st.session_state, and the URL through app/url_state.py's URL_KEYS, so a shared link opens the same comparison):
   cmp         "" (off) | "prompt" | "model" | "whatif"
   cmp_prompt  B's prompt (mode "prompt"); cmp_model  B's model (mode "model"); cmp_iv  B's interventions ("whatif")
   cmp_align   positions paired by hand, "i-j, …" (mode "prompt"; empty: common prefix and suffix)
@@ -169,7 +169,7 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
                         layer=map_layer(ctx.layer, ctx.cfg.n_layers, cfg_b.n_layers),
                         head=min(ctx.head, cfg_b.n_heads - 1),
                         token=partner(align, ctx.token, len(ctx.ids), len(ids_b)),
-                        lang=ctx.lang, presenter=ctx.presenter, extras={"source": spec["source"]})
+                        lang=ctx.lang, presenter=ctx.presenter, screen=ctx.screen, extras={"source": spec["source"]})
     return Pair(a=ctx, b=ctx_b, specs_b=spec["specs"], level=level, align=align, lesson=lesson,
                 same_vocab=same_vocab, by_hand=by_hand), None
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from app import i18n
 from app.facts import ModelFacts
+from app.screen import DESKTOP, Screen
 from explorer_model.recording import Recording
 from explorer_model.tokenizer.labels import fragment_labels
 
@@ -27,12 +28,14 @@ class ViewContext:
     token: int  # position index into ids
     lang: str = "en"  # "en" | "zh"
     presenter: bool = False
+    screen: Screen = DESKTOP  # the visitor's screen (app/screen.py): figures are sized to it
     # "source": the model's name in the gateway. Step generation (the prompt is kept as token ids, so half a
     # character never becomes U+FFFD): "append_token"(id) adds one token to the prompt, "append_tokens"(ids)
     # several as one step ("token_limit": how many tokens a prompt may have), "undo"() returns to the ids before
     # the last append, "can_undo" says whether there is one. Both are meant for a button's on_click;
-    # called in the script body, follow them with st.rerun(). "replace_prompt"(text) sets a new prompt and keeps
-    # the visitor's for the sidebar's "back to my prompt".
+    # called in the script body, follow them with st.rerun(). "replace_prompt"(text, **state) sets a new prompt
+    # (and the state that goes with it) and keeps the visitor's whole state for "back to my prompt": "back"() gives
+    # it back, "mine_prompt" is its prompt (None when nothing is kept).
     extras: dict = field(default_factory=dict)
 
     def figure_digest(self) -> tuple:

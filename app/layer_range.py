@@ -9,7 +9,7 @@ import contextlib
 
 import streamlit as st
 
-from app import gateway
+from app import choice_state, gateway
 
 RANGE_FROM = 12  # a model with more layers than this gets a range control; smaller grids are shown whole
 PROGRESS_FROM = 8  # layers computed in one go from which a bar is worth drawing
@@ -20,16 +20,10 @@ def layer_range(ctx, key: str) -> range:
     n = ctx.cfg.n_layers
     if n <= RANGE_FROM:
         return range(n)
-    def valid(v) -> bool:
-        return isinstance(v, (tuple, list)) and len(v) == 2 and 0 <= v[0] <= v[1] < n
-
-    if key in st.session_state and not valid(st.session_state[key]):
-        del st.session_state[key]  # set for a deeper model: start again from every layer
-    # Streamlit forgets a widget's value while its view is not shown: the range is kept beside it as well.
-    kept = st.session_state.get("_kept_" + key)
+    # kept while another view is shown; a range set for a deeper model starts again from every layer
+    choice_state.start(key, (0, n - 1), hi=n - 1, keep=True)
     lo, hi = st.select_slider(ctx.t("big.grid_layers"), options=list(range(n)), key=key,
-                              value=tuple(kept) if valid(kept) else (0, n - 1))
-    st.session_state["_kept_" + key] = (int(lo), int(hi))
+                              value=(0, n - 1))  # a pair: a range slider (the value in session state wins)
     return range(int(lo), int(hi) + 1)
 
 

@@ -1,13 +1,15 @@
 """Authoring a lecture in the page (the sidebar's "Lecture" box): open a file or a shipped lecture, add the view on
 screen as a step, edit the current step's title and caption, move it, delete it, download the file.
 
-A new step is the state the page's link holds (app/main.py hands it to note_state each run), the preset's lesson
-when one is active (its target is then found again on the model when the step opens) and the views' own choices.
+A new step is the state the page's link holds (app/main.py hands it to note_state each run): the view, its section
+and its own choices, the preset's lesson when one is active (its target is then found again on the model when the
+step opens).
 """
 from __future__ import annotations
 
 import streamlit as st
 
+from app import choice_state
 from app import lecture_player as P
 from app.context import plain
 from app.i18n import t
@@ -45,8 +47,7 @@ def step_from_state() -> dict:
         step["lesson"] = ss["lesson"]
         for k in L.FROM_LESSON:
             step.pop(k, None)
-    choices = {k: ss[k] for k, allowed in L.CHOICES.items() if k in ss and ss[k] in allowed
-               and type(ss[k]) is type(allowed[0])}
+    choices = choice_state.step_choices(url)  # the view's choices as the link holds them: not their defaults
     if choices:
         step["choices"] = choices
     return step
@@ -128,7 +129,7 @@ def editor() -> None:
             widget(P.tr(f"lecture.edit_{name}"), key=f"lecture_edit_{name}", on_change=_save_text,
                    max_chars=L.MAX_TEXT)
         problems: list[L.Problem] = []
-        L.check_step(steps[i], i + 1, P.view_keys(), P.lessons(), problems)
+        P.check_step(steps[i], i + 1, problems)
         for p in problems:
             st.warning(P.problem_line(p))
         c = st.columns(3)

@@ -3,7 +3,8 @@ from the projector (step i / N, title, caption, Previous / Next, the clicker's k
 a step", edit, reorder, delete, download). The file format is explorer_model/lecture.py.
 
 A step is applied the way a link is read: its fields set the same session state the URL's query parameters set
-(app/main.py), and a step with a lesson sets the preset's lesson, which app/main.py's apply_lesson finds on the model.
+(app/url_state.py), a step with a lesson sets the preset's lesson, which app/main.py's apply_lesson finds on the
+model, its choices are the view's (every other choice back to its default) and the page lands on its section.
 
 State (st.session_state):
   lecture        {"title": {en, zh}, "steps": [step tables]} or absent;  lecture_name  the shipped name or None
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import gateway
+from app import choice_state, gateway, sections
 from app.context import plain
 from app.i18n import t
-from app.presets import BY_KEY, PRESETS
+from app.presets import BY_KEY, PRESETS, opened
 from explorer_model import interventions as I
 from explorer_model import lecture as L
 from explorer_model.paths import ASSETS
@@ -47,6 +48,24 @@ def view_keys() -> list[str]:
 
 def lessons() -> dict[str, str]:
     return {p.key: p.kind for p in PRESETS}
+
+
+def view_sections() -> dict[str, tuple]:
+    return {v: sections.SECTIONS.get(v, ()) for v in view_keys()}
+
+
+def lesson_views() -> dict[str, str]:
+    return {p.key: p.view for p in PRESETS}
+
+
+def check_step(step: dict, i: int, problems: list) -> dict:
+    """One step checked as the page reads it: its view's sections and choices, its lesson's view."""
+    return L.check_step(step, i, view_sections(), lessons(), problems, lesson_views())
+
+
+def parse(data: bytes | str) -> tuple[L.Lecture | None, list[L.Problem]]:
+    """A lecture file checked as the page reads it (the CLI checks what needs no app)."""
+    return L.parse(data, view_sections(), lessons(), lesson_views())
 
 
 def shipped() -> list[str]:
@@ -83,7 +102,7 @@ def problem_line(p: L.Problem) -> str:
 
 def open_lecture(data: bytes, name: str | None) -> bool:
     """Parse and open a lecture at its first step; on mistakes keep what is open and list them."""
-    lecture, problems = L.parse(data, view_keys(), lessons())
+    lecture, problems = parse(data)
     if lecture is None:
         st.session_state["lecture_problems"] = [problem_line(p) for p in problems[:20]]
         return False
@@ -190,7 +209,7 @@ def go(i: int) -> None:
         ss.update(prompt=prompt or "", ids=None, ids_text=None, ids_history=[])
     if "ids" in step:
         ss["_url_ids"] = ",".join(str(v) for v in step["ids"])  # checked against the vocabulary as a link's are
-    ss.pop("my_prompt", None)
+    ss.pop("my_state", None)
     state = {"bos": bool(step.get("bos", False)), "cmp": step.get("cmp", "")}
     for k in ("view", "layer", "head", "token", "presenter", "whatif", "whatif_source", "cmp_prompt", "cmp_model",
               "cmp_iv", "cmp_align"):
@@ -201,16 +220,13 @@ def go(i: int) -> None:
     if model is not None:
         state.update(active_model=model, model_pick=model)
     state["_token_auto"] = "token" not in step
-    if preset is not None:
-        state.update(view=preset.view, lesson=preset.key, _lesson_pending=True)
-        if preset.kind == "compare":
-            state.update(dict(preset.args))
-            if "model_pick" in state:
-                state["active_model"] = state["model_pick"]
+    if preset is not None:  # its view, lesson and B; the prompt is set above, BOS is the step's
+        state.update({k: v for k, v in opened(preset.key).items() if k not in ("prompt", "ids", "ids_text", "bos")})
     else:
         ss.pop("lesson", None)
-    state.update(step.get("choices", {}))
+    choice_state.reset_all(step.get("choices"))
     ss.update(state)
+    sections.request(ss.get("view"), step.get("section", preset.section if preset else None))
 
 
 def _move(delta: int) -> None:

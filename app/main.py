@@ -1,9 +1,5 @@
-"""LLaMA Explorer: `streamlit run app/main.py`. Page flow and URL state; the sidebar is app/sidebar.py, each view
-lives in app/panels.
-
-State that a copied link must reproduce (model, prompt or its token ids, language, view, layer, head, token,
-presenter mode, BOS) is read from the URL's query parameters once per session and written back after every run.
-(Streamlit's own widget binding keys options by their displayed label, which changes with the language.)
+"""LLaMA Explorer: `streamlit run app/main.py`. The page's flow; the link's state is app/url_state.py, the sidebar
+app/sidebar.py, the presets and the selection app/controls.py, each view lives in app/panels.
 """
 from __future__ import annotations
 
@@ -13,7 +9,8 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import compare, gateway, lecture_editor, lecture_player, prompt_cost, room_follow, state_guard
+from app import (choice_state, compare, controls, gateway, lecture_editor, lecture_player, prompt_cost, room_follow,
+                 screen, screen_probe, sections, share, state_guard, url_state)
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -22,31 +19,11 @@ from app.i18n import error_text
 from app.sidebar import tr
 
 log = logging.getLogger("llama_explorer.app")
-URL_KEYS = ("lang", "view", "layer", "head", "token", "prompt", "whatif", "whatif_source") + compare.URL_KEYS
-URL_FLAGS = ("presenter", "bos")  # written as 1 when on, left out when off
 
 # presenter mode folds the sidebar away on a projector; no page icon (an emoji renders as a box without its font)
 st.set_page_config(page_title="LLaMA Explorer", layout="wide",
                    initial_sidebar_state="collapsed" if st.query_params.get("presenter") == "1" else "auto")
 keep_freed_memory()  # each new prompt's recording reuses the memory of evicted ones
-
-
-def read_url_once() -> None:
-    if st.session_state.get("_url_read"):
-        return
-    st.session_state._url_read = True
-    for key in URL_KEYS:
-        if key in st.query_params:
-            st.session_state[key] = st.query_params[key]
-    for key in URL_FLAGS:
-        st.session_state[key] = st.query_params.get(key) == "1"
-    if "ids" in st.query_params:
-        st.session_state["_url_ids"] = st.query_params["ids"]
-    st.session_state["_token_auto"] = "token" not in st.query_params
-    if st.session_state.get("lang") not in ("en", "zh"):
-        st.session_state.lang = "en"
-    if st.session_state.get("view") not in [v[0] for v in VIEWS]:
-        st.session_state.view = VIEWS[0][0]
 
 
 def url_ids_once(facts) -> None:
@@ -60,19 +37,6 @@ def url_ids_once(facts) -> None:
         return
     text = side.clean_text(facts, ids)
     st.session_state.update(prompt=text, ids=ids, ids_text=text)
-
-
-def write_url(ids_param: str) -> dict:
-    wanted = {k: str(st.session_state[k]) for k in URL_KEYS if st.session_state.get(k) not in (None, "")}
-    wanted.update({k: "1" for k in URL_FLAGS if st.session_state.get(k)})
-    if ids_param:
-        wanted["ids"] = ids_param
-    wanted["model"] = st.session_state.get("active_model", gateway.DEFAULT_SOURCE)
-    state = dict(wanted)
-    wanted.update(lecture_player.url_params())  # a shipped lecture's name and step
-    if dict(st.query_params) != wanted:
-        st.query_params.from_dict(wanted)
-    return state
 
 
 def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
@@ -107,40 +71,50 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
                                                   for k, v in values.items()}), icon=None)
 
 
-def page_top() -> None:
+def page_top() -> controls.Places:
     sb = st.sidebar
+    with sb:
+        screen_probe.probe()
     sb.radio("Language / \u8bed\u8a00", ["en", "zh"], key="lang", horizontal=True,
              format_func=lambda v: "English" if v == "en" else "\u4e2d\u6587")
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))
-    if st.session_state.get("presenter"):  # larger prose; figures scale in plots.show; slider values never wrap
+    presenter = bool(st.session_state.get("presenter"))
+    if presenter:  # larger prose; figures scale in plots.show; slider values never wrap; the row of the title and
+        # the controls starts below the page's header (3.75rem), which would cover the controls' labels
         st.markdown("<style>[data-testid='stMain'] :is(.stMarkdown, p, li, label) {font-size: 1.3rem !important;}"
                     "[data-testid='stSliderTickBar'] {display: none;}"
-                    "[data-testid='stMainBlockContainer'] {padding-top: 1.5rem;}</style>",
+                    "[data-testid='stMain'] h1 {white-space: nowrap; padding-top: 0;}"
+                    "[data-testid='stTable'] :is(td, th) {font-size: 1.1rem !important;}"
+                    "[data-testid='stMainBlockContainer'] {padding-top: 3.75rem;}</style>",
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
-    st.title(tr("app.title"))
-    if gateway.shared():
-        side.share_box(gateway.public_port() or int(st.get_option("server.port")))
+    sections.landing()
+    places = controls.top_row(presenter, gateway.shared())
+    if places.share is not None:
+        share.box(places.share, gateway.public_port() or int(st.get_option("server.port")))
+    return places
 
 
 def head():
     """The top of the page, drawn before the page's turn in the drawing lane: what the page is (its link, its
     lecture step, the room's step), the title and the lecture's player. A few ms of Python, so when the presenter
     moves, thirty followers' pages show the new step's number, title and caption together instead of one after
-    another; the rest of each page waits its turn (gateway.page_run). Returns the caption's slot."""
+    another; the rest of each page waits its turn (gateway.page_run). Returns the places of the
+    controls' row and the caption's slot."""
     side.apply_pending()
-    read_url_once()
-    dropped = state_guard.check_state({"view": tuple(v[0] for v in VIEWS), "cmp": compare.MODES})
+    choice_state.new_run()
+    dropped = url_state.read_once()
+    dropped += state_guard.check_state({"view": tuple(v[0] for v in VIEWS), "cmp": compare.MODES})
     lecture_player.start()  # a lecture link's (or `serve --lecture`'s) step, before the widgets exist
     room_follow.sync()  # shared server: the presenter writes the room's step, followers take it
-    page_top()
+    places = page_top()
     if dropped:
         st.info(tr("app.state_reset"))
     lecture_slot = lecture_player.bar()
     room_follow.controls()
-    return lecture_slot
+    return places, lecture_slot
 
 
-def main(lecture_slot) -> None:
+def main(places: controls.Places, lecture_slot) -> None:
     """The rest of the page, in its turn: the sidebar's model, prompt and selection, and the view."""
     lecture_editor.editor()
     facts = side.choose_model()
@@ -148,11 +122,11 @@ def main(lecture_slot) -> None:
         gateway.warm_up()  # once per process: the lab twins, in the background
     if facts is not None:
         url_ids_once(facts)  # before the prompt box exists: it may set the box's text
-    prompt = side.sidebar_prompt(facts)
+    prompt = side.sidebar_prompt(facts, places)
     if facts is None:
         return
     if not prompt.strip() and not st.session_state.get("ids"):
-        st.info(tr("app.empty_prompt"))
+        st.info(tr("app.empty_prompt_presenter" if st.session_state.get("presenter") else "app.empty_prompt"))
         return
     source = st.session_state.active_model
     cmp_spec = compare.chooser(source)  # B, or None (compare mode off)
@@ -172,18 +146,17 @@ def main(lecture_slot) -> None:
     pieces = token_labels(facts, ids)
     apply_lesson(facts, ids, pieces)
     lecture_player.caption(lecture_slot)
-    layer, head, token = side.selection(facts, ids, pieces)
+    layer, head, token = controls.selection(facts, ids, pieces, places)
     side.download(source, ids)
 
     keys = [v[0] for v in VIEWS]
     view = st.segmented_control(tr("app.view"), keys, key="view", required=True,
-                                format_func=lambda k: tr(f"view.{k}"))
+                                format_func=lambda k: tr(f"view.{k}"), on_change=_view_chosen)
     view = view or keys[0]
     extras = {"source": source, **side.step_api(facts, body)}
     ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
-                      extras=extras)
-    lecture_editor.note_state(write_url(side.url_ids(source, prompt, body)))
+                      screen=screen.current(), extras=extras)
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     try:
         if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
@@ -195,6 +168,12 @@ def main(lecture_slot) -> None:
         st.error(tr("app.view_failed", error=plain(gateway.visitor_message(e, source))))
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
         ctx.rec = gateway.RecordingRef(source, tuple(ids))
+    lecture_editor.note_state(url_state.write(side.url_ids(source, prompt, body), view))  # with the view's choices
+
+
+def _view_chosen() -> None:
+    """A view chosen by hand: no part of the view before it is named any more."""
+    st.session_state.pop("section", None)
 
 
 def failed() -> None:
@@ -206,7 +185,7 @@ def failed() -> None:
 
 _waiting = st.empty()
 try:
-    _slot, _drawn = head(), True
+    _top, _drawn = head(), True
 except Exception:
     failed()
     _drawn = False
@@ -216,6 +195,6 @@ if _drawn:
     with gateway.page_run():  # one page draws at a time; forward passes run beside it (app/gateway/lanes.py)
         _waiting.empty()
         try:
-            main(_slot)
+            main(*_top)
         except Exception:
             failed()

@@ -9,6 +9,7 @@ import json
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import plotly.basedatatypes
 import plotly.graph_objects as go
 import plotly.io
@@ -17,6 +18,8 @@ import streamlit as st
 from app import gateway
 
 from .context import ViewContext
+from .figure_layout import fit_figure
+from .figure_text import toolbar_dropped
 
 
 def memoize_plotly_paths() -> None:
@@ -55,18 +58,11 @@ def titled(ctx: ViewContext, title: str, too_short: str) -> bool:
     return True
 
 
-# Heatmap sizing: square cells, the plot area between these bounds (px); a tick label needs about this much room.
-HEAT_MAX, HEAT_MIN, CELL_MAX = 520, 300, 48
-LABEL_ROOM = 1.25  # × the tick font size: the spacing one horizontal label line needs
-FONT, PRESENTER_FONT = 12, 16
-PRESENTER_MAX_H = 680  # tick label px; presenter mode must stay ≥ 14 px on the projector
-
-
 def heatmap(z, x: Sequence[str], y: Sequence[str], *, title: str = "", colorscale: str = "Viridis",
             zmid: float | None = None, zmin: float | None = None, zmax: float | None = None,
             x_title: str = "", y_title: str = "", value_name: str = "", fmt: str = ".4f") -> go.Figure:
-    """A heatmap with square cells, a plot area of HEAT_MIN…HEAT_MAX px whatever the number of rows, and as many
-    tick labels as fit (every k-th); the hover names every cell. x/y are unique category labels."""
+    """A heatmap over two category axes (x/y: unique labels); the hover names every cell. It is sized when shown,
+    for the width its column has (app/figure_layout.py: cells about square, as many tick labels as fit)."""
     x, y = list(x), list(y)
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=y, colorscale=colorscale, zmid=zmid, zmin=zmin, zmax=zmax,
@@ -74,51 +70,33 @@ def heatmap(z, x: Sequence[str], y: Sequence[str], *, title: str = "", colorscal
         hovertemplate=f"{y_title or '↓'}: %{{y}}<br>{x_title or '→'}: %{{x}}<br>{value_name + ': ' if value_name else ''}"
                       f"%{{z:{fmt}}}<extra></extra>",  # arrows, not words: the same in every language
     ))
-    cell = min(CELL_MAX, HEAT_MAX / max(len(x), len(y), 1))
-    w, h = max(HEAT_MIN, cell * len(x)), max(HEAT_MIN, cell * len(y))
-    longest = max((len(str(v)) for v in x + y), default=1)
-    margin = dict(l=20 + min(longest, 14) * 7, r=10, t=50 if title else 20, b=20 + min(longest, 14) * 7)
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, margin=margin,
-                      width=int(w + margin["l"] + margin["r"] + 90), height=int(h + margin["t"] + margin["b"]))
-    fig.update_yaxes(autorange="reversed", type="category", categoryarray=y, scaleanchor="x", constrain="domain")
-    fig.update_xaxes(type="category", categoryarray=x, constrain="domain", tickangle=-90)
-    thin_ticks(fig, FONT)
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title)
+    fig.update_yaxes(autorange="reversed", type="category", categoryarray=y)
+    fig.update_xaxes(type="category", categoryarray=x, tickangle=-90)
     return fig
 
 
-def thin_ticks(fig: go.Figure, font_px: int) -> None:
-    """Label every k-th category of each categorical axis, so labels never overlap: k follows from the axis's
-    length in px (the figure's size) and the font. The hover still shows every category."""
-    lay = fig.layout
-    for axis, length in ((a, (lay.width or 700) - 160) for a in fig.select_xaxes()) if lay.width else ():
-        _thin_axis(axis, length, font_px)
-    for axis, length in ((a, (lay.height or 450) - 100) for a in fig.select_yaxes()) if lay.height else ():
-        _thin_axis(axis, length, font_px)
-
-
-def _thin_axis(axis, length: float, font_px: int) -> None:
-    cats = list(axis.categoryarray) if axis.categoryarray is not None else []
-    if not cats:
-        return
-    k = max(1, int(np.ceil(font_px * LABEL_ROOM * len(cats) / max(length, 1))))
-    shown = cats[::k]
-    axis.update(tickmode="array", tickvals=shown, ticktext=[str(c) for c in shown], tickfont=dict(size=font_px))
-
-
-def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None, **chart_args):
-    """Render with Plotly's own PNG download button. Presenter mode scales the figure and every font (tick labels
-    PRESENTER_FONT px on every axis, titles, legend, hover, annotations) and thins labels again for the larger font.
+def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None,
+         share: float = 1.0, **chart_args):
+    """Render with Plotly's own PNG download button, as wide as its column: `share` is the column's part of the main
+    column's width (1 when the figure is not in columns). The figure is sized for that width and the visitor's
+    screen (app/figure_layout.py); presenter mode enlarges every font (tick labels PRESENTER_FONT px).
     `fig` is a figure, or a function of no arguments that builds one: then the finished figure is kept in the
-    gateway's cache under what the function closes over (app/gateway/figures.py), and a page run that asks for it
-    again builds nothing. chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
+    gateway's cache under what the function closes over and the sizes (app/gateway/figures.py), and a page run that
+    asks for it again builds nothing. chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
+    width = ctx.screen.column(share)
     if callable(fig):
-        fig = ServedFigure(gateway.figure(fig, lambda built: spec(finish(built, ctx, height)),
-                                           (key, ctx.presenter, height)))
-        width = fig.to_dict().get("layout", {}).get("width")
+        fig = ServedFigure(gateway.figure(fig, lambda built: spec(finish(built, ctx, height, width)),
+                                           (key, ctx.presenter, height, width, ctx.screen.touch)))
     else:
-        width = finish(fig, ctx, height).layout.width
-    config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename or key, "scale": 2}}
-    return st.plotly_chart(fig, key=key, config=config, width="content" if width else "stretch", **chart_args)
+        finish(fig, ctx, height, width)
+    return st.plotly_chart(fig, key=key, config=chart_config(ctx, filename or key), width="stretch", **chart_args)
+
+
+def chart_config(ctx: ViewContext, filename: str) -> dict:
+    """Plotly's options for a figure of this page: its PNG download, and the toolbar buttons for this screen."""
+    return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": 2},
+            "modeBarButtonsToRemove": toolbar_dropped(ctx.screen.touch)}
 
 
 def spec(fig: go.Figure) -> dict:
@@ -140,26 +118,32 @@ class ServedFigure(plotly.basedatatypes.BaseFigure):
         return self._spec
 
 
-def finish(fig: go.Figure, ctx: ViewContext, height: int | None) -> go.Figure:
-    """The figure as shown: its height, log axes' ticks, presenter mode's sizes (see `show`)."""
-    if height and not (fig.layout.yaxis.scaleanchor and fig.layout.height):  # heatmaps size themselves
-        fig.update_layout(height=height)
+def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | None = None) -> go.Figure:
+    """The figure as shown in a column `width` px wide (the main column's when None): its height, log axes' ticks,
+    sizes and fonts for the visitor's screen and presenter mode (see `show`)."""
     # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
     fig.for_each_xaxis(lambda a: a.update(dtick=1) if a.type == "log" and a.dtick is None else None)
     fig.for_each_yaxis(lambda a: a.update(dtick=1) if a.type == "log" and a.dtick is None else None)
-    if ctx.presenter:
-        big = PRESENTER_FONT
-        fig.update_layout(font=dict(size=big + 2), title_font=dict(size=big + 6), legend_font=dict(size=big),
-                          hoverlabel_font=dict(size=big))
-        fig.update_xaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
-        fig.update_yaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
-        fig.for_each_annotation(lambda a: a.update(font=dict(size=big + 2)))
-        if fig.layout.width:
-            fig.update_layout(width=min(int(fig.layout.width * 1.2), 1000))
-        if fig.layout.height:  # the main figure must still fit the first 1280×720 screen
-            fig.update_layout(height=min(int(fig.layout.height * 1.2), PRESENTER_MAX_H))
-        thin_ticks(fig, big)
+    fit_figure(fig, width or ctx.screen.main, presenter=ctx.presenter, touch=ctx.screen.touch, height=height)
     return fig
+
+
+def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None = None,
+          labels: dict | None = None, formats: dict | None = None) -> None:
+    """A table: on a visitor's screen Streamlit's interactive grid (sortable, scrolling); in presenter mode an HTML
+    table, whose text the page's style makes large enough for a room (the grid draws 14 px text on a canvas).
+    labels: column -> the header shown; formats: column -> a printf format of its numbers ("%.6f")."""
+    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
+    labels, formats = labels or {}, formats or {}
+    if not ctx.presenter:
+        config = {c: st.column_config.NumberColumn(labels.get(c, c), format=formats[c]) if c in formats
+                  else st.column_config.Column(labels[c]) for c in {*labels, *formats}}
+        st.dataframe(df, hide_index=True, key=key, height=height or "auto", column_config=config or None)
+        return
+    shown = df.copy()
+    for c, fmt in formats.items():
+        shown[c] = [fmt % v for v in shown[c]]
+    st.table(shown.rename(columns=labels), hide_index=True, height=height or "content")
 
 
 def to_csv(header: Sequence[str], rows) -> str:

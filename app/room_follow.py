@@ -79,7 +79,7 @@ def sync() -> None:
 @functools.lru_cache(maxsize=4)
 def room_lecture(text: str) -> L.Lecture | None:
     """The room's lecture, read once per process: every follower's page takes it at each step."""
-    return L.parse(text, P.view_keys(), P.lessons())[0]
+    return P.parse(text)[0]
 
 
 def _detach() -> None:

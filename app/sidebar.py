@@ -1,5 +1,5 @@
-"""The sidebar: model, prompt (kept as token ids once a token is appended), presets as lessons, BOS, selection,
-the recording's download and, on a shared server, the room's address with a QR code.
+"""The sidebar: model, prompt (kept as token ids once a token is appended), presets as lessons, BOS and the
+recording's download (the presets and the shared selection stand where app/controls.py puts them).
 
 Prompt state (st.session_state):
   prompt     the text in the prompt box;
@@ -7,24 +7,28 @@ Prompt state (st.session_state):
              while the box still shows ids_text (a hand edit drops them), so half a character appended by the
              residual view stays an id and never becomes U+FFFD in the box or the URL;
   ids_history  earlier (prompt, ids, ids_text) states, for undo;
-  my_prompt  the visitor's prompt before a preset or replace_prompt replaced it ("back to my prompt");
-  _pending   state to set before the widgets of the next run exist (callbacks may run after they do).
+  my_state   the visitor's whole state (MINE) before a preset or replace_prompt replaced it ("back to my prompt");
+  _pending   state to set before the widgets of the next run exist (callbacks may run after they do);
+  _pending_drop  keys to remove then.
 """
 from __future__ import annotations
 
-import functools
-import io
-
 import streamlit as st
 
-from app import gateway
+from app import gateway, sections
 from app.context import plain
+from app.controls import Places
 from app.facts import ModelFacts
 from app.i18n import error_text, t
-from app.presets import BY_KEY, PRESETS
+from app.presets import BY_KEY, PRESETS, opened
 
 OTHER = "__other__"
 PROMPT_STATE = ("prompt", "ids", "ids_text")
+# What "back to my prompt" gives back: the model, the prompt, BOS, the view and its section, the selection, the
+# comparison and its B, the What-if interventions and the lesson.
+MINE = ("active_model", *PROMPT_STATE, "bos", "view", "section", "layer", "head", "token", "_token_auto", "cmp",
+        "cmp_prompt", "cmp_model", "cmp_iv", "cmp_align", "whatif", "whatif_source", "lesson")
+REDRAWN = ("whatif_specs", "whatif_source_text", "_lesson_pending")  # filled again from what MINE restores
 
 
 def tr(key: str, **values) -> str:
@@ -79,6 +83,8 @@ def choose_model() -> ModelFacts | None:
 # --------------------------------------------------------------------------- prompt, kept as ids
 def apply_pending() -> None:
     """Called first in every run: state set by callbacks (append, undo, presets) lands before the widgets exist."""
+    for key in st.session_state.pop("_pending_drop", None) or ():
+        st.session_state.pop(key, None)
     pending = st.session_state.pop("_pending", None)
     if pending:
         st.session_state.update(pending)
@@ -118,52 +124,64 @@ def step_api(facts: ModelFacts, body: list[int]) -> dict:
 
     limit = min(int(st.session_state.get("max_tokens") or facts.cfg.max_seq_len), gateway.token_cap(),
                 facts.cfg.max_seq_len)  # what prompt_ids keeps of a longer prompt
+    mine = st.session_state.get("my_state")
     return {"append_token": append_token, "append_tokens": append_tokens, "undo": undo,
             "can_undo": bool(st.session_state.get("ids_history")), "replace_prompt": replace_prompt,
-            "token_limit": limit}
+            "back": back, "mine_prompt": mine.get("prompt") if mine else None, "token_limit": limit}
 
 
-def replace_prompt(text: str, keep_mine: bool = True) -> None:
-    """Set a new prompt (a preset, a what-if pair), keeping the visitor's own for "back to my prompt"."""
-    if keep_mine and not st.session_state.get("my_prompt"):
-        st.session_state["my_prompt"] = _state()
-    st.session_state["_pending"] = {"prompt": text, "ids": None, "ids_text": None, "replaced_by": text}
+def keep_mine() -> None:
+    """The visitor's whole state, kept once, before a preset or a lesson's button replaces it."""
+    ss = st.session_state
+    if not ss.get("my_state"):
+        ss["my_state"] = {k: ss[k] for k in MINE if k in ss}
 
 
-def _back() -> None:
-    mine = st.session_state.pop("my_prompt", None)
-    if mine:
-        st.session_state["_pending"] = {**mine}
-        st.session_state.pop("lesson", None)
+def replace_prompt(text: str, keep: bool = True, **state) -> None:
+    """Set a new prompt and whatever else goes with it (a preset's view and lesson, the bank lesson's patch),
+    keeping the visitor's own state for "back to my prompt"."""
+    if keep:
+        keep_mine()
+    st.session_state["_pending"] = {"prompt": text, "ids": None, "ids_text": None, **state, "replaced_by": text}
+
+
+def back() -> None:
+    """The visitor's state as it was before the first preset replaced it (a button's callback)."""
+    ss = st.session_state
+    mine = ss.pop("my_state", None)
+    if not mine:
+        return
+    ss["_pending"] = {**mine, "model_pick": mine.get("active_model", gateway.DEFAULT_SOURCE)}
+    ss["_pending_drop"] = [k for k in MINE if k not in mine] + list(REDRAWN)
+    sections.request(mine.get("view"), mine.get("section"))
 
 
 def _choose_preset() -> None:
     key = st.session_state.get("preset")
     if key in BY_KEY:
-        replace_prompt(BY_KEY[key].prompt)
-        st.session_state["_pending"].update(bos=False)  # lessons are found on the prompt as the model reads it
-        if BY_KEY[key].kind == "compare":  # a comparison brings its B (and, for the twins, the model)
-            st.session_state["_pending"].update(dict(BY_KEY[key].args))
-        st.session_state["lesson"], st.session_state["_lesson_pending"] = key, True
+        state = opened(key)
+        replace_prompt(state.pop("prompt"), **state)
+        sections.request(BY_KEY[key].view, BY_KEY[key].section)
     st.session_state["preset"] = None
 
 
-def sidebar_prompt(facts: ModelFacts | None) -> str:
+def sidebar_prompt(facts: ModelFacts | None, places: Places) -> str:
     sb = st.sidebar
-    sb.selectbox(tr("sidebar.preset"), [p.key for p in PRESETS], index=None, key="preset",
-                 on_change=_choose_preset, format_func=lambda k: tr(f"preset.{k}"),
-                 placeholder=tr("sidebar.preset_placeholder"))
+    places.preset.selectbox(tr("sidebar.preset"), [p.key for p in PRESETS], index=None, key="preset",
+                            on_change=_choose_preset, format_func=lambda k: tr(f"preset.{k}"),
+                            placeholder=tr("sidebar.preset_placeholder"))
     if "prompt" not in st.session_state:
         st.session_state.prompt = PRESETS[0].prompt
-    if st.session_state.get("my_prompt") and st.session_state.get("prompt") != st.session_state.get("replaced_by"):
-        st.session_state.pop("my_prompt")  # the visitor made the new prompt theirs: nothing to go back to
-    if st.session_state.get("my_prompt"):
-        sb.button(tr("sidebar.back"), on_click=_back, key="back_to_mine")
+    if st.session_state.get("my_state") and st.session_state.get("prompt") != st.session_state.get("replaced_by"):
+        st.session_state.pop("my_state")  # the visitor made the new prompt theirs: nothing to go back to
+    if st.session_state.get("my_state"):
+        places.preset.button(tr("sidebar.back"), on_click=back, key="back_to_mine")
     sb.text_area(tr("sidebar.prompt"), key="prompt", height=110, max_chars=gateway.prompt_char_limit())
     if st.session_state.get("ids") and st.session_state.get("prompt") != st.session_state.get("ids_text"):
         st.session_state.update(ids=None, ids_text=None, ids_history=[])  # edited by hand
-    sb.number_input(tr("sidebar.token_limit"), min_value=1, max_value=gateway.token_cap(),
-                    value=min(gateway.DEFAULT_MAX_TOKENS, gateway.token_cap()), step=64, key="max_tokens")
+    st.session_state["max_tokens"] = min(int(st.session_state.get("max_tokens") or default_max_tokens()),
+                                         gateway.token_cap())  # a link's, within this server's limit
+    sb.number_input(tr("sidebar.token_limit"), min_value=1, max_value=gateway.token_cap(), step=64, key="max_tokens")
     if facts is not None and facts.bos_id is not None:
         if facts.add_bos:
             sb.caption(tr("sidebar.bos_self"))
@@ -171,6 +189,10 @@ def sidebar_prompt(facts: ModelFacts | None) -> str:
             sb.toggle(tr("sidebar.bos"), key="bos", help=tr("sidebar.bos_help"))
             sb.caption(tr("sidebar.bos_not"))
     return st.session_state.get("prompt") or ""
+
+
+def default_max_tokens() -> int:
+    return min(gateway.DEFAULT_MAX_TOKENS, gateway.token_cap())
 
 
 def prompt_ids(facts: ModelFacts, source: str, prompt: str, max_tokens: int) -> tuple[list[int], list[int], int]:
@@ -204,36 +226,7 @@ def parse_ids(text: str, vocab_size: int) -> list[int] | None:
     return ids if ids and all(0 <= i < vocab_size for i in ids) else None
 
 
-# --------------------------------------------------------------------------- selection and download
-def selection(facts: ModelFacts, ids: list[int], pieces: list[str]) -> tuple[int, int, int]:
-    cfg, sb = facts.cfg, st.sidebar
-    if st.session_state.get("_token_auto", True):  # the token whose prediction is shown, until the visitor moves it
-        st.session_state.token = len(ids) - 1
-    for key, hi in (("layer", cfg.n_layers - 1), ("head", cfg.n_heads - 1), ("token", len(ids) - 1)):
-        _clamp(key, hi)
-    sb.divider()
-    sb.slider(tr("sidebar.layer"), 0, max(cfg.n_layers - 1, 1), key="layer", disabled=cfg.n_layers == 1)
-    sb.slider(tr("sidebar.head"), 0, max(cfg.n_heads - 1, 1), key="head", disabled=cfg.n_heads == 1,
-              help=tr("sidebar.head_help", n_rep=cfg.n_rep))
-    sb.slider(tr("sidebar.token"), 0, max(len(ids) - 1, 1), key="token", disabled=len(ids) == 1,
-              on_change=lambda: st.session_state.update(_token_auto=False))
-    layer = min(int(st.session_state.layer), cfg.n_layers - 1)
-    head = min(int(st.session_state.head), cfg.n_heads - 1)
-    token = min(int(st.session_state.token), len(ids) - 1)
-    sb.caption(tr("sidebar.token_caption", token=token, piece=plain(pieces[token]), id=ids[token], head=head,
-                  kv=head // cfg.n_rep))
-    return layer, head, token
-
-
-def _clamp(key: str, hi: int) -> None:
-    """A link made for a bigger model or a longer prompt must not break the sliders."""
-    try:
-        v = int(st.session_state.get(key))
-    except (TypeError, ValueError):
-        v = 0
-    st.session_state[key] = min(max(v, 0), hi)
-
-
+# --------------------------------------------------------------------------- download
 def npz_data(source: str, ids) -> callable:
     """The download's data callable. Streamlit calls it when the browser fetches the file, outside any script
     run, where st.session_state does not exist: it holds the model's name and the ids, nothing else."""
@@ -249,33 +242,6 @@ def download(source: str, ids) -> None:
         return
     st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
                                mime="application/octet-stream", on_click="ignore", key="download_npz")
-
-
-# --------------------------------------------------------------------------- the room's address (share mode)
-def room_addresses() -> list[str]:
-    from explorer_model.cli import serve
-
-    return serve.lan_addresses()  # every non-loopback interface, read from the kernel
-
-
-@functools.lru_cache(maxsize=8)
-def qr_png(url: str) -> bytes:
-    """The address as a QR code, made once per address (every page run of a shared server shows it)."""
-    import segno  # pure Python; only needed on a shared server
-
-    buf = io.BytesIO()
-    segno.make(url, error="m").save(buf, kind="png", scale=8, border=2)
-    return buf.getvalue()
-
-
-def share_box(port: int) -> None:
-    """For the projector: every address students can open, the first as a QR code."""
-    urls = [f"http://{a}:{port}/" for a in room_addresses()]
-    if not urls:
-        return
-    with st.expander(tr("sidebar.share_title"), expanded=bool(st.session_state.get("presenter"))):
-        st.code("\n".join(urls), language=None)
-        st.image(qr_png(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240, output_format="PNG")
 
 
 def model_caption(facts: ModelFacts) -> str:

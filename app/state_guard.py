@@ -66,7 +66,7 @@ def check_state(choices: dict[str, tuple]) -> list[str]:
     return dropped
 
 
-KEPT_ON_RESET = ("lang", "prompt", "ids", "ids_text", "active_model", "model_pick", "_url_read")
+KEPT_ON_RESET = ("lang", "prompt", "ids", "ids_text", "active_model", "model_pick", "_url_read", "_screen")
 
 
 def reset_widgets() -> None:

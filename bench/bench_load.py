@@ -86,7 +86,9 @@ def run(args) -> dict:
     port = free_port()
     # one server, or `serve --processes N`: N servers behind HAProxy (docs/haproxy.cfg) pinning each visitor to one
     proc = start_server(port, args.cache_mb, args.max_tokens, tmp / "server.log", args.processes, args.taskset,
-                        room=bool(args.lecture))
+                        Path(args.server_root) if args.server_root else ROOT, room=bool(args.lecture))
+    if args.server_root:
+        report["server_root"] = str(Path(args.server_root).resolve())
     if args.taskset:
         report["server_taskset"] = args.taskset
     sampler = MemorySampler([proc.pid])
@@ -219,6 +221,9 @@ def parse_args(argv=None):
                         "tutorial-000) and the visitors follow it (explorer_model/cli/room_load.py)")
     p.add_argument("--steps", type=int, default=10, help="with --lecture: how many times the presenter presses Next")
     p.add_argument("--step-every", type=float, default=20.0, help="with --lecture: seconds between two presses")
+    p.add_argument("--server-root", default="", metavar="DIR",
+                   help="serve another checkout of the project (e.g. a git worktree of another version) to the same "
+                        "visitors: two versions measured on one machine")
     p.add_argument("--no-determinism", action="store_true")
     p.add_argument("--determinism-prompt", default="The animal didn't cross the street because it was too tired.")
     return p.parse_args(argv)

@@ -21,10 +21,14 @@ reader's language (catalog keys `lecture.err.{code}`).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
-import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from . import view_choices as VC
+from .view_choices import CHOICES
 
 FORMAT = 1
 MAX_BYTES = 256 * 1024  # a lecture of 200 steps with long captions is ~100 KB
@@ -32,25 +36,10 @@ MAX_STEPS = 200
 MAX_TEXT = 2000  # a title or caption
 MAX_PROMPT = 8000
 MAX_IDS = 2048
-MAX_DEPTH = 4  # file > step > title/choices > value: anything deeper is not a lecture
+MAX_DEPTH = 5  # file > steps > step > choices > a choice's list > value: anything deeper is not a lecture
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a model or shipped-lecture name: never a path
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)(?::(\.\d[f%]|\d?%|d))?\}")
 LANGS = ("en", "zh")
-
-# The per-view choices a step may set: the widget keys of the views and the values each offers.
-CHOICES: dict[str, tuple] = {
-    "attn_kind": ("pattern", "scores"),
-    "norm_which": ("ln1", "ln2"),
-    "rope_decay_src": ("recorded", "ones"),
-    "residual_log": (False, True),
-    "swiglu_quantity": ("pre", "act", "up", "post", "all"),
-    "whatif_norm": ("ln1", "ln2", "ln_final"),
-    "whatif_branch": ("hook_attn_out", "hook_mlp_out"),
-    "whatif_mean": (False, True),
-    "lab_ffn": ("relu", "swiglu"),
-    "lab_init": ("xavier", "llama"),
-    "lab_norm": ("layer", "rms"),
-}
 
 # The values each kind of lesson computes on the model (app/gateway/lessons.py), usable as {name} in a caption.
 LESSON_VALUES: dict[str, tuple] = {
@@ -79,10 +68,12 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "ids": ("ids", "the prompt as token ids, instead of prompt"),
         "bos": ("bool", "prepend the model's BOS token"),
         "view": ("view", "the view to open"),
+        "section": ("section", "the part of the view to scroll to (the link's section=), e.g. \"lens\""),
         "layer": ("int", "layer (clamped to the model)"),
         "head": ("int", "head (clamped to the model)"),
         "token": ("int", "token position (clamped to the prompt; omitted: the last)"),
-        "lesson": ("lesson", "a preset whose target is found on the loaded model; gives prompt, view, layer, head, token"),
+        "lesson": ("lesson", "a preset whose target is found on the loaded model; gives prompt, view, layer, head, token "
+                             "and its section (unless the step names one)"),
         "whatif": ("str", "What-if interventions, as in the What-if view, e.g. \"no-mask\""),
         "whatif_source": ("prompt", "the source prompt of a patch intervention"),
         "cmp": ("cmp", "compare mode: prompt, model or whatif"),
@@ -91,7 +82,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "cmp_iv": ("str", "B's interventions (cmp = \"whatif\")"),
         "cmp_align": ("str", "positions paired by hand, \"i-j, …\""),
         "presenter": ("bool", "presenter mode on or off"),
-        "choices": ("choices", "the view's own choices: " + ", ".join(CHOICES)),
+        "choices": ("choices", "the view's own choices, each the link's parameter of the same name (table below)"),
     },
 }
 FROM_LESSON = ("prompt", "ids", "view", "layer", "head", "token")  # a lesson step takes these from its preset
@@ -133,7 +124,8 @@ ENGLISH = {  # the CLI's lines (the app reads the catalogs)
 }
 
 KIND_WORDS = {"int": "a whole number ≥ 0", "bool": "true or false", "str": "a string", "text": "a table { en, zh }",
-              "ids": "a list of token ids ≥ 0", "table": "a table", "steps": "a list of [[step]] tables"}
+              "ids": "a list of token ids ≥ 0", "table": "a table", "steps": "a list of [[step]] tables",
+              "float": "a number", "ints": "a list of whole numbers", "pair": "two whole numbers [first, last]"}
 
 
 @dataclass
@@ -150,9 +142,12 @@ def _depth(v, d: int = 0) -> int:
     return d
 
 
-def parse(data: bytes | str, views=(), lessons: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
-    """(the lecture, []) or (None or the lecture with the good steps, problems). views: the view keys the app has;
-    lessons: {preset key: preset kind}. A lecture is returned only without problems."""
+def parse(data: bytes | str, views=(), lessons: dict | None = None,
+          lesson_views: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
+    """(the lecture, []) or (None or the lecture with the good steps, problems). views: the view keys the app has,
+    or {view key: its section keys}; lessons: {preset key: preset kind}; lesson_views: {preset key: its view}.
+    Without them (the CLI) only what the file itself shows is checked. A lecture is returned only without
+    problems."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     if len(data) > MAX_BYTES:
@@ -171,10 +166,11 @@ def parse(data: bytes | str, views=(), lessons: dict | None = None) -> tuple[Lec
         return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]
     if _depth(raw) > MAX_DEPTH:
         return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]
-    return check(raw, views, lessons)
+    return check(raw, views, lessons, lesson_views)
 
 
-def check(raw: dict, views=(), lessons: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
+def check(raw: dict, views=(), lessons: dict | None = None,
+          lesson_views: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
     problems: list[Problem] = []
     for k in raw:
         if k not in SCHEMA["lecture"]:
@@ -194,7 +190,7 @@ def check(raw: dict, views=(), lessons: dict | None = None) -> tuple[Lecture | N
         steps = []
     elif not steps:
         problems.append(Problem("no_steps"))
-    good = [check_step(s, i, views, lessons, problems) for i, s in enumerate(steps, 1)]
+    good = [check_step(s, i, views, lessons, problems, lesson_views) for i, s in enumerate(steps, 1)]
     if problems:
         return None, problems
     return Lecture(title=title, steps=good), []
@@ -210,7 +206,7 @@ def _text(v, step, name, problems) -> dict:
     return {k: v[k] for k in LANGS}
 
 
-def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict:
+def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_views: dict | None = None) -> dict:
     """The step table as given when right; each mistake appended to problems."""
     allowed = SCHEMA["step"]
     start = len(problems)
@@ -225,9 +221,11 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict
     if "caption" in s:
         _text(s["caption"], i, "caption", problems)
     lesson = s.get("lesson")
+    view = (lesson_views or {}).get(lesson) if isinstance(lesson, str) else s.get("view")
+    view = view if isinstance(view, str) and view in views else None  # the step's view, when known here
     for k, v in s.items():
         kind = allowed.get(k, ("",))[0]
-        if kind in ("str", "prompt", "name", "cmp", "view", "lesson"):
+        if kind in ("str", "prompt", "name", "cmp", "view", "lesson", "section"):
             limit = MAX_PROMPT if kind == "prompt" else MAX_TEXT
             if not isinstance(v, str):
                 bad("type", k, kind=KIND_WORDS["str"])
@@ -241,6 +239,10 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict
                 bad("choice", k, allowed=", ".join(views))
             elif kind == "lesson" and lessons is not None and v not in lessons:
                 bad("choice", k, allowed=", ".join(lessons))
+            elif kind == "section" and isinstance(views, Mapping):
+                offered = views[view] if view else sorted({x for keys in views.values() for x in keys})
+                if v not in offered:
+                    bad("choice", k, allowed=", ".join(offered) or "-")
         elif kind == "int" and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 100_000):
             bad("type", k, kind=KIND_WORDS["int"])
         elif kind == "bool" and not isinstance(v, bool):
@@ -255,11 +257,12 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict
             if not isinstance(v, dict):
                 bad("type", k, kind=KIND_WORDS["table"])
                 continue
+            offered = VC.of_view(view) if view else list(CHOICES)
             for ck, cv in v.items():
-                if ck not in CHOICES:
-                    bad("unknown", f"choices.{str(ck)[:40]}", allowed=", ".join(CHOICES))
-                elif type(cv) is not type(CHOICES[ck][0]) or cv not in CHOICES[ck]:
-                    bad("choice", f"choices.{ck}", allowed=", ".join(str(c).lower() for c in CHOICES[ck]))
+                if ck not in offered:
+                    bad("unknown", f"choices.{str(ck)[:40]}", allowed=", ".join(offered) or "-")
+                elif not VC.check(ck, cv):
+                    _bad_choice(ck, cv, bad)
     if "prompt" in s and "ids" in s:
         bad("both", "ids")
     if isinstance(lesson, str):
@@ -276,6 +279,20 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem]) -> dict
             if isinstance(caption.get(lang), str):
                 _check_placeholders(caption[lang], names, i, f"caption.{lang}", problems)
     return dict(s) if len(problems) == start else {}
+
+
+def _bad_choice(key: str, value, bad) -> None:
+    """One line for a choice's value the view does not offer: its values, its range or its type."""
+    c, name = CHOICES[key], f"choices.{key}"
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if c.kind in ("one_of", "bool"):
+        bad("choice", name, allowed=VC.allowed_words(key) if c.kind == "one_of" else "false, true")
+    elif c.kind in ("int", "float") and numeric and (c.kind == "float" or isinstance(value, int)):
+        bad("range", name, lo=f"{c.lo:g}", hi=f"{c.hi:g}")
+    elif c.kind == "text" and isinstance(value, str):
+        bad("too_long", name, limit=VC.MAX_TEXT)
+    else:
+        bad("type", name, kind=KIND_WORDS["str" if c.kind == "text" else c.kind])
 
 
 def _check_placeholders(text: str, names, i, name, problems) -> None:
@@ -305,12 +322,16 @@ def fill(text: str, values: dict) -> str:
 
 
 def step_params(step: dict) -> dict[str, str]:
-    """The step's state as the URL's query parameters (app/main.py reads the same names)."""
+    """The step's state as the link's query parameters (app/url_state.py reads the same names): its fields, its
+    lesson and each of its view's choices."""
     out = {}
     for k in URL_FIELDS:
         if k in step:
             v = step[k]
             out[k] = ",".join(str(i) for i in v) if k == "ids" else ("1" if v else "0") if isinstance(v, bool) else str(v)
+    if "lesson" in step:
+        out["lesson"] = step["lesson"]
+    out.update({k: VC.to_text(k, v) for k, v in step.get("choices", {}).items()})
     return out
 
 
@@ -339,9 +360,11 @@ def _value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, int):
         return str(v)
+    if isinstance(v, float):
+        return repr(v)  # finite (the choices' check): Python's shortest form reads back as the same TOML float
     if isinstance(v, str):
         return _quote(v)
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"

@@ -16,6 +16,7 @@ import functools
 import os
 import re
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -160,8 +161,14 @@ def recording_bytes(cfg: ModelConfig, n_tokens: int, dtype: torch.dtype = torch.
     n = int(n_tokens)
     names = None if names is None else tuple([names] if isinstance(names, str) else names)
     rebuilt = dtype == model_dtype == torch.float32  # elementwise hooks rebuilt on access (recording.rebuilt_from)
-    fit = _quadratic(cfg, dtype, names, attention, rebuilt)
+    # A server's visitors ask at once when it starts: the first computes the fit, the others wait for its result
+    # instead of each running the same meta forwards.
+    with _FIT_LOCK:
+        fit = _quadratic(cfg, dtype, names, attention, rebuilt)
     return fit[0] * n + fit[1] * n * n if fit else _recording_bytes(cfg, n, dtype, names, attention, rebuilt)
+
+
+_FIT_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)

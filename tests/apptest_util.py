@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -63,11 +64,21 @@ def forwards() -> int:
     return gateway.FORWARDS["count"]
 
 
+WIDE = "\u3000-\u9fff\uff00-\uffef"  # Chinese characters and punctuation: no space between them
+
+
+def title(fig: dict) -> str:
+    """A figure's title as one line: the line breaks that wrap it to its column's width taken out again (a space
+    between two words, nothing next to a Chinese character)."""
+    t = fig["layout"].get("title", {})
+    text = t.get("text", "") if isinstance(t, dict) else str(t)
+    return re.sub(f"(?<=[{WIDE}])<br>|<br>(?=[{WIDE}])", "", text).replace("<br>", " ")
+
+
 def fig_with(at: AppTest, title_part: str) -> dict:
     """The figure whose title contains title_part."""
     for f in figures(at):
-        title = f["layout"].get("title", {})
-        if title_part in (title.get("text", "") if isinstance(title, dict) else str(title)):
+        if title_part in title(f):
             return f
     raise AssertionError(f"no figure titled …{title_part}…")
 

@@ -401,11 +401,31 @@ def _source(obj) -> str:
         return ""
 
 
+# MKL's code-path branch (mkl_service.h's MKL_CBWR_* values): what MKL_CBWR asked for, as MKL read it.
+MKL_BRANCHES = {1: "off", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
+                10: "AVX2", 12: "AVX512"}
+
+
+def mkl_branch() -> str:
+    """The code path MKL's conditional numerical reproducibility pins (MKL_CBWR), read from the MKL inside torch's
+    CPU library; "unknown" where that library has no MKL (other platforms, other builds)."""
+    import ctypes
+
+    import torch
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        return MKL_BRANCHES.get(lib.mkl_serv_cbwr_get(1), "unknown")
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def kernels_header() -> str:
     """Which kernels this run takes (read by test_kernel_matrix.py in its children's output)."""
     import torch
 
-    return f"kernels: torch {torch.get_num_threads()} threads, capability {torch.backends.cpu.get_cpu_capability()}"
+    return (f"kernels: torch {torch.get_num_threads()} threads, capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, mkl branch {mkl_branch()}")
 
 
 def pytest_configure(config):
@@ -446,4 +466,5 @@ def pytest_collection_modifyitems(config, items):
 
 
 _LONG_MODULES = ("test_browser", "test_hardening_cli", "test_kernel_matrix", "test_load_short", "test_native_cache",
-                 "test_dtype_7b", "test_hardening_processes", "test_bad_input", "test_cli", "test_classroom_check")
+                 "test_dtype_7b", "test_hardening_processes", "test_bad_input", "test_cli", "test_classroom_check",
+                 "test_app_links", "test_lecture_real")

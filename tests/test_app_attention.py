@@ -7,7 +7,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from apptest_util import all_text, by_id, decode, run_app, select
+from apptest_util import all_text, by_id, decode, run_app, select, title
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LONG = " ".join(["Once upon a time a small fox ran through the forest, looked at the river and sang a song."] * 16)
@@ -90,7 +90,7 @@ def test_overview_uses_nats_entropy_and_first_token_share(page, reference):
         np.testing.assert_allclose(sink[layer, head], p[:, 0].mean(), atol=1e-6)
         ent = -(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)).sum(-1).mean()  # natural log: nats
         np.testing.assert_allclose(entropy[layer, head], ent, atol=1e-6)
-    assert "nats" in by_id(page, "attn_entropy")["layout"]["title"]["text"]
+    assert "nats" in title(by_id(page, "attn_entropy"))
 
 
 def test_query_token_text_highlight(page):
@@ -161,14 +161,14 @@ def test_switching_layer_head_token_runs_no_forward(page):
     before = state.FORWARDS["count"]
     select(page, layer=10, head=8, token=2)
     assert state.FORWARDS["count"] == before
-    assert "Layer 10, head 8 (KV 2)" in by_id(page, "attn_head")["layout"]["title"]["text"]
+    assert "Layer 10, head 8 (KV 2)" in title(by_id(page, "attn_head"))
     assert page.query_params["layer"] == "10" and page.query_params["head"] == "8"
 
 
 def test_chinese(reference):
     at = run_app(view="attention", prompt=PROMPT, lang="zh", layer=1, head=0)
     assert not at.exception and not at.error
-    assert "第 1 层" in by_id(at, "attn_head")["layout"]["title"]["text"]
+    assert "第 1 层" in title(by_id(at, "attn_head"))
     text = all_text(at)
     assert "注意力" in text and "哪些头连接这两个 token" in text and "nats" in text
     assert "Which heads" not in text and "What token" not in text

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from apptest_util import all_text, by_id, decode, record_prompt, run_app, trace
+from apptest_util import all_text, by_id, decode, record_prompt, run_app, trace, title
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 
@@ -40,7 +40,7 @@ def test_head_link_map_is_the_pattern_cell_in_every_layer_and_head(page, referen
     page.button(key="attn_link_go").click().run()
     assert (page.sidebar.slider(key="layer").value, page.sidebar.slider(key="head").value) == tuple(map(int, best))
     assert page.sidebar.slider(key="token").value == q
-    assert f"Layer {best[0]}, head {best[1]}" in by_id(page, "attn_head")["layout"]["title"]["text"]
+    assert f"Layer {best[0]}, head {best[1]}" in title(by_id(page, "attn_head"))
 
 
 def test_key_after_query_is_explained_not_drawn(page):

@@ -100,6 +100,7 @@ CODE_VIEWS = [("x = E[ids]", "tokens"), ("h = x + Attn(RMSNorm(x))", "residual")
               ("z = p·v", "attention"), ("Attn = concat(z)·W_O", "attention"), ("y = h + FFN(RMSNorm(h))", "residual"),
               ("n = RMSNorm(h)", "norm"), ("g, u = n·W_gate, n·W_up", "swiglu"), ("FFN = W_down(SiLU(g) ⊙ u)", "swiglu"),
               ("logits = ", "residual")]
+CODE_SECTIONS = {2: "divisors", 4: "pairs", 11: "silu"}  # where the norm, the RoPE and the SwiGLU line land
 
 
 def test_pseudo_code_lines_carry_shapes_and_switch_view(block_page, reference):
@@ -116,11 +117,12 @@ def test_pseudo_code_lines_carry_shapes_and_switch_view(block_page, reference):
     assert f"[1, {T}, {cfg.n_heads * cfg.head_dim}] → [1, {T}, {cfg.d_model}]" in by_code["Attn = concat(z)·W_O"]
     assert f"[1, {T}, {cfg.d_ff}]" in by_code["FFN = W_down(SiLU(g) ⊙ u)"]
     assert f"[1, {T}, {cfg.n_heads}, {cfg.head_dim}]" == by_code["z = p·v"]
-    for i in (2, 4, 11):  # a norm, the RoPE and the SwiGLU line
+    for i, section in CODE_SECTIONS.items():  # a norm, the RoPE and the SwiGLU line
         at = run_app(view="block", prompt=PROMPT)
         at.button(key=f"block_code_{i}").click().run()
         assert not at.exception and at.session_state["view"] == CODE_VIEWS[i][1]
         assert not [b for b in at.button if b.key and b.key.startswith("block_code_")]  # left the block view
+        assert at.query_params["section"] == section and at.session_state["_landing"] == 1  # landed on its part
 
 
 def test_node_button_switches_view(reference):
@@ -139,18 +141,19 @@ def test_four_changes_open_the_what_if(key, spec):
     assert not at.exception
     assert at.session_state["view"] == "whatif" and at.session_state["whatif"] == spec
     assert at.text_input(key="whatif_specs").value == spec  # the what-if view shows and runs that spec
+    assert at.query_params["section"] == "results" and at.session_state["_landing"] == 1  # landed on its results
 
 
 def test_four_changes_table_and_other_links(block_page):
     text = all_text(block_page)
     for word in ("where the norm sits", "which norm", "how position enters", "the FFN's activation"):
         assert word in text
-    for key, view in (("block_change_twins", "normlab"), ("block_change_rope", "rope"), ("block_change_norm", "norm"),
-                      ("block_change_swiglu", "swiglu")):
+    for key, target in (("block_change_twins", ("normlab", "twins")), ("block_change_rope", ("rope", "sinusoidal")),
+                        ("block_change_norm", ("norm", "layernorm")), ("block_change_swiglu", ("swiglu", "silu"))):
         assert block_page.button(key=key).proto.label
         from app.panels.block import code as blockcode
         row = next(l for r in blockcode.changes(_t, LAYER) for l in r["links"] if l[0] == key)
-        assert row[2] is blockcode._go and row[3] == view
+        assert row[2] is blockcode._go and row[3] == target  # the view and the part of it that shows the change
 
 
 def test_block_view_in_chinese():

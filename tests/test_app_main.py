@@ -49,7 +49,7 @@ def test_overlong_prompt_is_cut_with_a_notice():
     assert f"only the first {state.DEFAULT_MAX_TOKENS} are used" in all_text(at)
     z = decode(figures(at)[0]["data"][0]["z"])
     assert z.shape == (49, 49)  # the attention view shows ±24 tokens around the selected one of a long prompt
-    assert f"of {state.DEFAULT_MAX_TOKENS} (a window" in all_text(at)
+    assert f"of {state.DEFAULT_MAX_TOKENS}, around the selected token" in all_text(at)
     at.sidebar.number_input(key="max_tokens").set_value(16).run()
     assert "only the first 16 are used" in all_text(at)
     assert decode(figures(at)[0]["data"][0]["z"]).shape == (16, 16)
@@ -230,18 +230,23 @@ def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):
     assert len(images) == 1 and "192.168.1.20" in images[0].proto.imgs[0].caption  # the QR code of the first
 
 
-def test_long_prompt_heatmap_is_square_capped_and_labels_thinned():
+def test_long_prompt_heatmap_fills_its_column_with_labels_thinned_for_that_width():
+    from app.figure_layout import HEAT_MAX_H, LABEL_ROOM
+    from app.panels.attention import HEAD_SHARE
+    from app.screen import DESKTOP
+
     at = run_app(view="attention", prompt="word " * 300)
     at.select_slider(key="attn_window").set_value(128).run()  # the widest window: 2·128 + 1 > 256 cells
     fig = figures(at)[0]
     lay, x = fig["layout"], fig["data"][0]["x"]
     assert len(x) == 256 and len(set(x)) == 256  # every cell keeps its own label for the hover
-    assert lay["yaxis"]["scaleanchor"] == "x" and 300 <= lay["height"] <= 700 and lay["width"] <= 900
+    assert "width" not in lay and "scaleanchor" not in lay["yaxis"]  # as wide as its column, on every screen
+    assert lay["height"] - lay["margin"]["t"] - lay["margin"]["b"] <= HEAT_MAX_H
     shown = lay["xaxis"]["tickvals"]
     k = x.index(shown[1])
     assert 1 < k and shown == x[::k]  # every k-th label, evenly
-    room = (lay["width"] - 160) / len(shown)  # px per shown label along the axis
-    assert room >= lay["xaxis"]["tickfont"]["size"]
+    plot_w = DESKTOP.column(HEAD_SHARE) - lay["margin"]["l"] - lay["margin"]["r"]  # the column a desktop gives it
+    assert plot_w / len(x) * k >= LABEL_ROOM * lay["xaxis"]["tickfont"]["size"]  # px per shown label, no overlap
 
 
 def test_the_model_is_described_in_the_visitors_language():

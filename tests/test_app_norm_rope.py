@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, forwards, record_prompt, run_app, select, trace
+from apptest_util import all_text, by_id, decode, forwards, record_prompt, run_app, select, trace, title
 
 PROMPT = "The animal didn't cross the street because it was too tired."
 LAYER, HEAD, TOKEN = 7, 5, 9
@@ -74,7 +74,7 @@ def test_norm_chinese():
     assert not at.exception and not at.error
     text = all_text(at)
     assert "可学习的增益" in text and "均方根" in text
-    assert "一个 token 经过归一化" in str(by_id(at, "norm_vectors")["layout"]["title"])
+    assert "一个 token 经过归一化" in title(by_id(at, "norm_vectors"))
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -172,7 +172,7 @@ def test_rope_chinese():
     assert not at.exception and not at.error
     text = all_text(at)
     assert "旋转" in text and "相邻" in text
-    assert "每一对的旋转速度" in str(by_id(at, "rope_theta")["layout"]["title"])
+    assert "每一对的旋转速度" in title(by_id(at, "rope_theta"))
 
 
 # --------------------------------------------------------------------------- pure functions, other model kinds

@@ -4,7 +4,7 @@ selection changes, and the Chinese page renders."""
 import numpy as np
 import pytest
 
-from apptest_util import all_text, by_id, decode, figures, forwards, run_app, trace
+from apptest_util import all_text, by_id, decode, figures, forwards, run_app, trace, title
 from explorer_model.lab import normlab as lab
 
 PROMPT = "To be, or not to be: that is"
@@ -156,16 +156,16 @@ def test_selection_change_runs_no_model(page):
     assert not page.exception
     assert forwards() == n
     if twins_available():
-        assert by_id(page, "normlab_attn_pre")["layout"]["title"]["text"].endswith("0")
+        assert title(by_id(page, "normlab_attn_pre")).endswith("0")
 
 
 def test_chinese_page():
     at = run_app(view="normlab", prompt=PROMPT, lang="zh")
     assert not at.exception
     at.button(key="lab_init_run").click().run()  # probes are cached by now
-    assert not at.exception and by_id(at, "normlab_init_profile")["layout"]["title"]["text"].startswith("初始化时")
+    assert not at.exception and title(by_id(at, "normlab_init_profile")).startswith("初始化时")
     text = all_text(at)
     assert "初始化时的梯度" in text and "训练赛跑" in text
     assert not any("{" in c.value for c in at.get("caption"))
-    assert any("训练损失" in f["layout"]["title"]["text"] for f in figures(at))
+    assert any("训练损失" in title(f) for f in figures(at))
     assert "一元熵" in text and "nats" in text

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from streamlit.testing.v1 import AppTest
 
-from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select, title
 
 import app.gateway as app_explorer
 from explorer_model.generate.sampling import filter_steps
@@ -26,7 +26,7 @@ def test_loss_strip_is_the_cross_entropy(loaded):
     # independent: torch's cross-entropy of the logits against the ids shifted by one
     ce = F.cross_entropy(rec.logits[0, :-1].double(), torch.tensor(ids[1:]), reduction="none").numpy()
     np.testing.assert_allclose(z, ce, rtol=0, atol=1e-4)  # float32 log-softmax over 49k logits
-    assert f"{ce.mean():.3f}" in strip["layout"]["title"]["text"]
+    assert f"{ce.mean():.3f}" in title(strip)
     assert len(strip["data"][0]["x"]) == len(ids) - 1
     # the main figure comes first on the page
     assert (figures(at)[0]["layout"].get("meta") or {}).get("id") == "residual_loss_strip"
@@ -201,7 +201,9 @@ def test_candidate_label_names_fragments():
 
 def test_lens_window_shows_the_last_positions_and_widens_on_request(loaded):
     """A prompt longer than the default window: the last 16 positions, then 24 when asked, each cell the top token
-    and probability of final norm + unembedding applied here to the recorded resid_post."""
+    and probability of final norm + unembedding applied here to the recorded resid_post (on a screen wide enough to
+    show 24 cells with their text: test_app_layout.py shows a narrower one's window)."""
+    from app.screen import Screen
     from app.panels.residual import LENS_POS
     text = ("One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
             " eighteen nineteen twenty twenty-one twenty-two")
@@ -212,6 +214,8 @@ def test_lens_window_shows_the_last_positions_and_widens_on_request(loaded):
         resid = torch.stack([rec[f"blocks.{l}.hook_resid_post"][0] for l in range(m.cfg.n_layers)])
         probs = torch.softmax(F.linear(m.ln_final(resid), m.unembed.weight), -1).max(-1).values.numpy()
     at = run_app(view="residual", prompt=text)
+    at.session_state["_screen"] = Screen(main=1600, window=1920)
+    at.run()
     assert not at.exception
     for n in (LENS_POS, 24):
         if n != LENS_POS:

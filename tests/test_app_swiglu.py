@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select, trace
+from apptest_util import all_text, by_id, decode, fig_with, figures, record_prompt, run_app, select, trace, title
 
 import app.gateway as app_explorer
 from app.presets import BANK_PAIR
@@ -188,4 +188,4 @@ def test_swiglu_new_parts_chinese():
     assert not at.exception and not at.error
     text = all_text(at)
     assert "部分保留" in text and "FFN 对每个位置单独计算" in text
-    assert "每个神经元的门控" in str(by_id(at, "swiglu_gate_kinds")["layout"]["title"])
+    assert "每个神经元的门控" in title(by_id(at, "swiglu_gate_kinds"))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from apptest_util import all_text, decode, figures, record_prompt, run_app
+from apptest_util import all_text, decode, figures, record_prompt, run_app, title
 
 PROMPT = "I love 深度学习 🦙!"
 LAYER, TOKEN = 4, 2
@@ -37,7 +37,7 @@ def tables(at):
 
 
 def fig_by_title(at, start: str) -> dict:
-    found = [f for f in figures(at) if (f["layout"].get("title") or {}).get("text", "").startswith(start)]
+    found = [f for f in figures(at) if title(f).startswith(start)]
     assert len(found) == 1, start
     return found[0]
 
@@ -85,7 +85,7 @@ def test_bos_state_and_its_effect_on_attention(reference):
     assert not loaded.tokenizer.add_bos
     at = run_app(view="tokens", prompt=prompt)
     assert "does **not** add a BOS token" in all_text(at) and f"(id {bos})" in all_text(at)
-    assert not [f for f in figures(at) if "with and without BOS" in f["layout"]["title"]["text"]]
+    assert not [f for f in figures(at) if "with and without BOS" in title(f)]
     at.button(key="tokens_bos_go").click().run()
     assert not at.exception
     fig = fig_by_title(at, "Attention to position 0")

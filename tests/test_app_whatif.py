@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, decode, fig_with, figures, run_app
+from apptest_util import all_text, decode, fig_with, figures, run_app, title
 
 import app.gateway as app_explorer
 from app.context import display_piece
@@ -120,7 +120,7 @@ def test_bank_patch_and_chinese(loaded):
     assert at.text_input(key="whatif_source_text").value == BANK_SOURCE  # the other bank sentence by default
     _, clean, changed = runs(loaded, BANK_TARGET, [spec], BANK_SOURCE)
     dist = figures(at)[0]
-    assert "修改前后" in dist["layout"]["title"]["text"]
+    assert "修改前后" in title(dist)
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)
@@ -132,7 +132,7 @@ def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
     assert not at.exception
     at.button(key="whatif_q_bank").click().run()
     assert not at.exception
-    assert at.session_state["prompt"] == BANK_TARGET and at.session_state["prompt_before_preset"] == mine
+    assert at.session_state["prompt"] == BANK_TARGET and at.session_state["my_state"]["prompt"] == mine
     spec = at.session_state["whatif"]
     layer = int(spec.split(".")[1])
     assert spec == f"patch:blocks.{layer}.hook_resid_post@-1" and at.session_state["layer"] == layer
@@ -149,9 +149,10 @@ def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
         assert not (flipped and kl0 >= MIN_KL)
     text = all_text(at)
     assert f"KL {kl:.2f}" in text and display_piece(loaded.tokenizer.piece(int(q.argmax()))) in text
-    # the way back
+    # the way back: the prompt, and the layer and interventions the lesson had set
     at.button(key="whatif_back").click().run()
-    assert at.session_state["prompt"] == mine and "prompt_before_preset" not in at.session_state
+    assert at.session_state["prompt"] == mine and "my_state" not in at.session_state
+    assert at.session_state["layer"] == 0 and not at.session_state.get("whatif") and at.query_params["view"] == "whatif"
 
 
 def test_attention_heatmaps_label_tokens(loaded):

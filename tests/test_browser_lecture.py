@@ -1,7 +1,12 @@
-"""A shipped lecture on the projector (1280×720, presenter mode): the clicker's keys step through it."""
+"""A shipped lecture on the projector (1280×720, presenter mode): the clicker's keys step through it, and a step, a
+preset or a button that is about one part of a view lands with that part on the first screen."""
 from __future__ import annotations
 
-from browser_util import browser, new_page, open_app, query, server, shots_dir, view_errors, wait_idle  # noqa: F401
+import pytest
+from browser_util import (browser, new_page, open_app, query, server, shots_dir, steady, view_errors,  # noqa: F401
+                          wait_idle)
+
+pytestmark = pytest.mark.browser
 
 
 def counter(pg) -> str:
@@ -35,5 +40,76 @@ def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, browser)
         assert query(pg)["model"] == "smollm2"
         assert view_errors(pg) == []
         pg.screenshot(path=str(shots_dir() / "lecture_presenter.png"))
+    finally:
+        pg.context.close()
+
+
+FIRST_SCREEN = 720
+SHOWN_PX = 150  # this much of a section (or all of a shorter one) must be on the first screen
+
+
+def section_box(pg, view: str, key: str) -> dict:
+    """Where the section is on the screen, once the page has landed there and held still (app/sections.py)."""
+    where = f"document.querySelector('.st-key-section_{view}_{key}')"
+    steady(pg, f"{where} && [{where}.getBoundingClientRect().top, "
+               f"document.querySelector('[data-testid=\"stMain\"]').scrollTop].join('|')", 2000)
+    return pg.evaluate(f"() => {{ const r = {where}.getBoundingClientRect(); return {{top: r.top, height: r.height}}; }}")
+
+
+def assert_landed(pg, view: str, key: str, what: str) -> None:
+    box = section_box(pg, view, key)
+    header = pg.evaluate("() => document.querySelector('[data-testid=\"stHeader\"]').getBoundingClientRect().bottom")
+    assert header <= box["top"] and box["top"] + min(SHOWN_PX, box["height"]) <= FIRST_SCREEN, \
+        f"{what}: the {view} view's {key} section is at y={box['top']:.0f} px (height {box['height']:.0f}): not on " \
+        f"the first 1280×720 screen"
+
+
+def test_steps_and_presets_land_on_their_section_on_the_projector(server, browser):
+    from app.i18n import t
+
+    pg = new_page(browser, 1280, FIRST_SCREEN)
+    try:
+        open_app(pg, server, lecture="tutorial-000", step=14, presenter=1)
+        assert query(pg)["section"] == "shift"
+        assert_landed(pg, "rope", "shift", "step 14")
+        pg.screenshot(path=str(shots_dir() / "lecture_section.png"))
+        press(pg, "ArrowRight")  # the clocks, further down the same view
+        assert_landed(pg, "rope", "clock", "step 15")
+        press(pg, "ArrowRight")  # a comparison: the top of the page, the step's caption in view
+        assert counter(pg).startswith("Step 16 / 21") and "section" not in query(pg)
+        steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 1500)
+        assert pg.locator(".st-key-lecture_next button").bounding_box()["y"] >= 0
+        press(pg, "ArrowRight")
+        assert_landed(pg, "swiglu", "positionwise", "step 17")
+        assert view_errors(pg) == []
+
+        open_app(pg, server, view="tokens", prompt="Hello there", presenter=1)  # a preset, from the presenter's row
+        sidebar = pg.locator('[data-testid="stSidebar"]')
+        assert sidebar.get_attribute("data-collapsed") == "true"
+        for key in ("layer", "head", "token"):
+            box = pg.locator(f'[data-testid="stMain"] .st-key-{key}').bounding_box()
+            assert box and box["y"] + box["height"] <= FIRST_SCREEN, f"the {key} slider is not on the first screen"
+        preset = pg.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').filter(
+            has_text=t("sidebar.preset", "en"))
+        preset.first.click()
+        pg.get_by_role("option", name=t("preset.fact", "en"), exact=True).click()
+        pg.wait_for_function("() => new URLSearchParams(location.search).get('section') === 'lens'", timeout=120_000)
+        wait_idle(pg, started_within=0)
+        assert_landed(pg, "residual", "lens", "the fact preset")
+        pg.screenshot(path=str(shots_dir() / "preset_section.png"))
+    finally:
+        pg.context.close()
+
+
+def test_the_block_views_changes_open_the_part_that_shows_them(server, browser):
+    pg = new_page(browser, 1280, FIRST_SCREEN)
+    try:
+        open_app(pg, server, view="block", prompt="The capital of France is", presenter=1)
+        button = pg.locator(".st-key-block_change_rope button")
+        button.scroll_into_view_if_needed()
+        button.click()
+        wait_idle(pg)
+        assert query(pg)["view"] == "rope" and query(pg)["section"] == "sinusoidal"
+        assert_landed(pg, "rope", "sinusoidal", "the RoPE change's button")
     finally:
         pg.context.close()

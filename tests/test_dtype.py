@@ -182,3 +182,36 @@ def test_cache_writer_is_safetensors(tmp_path):
         assert f.metadata() == {"note": "hi"} and set(f.keys()) == set(state)
         for k, v in state.items():
             assert f.get_tensor(k).dtype == v.dtype and torch.equal(f.get_tensor(k), v)
+
+
+def test_visitors_asking_a_recordings_size_at_once_compute_its_fit_once(monkeypatch):
+    """A server's first visitors ask the cost of their prompts at the same moment: the meta forwards that fit the
+    size formula run once, the others wait for the result."""
+    import threading
+
+    from explorer_model.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=97, d_model=24, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=6, d_ff=40,
+                      norm_eps=1e-5, rope_theta=10000.0, max_seq_len=64, tie_embeddings=False, name="fit-once")
+    runs, real = [], memory._hook_shapes.__wrapped__
+    start = threading.Barrier(8)
+
+    def counted(c, n):
+        runs.append(n)
+        return real(c, n)
+
+    monkeypatch.setattr(memory, "_hook_shapes", counted)
+    memory._quadratic.cache_clear()
+    sizes = []
+
+    def ask():
+        start.wait()
+        sizes.append(memory.recording_bytes(cfg, 17))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    memory._quadratic.cache_clear()
+    assert sorted(runs) == [1, 2, 3] and len(set(sizes)) == 1

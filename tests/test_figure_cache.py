@@ -1,6 +1,6 @@
 """The gateway's figure cache (app/gateway/figures.py through plots.show): a figure asked for again is not built
 again, the browser receives exactly the spec of the figure built directly, and a figure is never served for a
-selection, language or prompt other than its own."""
+selection, language, prompt or screen other than its own."""
 import logging
 from dataclasses import dataclass
 
@@ -11,6 +11,7 @@ import pytest
 
 from app import gateway, plots
 from app.gateway.figures import digest
+from app.screen import DESKTOP, PHONE, Screen
 
 logging.getLogger("streamlit").setLevel(logging.ERROR)  # bare mode: no page run around the calls
 
@@ -20,6 +21,7 @@ class Ctx:  # what plots.show and the digest read of a ViewContext
     layer: int = 0
     lang: str = "en"
     presenter: bool = False
+    screen: Screen = DESKTOP
 
     def figure_digest(self):
         return (self.layer, self.lang, self.presenter)
@@ -60,8 +62,10 @@ def test_a_figure_asked_for_again_is_not_built_again_and_is_sent_unchanged(sent)
     assert any(k[0] == "figure" for k in gateway.result_cache().keys())
 
 
-@pytest.mark.parametrize("change", [dict(layer=1), dict(lang="zh"), dict(presenter=True)])
-def test_another_selection_language_or_presenter_mode_gets_its_own_figure(sent, change):
+@pytest.mark.parametrize("change", [dict(layer=1), dict(lang="zh"), dict(presenter=True), dict(screen=PHONE),
+                                    dict(screen=Screen(main=DESKTOP.main - 8)),
+                                    dict(screen=Screen(touch=True))])
+def test_another_selection_language_presenter_mode_or_screen_gets_its_own_figure(sent, change):
     z, builds = np.arange(6.0).reshape(2, 3), []
     draw(Ctx(), z, builds)
     draw(Ctx(**change), z, builds)

@@ -224,3 +224,24 @@ def test_every_csv_download_passes_the_neutraliser(monkeypatch):
     lazy, eager = sent
     assert list(csv.reader(io.StringIO(lazy())))[1:] == [["'=1+2", "-3"], ["ok", "4"]]
     assert list(csv.reader(io.StringIO(eager)))[1] == ["'@x"]
+
+
+def test_the_metrics_endpoint_reports_the_result_caches_real_bytes():
+    """/_stcore/metrics (Streamlit's StatsManager) reports the room's result cache per kind, with the bytes held."""
+    import numpy as np
+    from streamlit.runtime.stats import CACHE_MEMORY_FAMILY, StatsManager
+
+    from app.gateway.result_cache import ResultCache
+    from app.gateway.state import CacheMetrics
+
+    cache = ResultCache(10 * 2**20)
+    cache.put(("rec", "a"), np.zeros(1000, dtype=np.float32))
+    cache.put(("rec", "b"), np.zeros(500, dtype=np.float32))
+    cache.put(("lens", "a"), np.zeros(2000, dtype=np.float32))
+    manager = StatsManager()
+    manager.register_provider(CacheMetrics(cache))
+    lines = {s.to_metric_str() for s in manager.get_stats([CACHE_MEMORY_FAMILY])[CACHE_MEMORY_FAMILY]}
+    kinds = cache.kinds()
+    assert (kinds["rec"], kinds["lens"]) == (6000, 8000)  # the arrays' own bytes, not a handle's
+    assert lines == {f'cache_memory_bytes{{cache_type="llama_explorer_results",cache="{k}"}} {b}'
+                     for k, b in kinds.items()}

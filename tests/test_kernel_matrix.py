@@ -27,14 +27,17 @@ def threads(n: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(n), "LLAMA_EXPLORER_TEST_THREADS": str(n)}
 
 
-# With the main run (this machine's threads and best ISA): 1, 2 and 4 threads, torch's baseline
-# kernels (no SIMD dispatch) and AVX2 everywhere (torch, oneDNN and MKL lowered together).
+# With the main run (this machine's threads and best ISA): 1, 2 and 4 threads, baseline kernels (torch without
+# SIMD dispatch, MKL on its compatible SSE2 path: on an AVX2-only CPU, where lowering to AVX2 changes nothing,
+# this is the configuration whose matrix products split their sums differently) and AVX2 everywhere (torch,
+# oneDNN and MKL lowered together).
+BASELINE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
 CONFIGS = {
-    "1-thread": (threads(1), 1, None),
-    "4-threads-default-isa": ({**threads(4), "ATEN_CPU_CAPABILITY": "default"}, 4, "DEFAULT"),
-    "2-threads-avx2": ({**threads(2), **LOWERED_AVX2}, 2, "AVX2"),
+    "1-thread": (threads(1), 1, None, None),
+    "4-threads-baseline-kernels": ({**threads(4), **BASELINE}, 4, "DEFAULT", "COMPATIBLE"),
+    "2-threads-avx2": ({**threads(2), **LOWERED_AVX2}, 2, "AVX2", None),
 }
-HEADER = re.compile(r"^kernels: torch (\d+) threads, capability (\S+)", re.M)
+HEADER = re.compile(r"^kernels: torch (\d+) threads, capability ([^,\s]+), mkl branch (\S+)", re.M)
 # The slow determinism test spawns server-like processes: once in the main run is enough.
 SELECTION = "kernels and not slow"
 
@@ -47,7 +50,8 @@ def kernel_modules() -> list[str]:
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LLAMA_EXPLORER_TEST_THREADS", *LOWERED_AVX2, "PYTEST_ADDOPTS")}
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LLAMA_EXPLORER_TEST_THREADS", *LOWERED_AVX2, *BASELINE,
+                        "PYTEST_ADDOPTS")}
     env.update(extra, OMP_WAIT_POLICY="PASSIVE", LLAMA_EXPLORER_NO_PROBE="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
@@ -56,7 +60,7 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 @pytest.mark.real
 @pytest.mark.parametrize("config", CONFIGS)
 def test_kernel_sensitive_tests_pass_under(config):
-    extra, threads, capability = CONFIGS[config]
+    extra, threads, capability, mkl = CONFIGS[config]
     run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", "-m", SELECTION,
                           *kernel_modules()], cwd=ROOT, env=child_env(extra), capture_output=True, text=True,
                          timeout=900)
@@ -66,6 +70,8 @@ def test_kernel_sensitive_tests_pass_under(config):
     assert int(header.group(1)) == threads, header.group(0)
     if capability is not None:
         assert header.group(2) == capability, header.group(0)
+    if mkl is not None and header.group(3) != "unknown":  # a torch without MKL: the setting has nothing to lower
+        assert header.group(3) == mkl, header.group(0)
     assert run.returncode == 0, f"{config}:\n{out[-4000:]}"
     assert re.search(r"\b\d+ passed\b", out), out[-2000:]
 
@@ -77,7 +83,7 @@ def test_the_kernel_modules_are_the_ones_that_compare_kernels_results():
 
 
 def test_the_header_pattern_reads_what_conftest_prints():
-    from conftest import kernels_header
+    from conftest import kernels_header, mkl_branch
 
     line = kernels_header()
     match = HEADER.search(line)
@@ -86,3 +92,17 @@ def test_the_header_pattern_reads_what_conftest_prints():
 
     assert int(match.group(1)) == torch.get_num_threads()
     assert match.group(2) == torch.backends.cpu.get_cpu_capability()
+    assert match.group(3) == mkl_branch()
+
+
+def test_the_header_reads_the_branch_mkl_cbwr_asks_for():
+    """The baseline configuration's MKL setting is checked through the header: it must read what MKL took."""
+    def branch(value: str | None) -> str:
+        env = child_env({} if value is None else {"MKL_CBWR": value})
+        code = "import sys; sys.path.insert(0, 'tests'); from conftest import mkl_branch; print(mkl_branch())"
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120).stdout.strip()
+
+    if branch(None) == "unknown":
+        pytest.skip("this torch has no MKL: MKL_CBWR lowers nothing")
+    assert (branch(None), branch("COMPATIBLE")) == ("off", "COMPATIBLE")

@@ -56,7 +56,14 @@ def test_each_mistake_is_one_line_naming_step_field_and_what_is_allowed():
     (lecture_text('model = "../../etc/passwd"'), "step 1, model: must be a name (letters, digits, . _ -), not a path"),
     (lecture_text('model = "/home/x/model.gguf"'), "step 1, model: must be a name (letters, digits, . _ -), not a path"),
     (lecture_text('cmp_model = "a/b"'), "step 1, cmp_model: must be a name (letters, digits, . _ -), not a path"),
-    (lecture_text('[step.choices]\nrm_rf = "/"'), "step 1, choices.rm_rf: unknown field; allowed: attn_kind"),
+    (lecture_text('view = "attention"\n[step.choices]\nrm_rf = "/"'),
+     "step 1, choices.rm_rf: unknown field; allowed: attn_kind, attn_window"),
+    (lecture_text('view = "norm"\n[step.choices]\nattn_kind = "scores"'),
+     "step 1, choices.attn_kind: unknown field; allowed: norm_which"),  # a choice of another view
+    (lecture_text('view = "swiglu"\n[step.choices]\nswiglu_topk = 0'), "step 1, choices.swiglu_topk: must be between 1 and 256"),
+    (lecture_text('[step.choices]\npred_temperature = "hot"'), "step 1, choices.pred_temperature: must be a number"),
+    (lecture_text('[step.choices]\nbig_link_layers = [5, 2]'),
+     "step 1, choices.big_link_layers: must be two whole numbers [first, last]"),
     (lecture_text('[step.choices]\nresidual_log = "true"'), "step 1, choices.residual_log: must be one of: false, true"),
     (lecture_text('lesson = "nope"'), "step 1, lesson: must be one of: coref, sink, fact, compare_twins"),
     ("format = 1\ntitle = { en = 'a', zh = 'b' }\nstep = []", "the lecture has no [[step]]"),
@@ -65,6 +72,19 @@ def test_each_mistake_is_one_line_naming_step_field_and_what_is_allowed():
 ])
 def test_wrong_types_and_unknown_fields_are_refused(text, expected):
     assert any(l.startswith(expected) for l in problems(text)), problems(text)
+
+
+def test_a_section_must_be_one_of_its_views_parts():
+    views = {"attention": ("head", "link"), "residual": ("norms", "lens")}
+    lessons, lesson_views = {"fact": "lens"}, {"fact": "residual"}
+
+    def lines(*steps):
+        return [p.english() for p in L.parse(lecture_text(*steps), views, lessons, lesson_views)[1]]
+    assert lines('view = "attention"\nsection = "link"', 'lesson = "fact"\nsection = "lens"') == []
+    assert lines('view = "attention"\nsection = "lens"', 'lesson = "fact"\nsection = "head"', 'section = 3') == [
+        "step 1, section: must be one of: head, link", "step 2, section: must be one of: norms, lens",
+        "step 3, section: must be a string"]
+    assert lines('section = "nowhere"') == ["step 1, section: must be one of: head, lens, link, norms"]
 
 
 def test_a_caption_placeholder_must_be_a_value_of_the_steps_lesson():
@@ -87,8 +107,8 @@ def test_hostile_files_are_refused_with_one_line():
     assert problems(b"x" * (L.MAX_BYTES + 1)) == [f"the file has {L.MAX_BYTES + 1} bytes; a lecture file may have "
                                                   f"at most {L.MAX_BYTES}"]
     assert problems(b"\xff\xfe title") == ["the file is not UTF-8 text"]
-    assert problems("a = " + "[" * 50000) == ["nested deeper than a lecture file is (4 levels)"]
-    assert problems("a = { b = { c = { d = { e = 1 } } } }") == ["nested deeper than a lecture file is (4 levels)"]
+    assert problems("a = " + "[" * 50000) == ["nested deeper than a lecture file is (5 levels)"]
+    assert problems("a = { b = { c = { d = { e = { f = 1 } } } } }") == ["nested deeper than a lecture file is (5 levels)"]
     many = lecture_text(*['view = "tokens"'] * (L.MAX_STEPS + 1))
     assert problems(many) == [f"{L.MAX_STEPS + 1} steps; a lecture may have at most {L.MAX_STEPS}"]
     long = lecture_text('caption = { en = "%s", zh = "x" }' % ("y" * (L.MAX_TEXT + 1)))
@@ -105,7 +125,9 @@ def test_the_writer_escapes_strings_and_reads_back_the_same_lecture():
     nasty = 'quote " backslash \\ newline \n tab \t bell \x07 del \x7f """ \'\'\' 中文 {layer}'
     lec = L.Lecture({"en": nasty, "zh": "讲"}, [
         {"title": {"en": nasty, "zh": "一"}, "caption": {"en": "c", "zh": "说明"}, "prompt": nasty, "bos": True,
-         "view": "attention", "layer": 3, "choices": {"attn_kind": "scores", "residual_log": False}},
+         "view": "attention", "section": "link", "layer": 3,
+         "choices": {"attn_kind": "scores", "attn_window": 8, "big_link_layers": [2, 5]}},
+        {"title": {"en": "p", "zh": "预"}, "view": "predict", "choices": {"pred_temperature": 0.7, "pred_top_p": 1e-2}},
         {"title": {"en": "b", "zh": "二"}, "ids": [1, 2, 3], "view": "norm"}, {"title": {"en": "c", "zh": "三"}, "lesson": "coref"}])
     text = L.dumps(lec)
     again, found = L.parse(text, VIEWS, LESSONS)
@@ -114,9 +136,11 @@ def test_the_writer_escapes_strings_and_reads_back_the_same_lecture():
 
 def test_a_step_maps_onto_the_links_query_parameters():
     step = {"title": {"en": "a", "zh": "b"}, "model": "smollm2", "ids": [5, 6], "bos": True, "view": "norm",
-            "layer": 2, "cmp": "whatif", "cmp_iv": "no-rope", "choices": {"norm_which": "ln2"}}
-    assert L.step_params(step) == {"model": "smollm2", "ids": "5,6", "bos": "1", "view": "norm", "layer": "2",
-                                   "cmp": "whatif", "cmp_iv": "no-rope"}
+            "section": "gamma", "layer": 2, "cmp": "whatif", "cmp_iv": "no-rope", "choices": {"norm_which": "ln2"}}
+    assert L.step_params(step) == {"model": "smollm2", "ids": "5,6", "bos": "1", "view": "norm", "section": "gamma",
+                                   "layer": "2", "cmp": "whatif", "cmp_iv": "no-rope", "norm_which": "ln2"}
+    assert L.step_params({"title": step["title"], "lesson": "fact", "choices": {"residual_log": True}}) == {
+        "lesson": "fact", "residual_log": "1"}
 
 
 def test_the_docs_page_holds_the_schema_table():

@@ -1,15 +1,22 @@
 """Every step of the shipped lectures lands on the real default model (SmolLM2, DEFAULT_SOURCE) and the twins: the
-view opens without an error, a lesson's target is found and the page is on it, and the numbers of the caption are
-the ones the lesson computes on the model."""
+view opens without an error, a lesson's target is found and the page is on it, the numbers of the caption are the
+ones the lesson computes on the model, the page lands on the step's section, and the step's link (without the
+lecture) reopens the same figures and the same lesson sentence.
+
+The steps of a lecture are tests of their own that share one page, moved on with Next as they run in order (a
+step run alone opens its lecture there); every recording is cached, so a link reopened draws without a forward
+pass of its own."""
 from __future__ import annotations
 
 import pytest
-from apptest_util import run_app
+from apptest_util import figures, run_app
 
 from app import gateway
 from app import lecture_player as P
 from app.presets import BY_KEY
 from explorer_model import lecture as L
+
+pytestmark = pytest.mark.real  # every test opens SmolLM2, the app's default model
 
 
 def caption_markdown(at, template: str) -> str:
@@ -38,33 +45,52 @@ def check_lesson(at, step: dict) -> None:
     assert "{" not in shown
 
 
-@pytest.mark.parametrize("name", ["tutorial-000", "tutorial-001"])
-def test_every_step_of_a_shipped_lecture_lands(name):
-    lecture, found = L.parse((P.SHIPPED / f"{name}.toml").read_bytes(), P.view_keys(), P.lessons())
-    assert found == []
-    at = run_app(timeout=600, lecture=name, step=1, presenter=1)
-    for i, step in enumerate(lecture.steps, 1):
-        if i > 1:
-            at.button(key="lecture_next").click().run(timeout=600)
-        where = f"{name} step {i}"
-        assert not at.exception, (where, at.exception)
-        assert [e.value for e in at.error] == [], where
-        assert not at.warning or all("truncated" not in w.value for w in at.warning), where
-        ss = at.session_state
-        assert ss["lecture_step"] == i - 1 and "lecture_missing" not in ss, where
-        expected_view = BY_KEY[step["lesson"]].view if "lesson" in step else step["view"]
-        assert ss["view"] == expected_view, where
-        assert ss["active_model"] == (step.get("model") or ss["active_model"]), where
-        if "lesson" in step:
-            check_lesson(at, step)
-        else:
-            shown = caption_markdown(at, step["caption"]["en"])
-            assert shown == P._plain_lines(step["caption"]["en"]), where
-            for k in ("layer", "head", "token"):
-                if k in step:
-                    assert ss[k] == step[k], where
-        for k, v in step.get("choices", {}).items():
-            assert ss[k] == v, where
+LECTURES = {name: P.parse((P.SHIPPED / f"{name}.toml").read_bytes())[0] for name in ("tutorial-000", "tutorial-001")}
+STEPS = [(name, i) for name, lecture in LECTURES.items() for i in range(1, len(lecture.steps) + 1)]
+_PAGES: dict[str, tuple] = {}  # lecture -> (its page, the step it shows)
+
+
+def page_at(name: str, i: int):
+    """The lecture's page at step i: the shared page moved on with Next, or the lecture opened at i."""
+    at, shown = _PAGES.get(name, (None, 0))
+    if at is not None and shown == i - 1:
+        at.button(key="lecture_next").click().run(timeout=600)
+    elif shown != i:
+        at = run_app(timeout=600, lecture=name, step=i, presenter=1)
+    _PAGES[name] = (at, i)
+    return at
+
+
+@pytest.mark.parametrize("name, i", STEPS, ids=[f"{n}-{i}" for n, i in STEPS])
+def test_a_shipped_step_lands_and_its_link_reopens_it(name, i):
+    step = LECTURES[name].steps[i - 1]
+    at = page_at(name, i)
+    where = f"{name} step {i}"
+    assert not at.exception, (where, at.exception)
+    assert [e.value for e in at.error] == [], where
+    assert not at.warning or all("truncated" not in w.value for w in at.warning), where
+    ss = at.session_state
+    assert ss["lecture_step"] == i - 1 and "lecture_missing" not in ss, where
+    preset = BY_KEY.get(step.get("lesson"))
+    assert ss["view"] == (preset.view if preset else step["view"]), where
+    assert ss["active_model"] == (step.get("model") or ss["active_model"]), where
+    if preset:
+        check_lesson(at, step)
+    else:
+        shown = caption_markdown(at, step["caption"]["en"])
+        assert shown == P._plain_lines(step["caption"]["en"]), where
+        for k in ("layer", "head", "token"):
+            if k in step:
+                assert ss[k] == step[k], where
+    for k, v in step.get("choices", {}).items():
+        assert ss[k] == v, where
+    section = step.get("section", preset.section if preset else None)
+    assert at.query_params.get("section") == section, where  # the page lands on it (app/sections.py)
+    link = {k: v for k, v in dict(at.query_params).items() if k not in ("lecture", "step")}
+    again = run_app(timeout=600, **link)
+    assert not again.exception and dict(again.query_params) == link, where
+    assert figures(again) == figures(at), where  # the same figures, sent to the browser the same way
+    assert [e.value for e in again.info] == [e.value for e in at.info], where  # the lesson's sentence among them
 
 
 def test_a_server_prepares_every_steps_recording_in_the_background(monkeypatch):

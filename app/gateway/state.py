@@ -154,7 +154,38 @@ def check_interventions(source: str, specs: str) -> list:
 # --------------------------------------------------------------------------- the cache
 @room_memo()
 def result_cache() -> ResultCache:
-    return ResultCache(cache_budget_bytes(), on_evict=release_freed_memory, strict=shared())
+    cache = ResultCache(cache_budget_bytes(), on_evict=release_freed_memory, strict=shared())
+    _report_to_streamlit_metrics(cache)
+    return cache
+
+
+class CacheMetrics:
+    """The result cache as Streamlit's /_stcore/metrics reports caches: one `cache_memory_bytes` line per kind of
+    result, with the bytes it really holds. Streamlit sees only its own st.cache_* caches, and this one is kept by
+    the process (room_memo) so that a visitor's "clear cache" message cannot empty it."""
+
+    def __init__(self, cache: ResultCache):
+        self.cache = cache
+
+    @property
+    def stats_families(self):
+        from streamlit.runtime.stats import CACHE_MEMORY_FAMILY
+
+        return [CACHE_MEMORY_FAMILY]
+
+    def get_stats(self, family_names=None):
+        from streamlit.runtime.stats import CACHE_MEMORY_FAMILY, CacheStat
+
+        stats = [CacheStat("llama_explorer_results", str(kind), int(size))
+                 for kind, size in sorted(self.cache.kinds().items())]
+        return {CACHE_MEMORY_FAMILY: stats}
+
+
+def _report_to_streamlit_metrics(cache: ResultCache) -> None:
+    from streamlit import runtime
+
+    if runtime.exists():  # a server (not a test or a script): its metrics endpoint reports the cache
+        runtime.get_instance().stats_mgr.register_provider(CacheMetrics(cache))
 
 
 def stored_bytes() -> int:

@@ -72,10 +72,12 @@ def draw(ctx: ViewContext) -> None:
     left, right = st.columns(2)
     with left:
         plots.show(lambda: cost_figure(data, "score_bytes_per_layer", t("tokens.costs.mem_title", bytes=SCORE_BYTES),
-                               t("tokens.costs.mem_y"), T), ctx, key="tokens_costs_mem", filename="attention_memory")
+                               t("tokens.costs.mem_y"), T), ctx, key="tokens_costs_mem", filename="attention_memory",
+                   share=0.5)
     with right:
         plots.show(lambda: cost_figure(data, "attention_flops", t("tokens.costs.flops_title"), "FLOPs", T,
-                               dashed="matmul_flops"), ctx, key="tokens_costs_flops", filename="attention_flops")
+                               dashed="matmul_flops"), ctx, key="tokens_costs_flops", filename="attention_flops",
+                   share=0.5)
     cross = {name: costs.crossover_length(cfg) for name, cfg in ((this, ctx.cfg), (REFERENCE, families.FAMILIES[REFERENCE]))}
     st.caption(t("tokens.costs.caption", this=this, T=T, share=100 * float(data[this]["attention_share"][lengths(T).index(T)]),
                  cross_this=cross[this], ref=REFERENCE, cross_ref=cross[REFERENCE]))
@@ -86,7 +88,7 @@ def draw(ctx: ViewContext) -> None:
     rows = costs.kv_cache_table({this: ctx.cfg, **{n: families.FAMILIES[n] for n in KV_MODELS}}, CONTEXT, KV_BYTES)
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: kv_figure(rows, t), ctx, key="tokens_costs_kv", filename="kv_cache_per_token")
+        plots.show(lambda: kv_figure(rows, t), ctx, key="tokens_costs_kv", filename="kv_cache_per_token", share=0.6)
     df = pd.DataFrame([{t("tokens.costs.col_model"): r["name"], "H": r["n_heads"], "H_kv": r["n_kv_heads"],
                         t("tokens.costs.col_kind"): r["kind"], t("tokens.costs.col_per_token"): r["bytes_per_token"],
                         t("tokens.costs.col_mha"): r["mha_bytes_per_token"],
@@ -96,6 +98,6 @@ def draw(ctx: ViewContext) -> None:
     with right:
         st.markdown(t("tokens.costs.kv_explain"))
         st.latex(t("tokens.costs.kv_latex", bytes=KV_BYTES))
-    st.dataframe(df, hide_index=True, key="tokens_costs_kv_table")
+    plots.table(ctx, df, key="tokens_costs_kv_table")
     plots.csv_button(ctx, t("tokens.csv.kv"), t("tokens.csv.kv"), lambda: df.to_csv(index=False),
                      "kv_cache.csv", "tokens_csv_kv")

@@ -13,8 +13,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots, token_window
 from app.context import ViewContext, display_piece, plain
+from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
 from explorer_model.tokenizer.labels import completion, fragment_labels
@@ -26,14 +27,15 @@ STEP_KEYS = ("residual.step_raw", "residual.temperature", "residual.step_top_k",
 
 
 # ----------------------------------------------------------------------------- pure data / figures
-def loss_strip_figure(pl: PositionLosses, labels: list[str], t) -> go.Figure:
-    """One row: cell t = −ln p(token t+1 | tokens ≤ t), labelled by the position and showing the token it had to predict."""
-    fig = plots.heatmap(pl.losses[None, :], labels[:-1], [t("residual.loss_row")], colorscale="Reds", zmin=0.0,
-                        title=t("residual.loss_strip_title", mean=pl.mean, n=len(pl.losses)),
+def loss_strip_figure(pl: PositionLosses, labels: list[str], t, lo: int = 0, hi: int | None = None) -> go.Figure:
+    """One row: cell t = −ln p(token t+1 | tokens ≤ t), labelled by the position and showing the token it had to
+    predict; the positions lo…hi-1 (all by default), coloured on the whole prompt's scale."""
+    hi = len(pl.losses) if hi is None else hi
+    fig = plots.heatmap(pl.losses[None, lo:hi], labels[lo:hi], [t("residual.loss_row")], colorscale="Reds", zmin=0.0,
+                        zmax=float(pl.losses.max()), title=t("residual.loss_strip_title", mean=pl.mean, n=len(pl.losses)),
                         x_title=t("residual.loss_x"), y_title="", value_name=t("residual.loss_nats"), fmt=".3f")
-    nxt = labels[1:]
-    fig.update_traces(text=[nxt], texttemplate="%{text}", textfont=dict(size=10),
-                      customdata=[np.stack([pl.target_prob, pl.target_rank], -1)],
+    fig.update_traces(text=[labels[lo + 1:hi + 1]], texttemplate="%{text}",
+                      customdata=[np.stack([pl.target_prob[lo:hi], pl.target_rank[lo:hi]], -1)],
                       hovertemplate="%{x} → %{text}<br>" + t("residual.loss_nats") +
                                     " %{z:.3f}<br>p %{customdata[0]:.4f}, rank %{customdata[1]}<extra></extra>")
     fig.update_layout(meta={"id": "residual_loss_strip"})
@@ -129,8 +131,12 @@ def draw_loss_strip(ctx: ViewContext) -> None:
         st.info(t("residual.loss_needs_two_tokens"))
         return
     pl = position_losses(ctx.rec)
-    plots.show(lambda: loss_strip_figure(pl, ctx.labels, t), ctx, key="residual_loss_strip",
-               height=190 if not ctx.presenter else 240)
+    n = len(pl.losses)
+    fit = token_window.fitting(ctx, [], y_title=False,
+                               min_cell=token_window.text_cell(ctx.labels[1:], ctx.presenter))
+    lo, hi = token_window.span("residual_loss_strip", n, fit, min(ctx.token, n - 1))
+    plots.show(lambda: loss_strip_figure(pl, ctx.labels, t, lo, hi), ctx, key="residual_loss_strip")
+    token_window.controls(ctx, "residual_loss_strip", n, lo, hi)
     worst = int(np.argmax(pl.losses))
     st.caption(t("residual.loss_caption", mean=pl.mean, n=len(pl.losses), worst=ctx.labels[worst + 1],
                  worst_loss=float(pl.losses[worst]), hits=int((pl.target_rank == 0).sum())))
@@ -145,10 +151,13 @@ def draw_prediction(ctx: ViewContext) -> None:
     t, tok = ctx.t, ctx.facts
     st.subheader(t("residual.choosing_the_next_token"))
     c1, c2, c3, c4 = st.columns(4)
-    temp = c1.slider(t("residual.temperature"), 0.0, 2.0, 1.0, 0.05, key="pred_temperature")
-    top_k = int(c2.number_input(t("residual.top_k_0_off"), 0, ctx.cfg.vocab_size, 50, key="pred_top_k"))
-    top_p = c3.slider(t("residual.step_top_p"), 0.01, 1.0, 0.9, 0.01, key="pred_top_p")
-    seed = int(c4.number_input(t("residual.sampling_seed"), 0, 2**31 - 1, 0, key="pred_seed"))
+    for key in ("pred_temperature", "pred_top_p", "pred_seed"):
+        choice_state.start(key)
+    choice_state.start("pred_top_k", hi=ctx.cfg.vocab_size)
+    temp = c1.slider(t("residual.temperature"), 0.0, 2.0, step=0.05, key="pred_temperature")
+    top_k = int(c2.number_input(t("residual.top_k_0_off"), 0, ctx.cfg.vocab_size, key="pred_top_k"))
+    top_p = c3.slider(t("residual.step_top_p"), 0.01, 1.0, step=0.01, key="pred_top_p")
+    seed = int(c4.number_input(t("residual.sampling_seed"), 0, 2**31 - 1, key="pred_seed"))
 
     ids = [int(i) for i in ctx.ids]
     hist = st.session_state.get("pred_history") or []
@@ -189,7 +198,7 @@ def draw_prediction(ctx: ViewContext) -> None:
     room = min(CONTINUE_MAX, int(ctx.extras.get("token_limit", ctx.cfg.max_seq_len)) - len(ids))
     if by_ids and many is not None and room > 0:  # several tokens per click: decoded, not recorded
         c1, c2, c3 = st.columns(3)
-        st.session_state["pred_continue_n"] = min(int(st.session_state.get("pred_continue_n", 20)), room)
+        choice_state.start("pred_continue_n", min(VC.CHOICES["pred_continue_n"].default, room), hi=room)
         n = int(c1.number_input(t("residual.continue_n"), 1, room, key="pred_continue_n"))
         run_seed = seed * 7919 + len(ids)  # reproducible, and another draw after every step
         c2.button(t("residual.continue_top", n=n), key="pred_continue_greedy", on_click=_continue,
@@ -200,11 +209,11 @@ def draw_prediction(ctx: ViewContext) -> None:
         def how(h: dict) -> str:
             kind = t("residual.top") if h["how"] == "greedy" else t("residual.sampled")
             return kind if "n" not in h else t("residual.continued", kind=kind, n=h["n"])
-        st.dataframe({t("residual.step"): list(range(1, len(hist) + 1)),
-                      t("residual.token"): [h["label"] for h in hist],
-                      t("residual.how"): [how(h) for h in hist],
-                      t("residual.p_raw"): [h["p_raw"] for h in hist],
-                      t("residual.p_after_filters"): [h["p_final"] for h in hist]}, hide_index=True)
+        plots.table(ctx, {t("residual.step"): list(range(1, len(hist) + 1)),
+                          t("residual.token"): [h["label"] for h in hist],
+                          t("residual.how"): [how(h) for h in hist],
+                          t("residual.p_raw"): [h["p_raw"] for h in hist],
+                          t("residual.p_after_filters"): [h["p_final"] for h in hist]})
     with plots.explainer(ctx, t("residual.how_sampling_works")):
         st.markdown(t("residual.temperature_divides_the_logits_before"))
         st.markdown(t("residual.serial_vs_parallel"))

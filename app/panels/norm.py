@@ -10,12 +10,14 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots
+from app import choice_state, plots, token_window
 from app.context import ViewContext, plain
 from app.plots import axis_ids, grid_layout
+from app.sections import section
+from explorer_model import view_choices as VC
 
 N_OUTLIERS = 5
-NORMS = ("ln1", "ln2")
+NORMS = VC.values("norm_which")
 
 
 # --------------------------------------------------------------------------- data
@@ -74,14 +76,15 @@ def _meta(fig: go.Figure, fig_id: str) -> go.Figure:
     return fig
 
 
-def divisor_figure(z: np.ndarray, labels, t, which_name: str) -> go.Figure:
-    fig = plots.heatmap(z, x=labels, y=[f"L{i}" for i in range(z.shape[0])],
+def divisor_figure(z: np.ndarray, labels, t, which_name: str, lo: int = 0, hi: int | None = None) -> go.Figure:
+    """[layer, token] divisors of the tokens lo…hi-1 (all by default), coloured on the whole prompt's scale."""
+    hi = z.shape[1] if hi is None else hi
+    fig = plots.heatmap(z[:, lo:hi], x=list(labels)[lo:hi], y=[f"L{i}" for i in range(z.shape[0])],
                         title=t("norm.divisor_title", norm=which_name),
                         x_title=t("norm.token"), y_title=t("norm.layer"), value_name=t("norm.divisor"), fmt=".5g")
     if z.shape[1] > 1:  # position 0 is usually a huge "sink"; cap the colours so the other tokens stay readable
         fig.update_traces(zmin=float(z.min()), zmax=float(z[:, 1:].max()),
                           colorbar=dict(title=t("norm.capped"), title_side="right"))
-    fig.update_layout(height=max(320, 16 * z.shape[0] + 120))
     return _meta(fig, "norm_divisors")
 
 
@@ -162,8 +165,12 @@ def draw_intro(ctx: ViewContext) -> None:
 
 def draw_divisors(ctx: ViewContext, which: str) -> np.ndarray:
     z = divisor_matrix(ctx.rec, which)
-    plots.show(lambda: divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which)), ctx, key="norm_divisor_fig",
-               filename=f"rms_divisor_{which}")
+    n = z.shape[1]
+    lo, hi = token_window.span("norm_divisor_fig", n, token_window.fitting(ctx, [f"L{i}" for i in range(len(z))]),
+                               ctx.token)
+    plots.show(lambda: divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which), lo, hi), ctx,
+               key="norm_divisor_fig", filename=f"rms_divisor_{which}")
+    token_window.controls(ctx, "norm_divisor_fig", n, lo, hi)
     st.caption(ctx.t("norm.divisor_caption"))
     return z
 
@@ -226,12 +233,18 @@ def draw_csv(ctx: ViewContext, which: str, z: np.ndarray, v: dict, c: dict) -> N
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("norm.title"))
+    choice_state.start("norm_which")
     which = st.radio(ctx.t("norm.which"), NORMS, key="norm_which", horizontal=True,
                      format_func=lambda w: norm_name(ctx, w))
-    z = draw_divisors(ctx, which)  # the main figure, first on the page
+    with section("norm", "divisors"):
+        z = draw_divisors(ctx, which)  # the main figure, first on the page
     draw_intro(ctx)
-    draw_final(ctx)
-    v = draw_vectors(ctx, which)
-    draw_gamma(ctx, v, which)
-    c = draw_layernorm(ctx, v)
+    with section("norm", "final"):
+        draw_final(ctx)
+    with section("norm", "vectors"):
+        v = draw_vectors(ctx, which)
+    with section("norm", "gamma"):
+        draw_gamma(ctx, v, which)
+    with section("norm", "layernorm"):
+        c = draw_layernorm(ctx, v)
     draw_csv(ctx, which, z, v, c)

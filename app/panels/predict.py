@@ -12,12 +12,15 @@ import streamlit as st
 from app import plots
 from app.context import ViewContext
 from app.panels import generation
+from app.sections import section
 
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("predict.title"))
-    generation.draw_loss_strip(ctx)  # the main figure: the training objective on this prompt
-    generation.draw_prediction(ctx)
+    with section("predict", "loss"):
+        generation.draw_loss_strip(ctx)  # the main figure: the training objective on this prompt
+    with section("predict", "sampling"):
+        generation.draw_prediction(ctx)
     with plots.explainer(ctx, ctx.t("predict.formulas")):
         st.latex(r"p = \mathrm{softmax}(\text{logits}/T),\qquad \text{logits} = W_\text{out}\,\mathrm{RMSNorm}(x_L)")
         st.latex(r"\mathcal{L}=\frac{1}{T-1}\sum_{t=0}^{T-2}-\ln p(x_{t+1}\mid x_{\le t})")

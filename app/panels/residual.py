@@ -9,15 +9,17 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots, token_window
 from app.context import ViewContext
 from app.panels import generation
+from app.sections import section
+from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 
 # The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2 at 40 positions: 68 GFLOP, several
 # times its whole recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
 # default, up to LENS_MAX_POS on request (only the added positions run: gateway.logit_lens).
-LENS_POS, LENS_MAX_POS = 16, 64
+LENS_POS, LENS_MAX_POS = VC.CHOICES["lens_positions"].default, VC.CHOICES["lens_positions"].hi
 
 
 # ----------------------------------------------------------------------------- pure data / figures
@@ -56,13 +58,15 @@ def contributions_figure(attn, mlp, token: int, piece: str, t) -> go.Figure:
     return fig
 
 
-def logit_lens_figure(top_probs, text, labels, t) -> go.Figure:
-    """text[layer][pos]: how the top token reads (a character fragment as the character it would complete)."""
-    fig = plots.heatmap(top_probs, labels, [f"L{l}" for l in range(top_probs.shape[0])], zmin=0, zmax=1,
+def logit_lens_figure(top_probs, text, labels, t, lo: int = 0, hi: int | None = None) -> go.Figure:
+    """text[layer][pos]: how the top token reads (a character fragment as the character it would complete); the
+    positions lo…hi-1 of those given (all by default)."""
+    hi = top_probs.shape[1] if hi is None else hi
+    fig = plots.heatmap(top_probs[:, lo:hi], labels[lo:hi], [f"L{l}" for l in range(top_probs.shape[0])], zmin=0, zmax=1,
                         colorscale="Blues", title=t("residual.logit_lens_what_each_layer"),
                         x_title=t("residual.position_predicting_the_token_after"),
                         y_title=t("residual.after_layer"), value_name=t("residual.probability"))
-    fig.update_traces(text=text, texttemplate="%{text}", textfont=dict(size=10),
+    fig.update_traces(text=[row[lo:hi] for row in text], texttemplate="%{text}",
                       hovertemplate="%{y} · %{x}<br>%{text}: %{z:.3f}<extra></extra>")
     return fig
 
@@ -70,11 +74,14 @@ def logit_lens_figure(top_probs, text, labels, t) -> go.Figure:
 # ----------------------------------------------------------------------------- drawing
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("residual.title"))
-    draw_norms(ctx)  # the main figure
+    with section("residual", "norms"):
+        draw_norms(ctx)  # the main figure
     with plots.explainer(ctx, ctx.t("residual.stream_expander")):
         draw_intro(ctx)
-    draw_contributions(ctx)
-    draw_lens(ctx)
+    with section("residual", "contributions"):
+        draw_contributions(ctx)
+    with section("residual", "lens"):
+        draw_lens(ctx)
 
 
 def draw_intro(ctx: ViewContext) -> None:
@@ -89,15 +96,20 @@ def draw_norms(ctx: ViewContext) -> None:
     st.subheader(t("residual.size_of_the_residual_stream"))
     norms = norms_data(ctx.rec)
     rows = [t("residual.layer_in", layer=l) for l in range(n_layers)] + [t("residual.layer_out", layer=n_layers - 1)]
+    choice_state.start("residual_log")
     log = st.toggle(t("residual.colour_by_log_one_huge"), key="residual_log")
     cap = norm_colour_cap(norms)
+    shown = np.log10(norms) if log else norms
+    zmin, zmax = (0.0, cap) if cap is not None and not log else (float(shown.min()), float(shown.max()))
+    n = norms.shape[1]
+    lo, hi = token_window.span("residual_norms", n, token_window.fitting(ctx, rows), ctx.token)
     fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
-        np.log10(norms) if log else norms, ctx.labels, rows, colorscale="Viridis",
-        zmin=None if log or cap is None else 0.0, zmax=None if log or cap is None else cap,
+        shown[:, lo:hi], ctx.labels[lo:hi], rows, colorscale="Viridis", zmin=zmin, zmax=zmax,
         title=t("residual.x_per_layer_and_token"), x_title=t("residual.token"),
         y_title=t("residual.residual_stream_entering_layer"),
         value_name="log10 ‖x‖₂" if log else "‖x‖₂", fmt=".3f" if log else ".2f")
-    plots.show(fig, ctx, key="residual_norms", height=min(900, 200 + 18 * len(rows)))
+    plots.show(fig, ctx, key="residual_norms")
+    token_window.controls(ctx, "residual_norms", n, lo, hi)
     capped = "" if log or cap is None else t("residual.colours_stop_at_so_the", cap=cap)
     st.caption(t("residual.each_block_only_adds_to") + capped)
     label = t("residual.csv_norms")
@@ -116,7 +128,7 @@ def lens_positions(ctx: ViewContext) -> int:
     if T <= LENS_POS:
         return T
     top = min(T, LENS_MAX_POS)
-    st.session_state["lens_positions"] = min(int(st.session_state.get("lens_positions", LENS_POS)), top)
+    choice_state.start("lens_positions", LENS_POS, hi=top)
     return int(st.slider(ctx.t("residual.lens_positions"), 1, top, key="lens_positions"))
 
 
@@ -129,7 +141,12 @@ def draw_lens(ctx: ViewContext) -> None:
     ids = [int(i) for i in ctx.ids]
     text = [[generation.candidate_label(ctx.facts, ids[:start + p + 1], int(i)) for p, i in enumerate(row)]
             for row in top_ids]
-    plots.show(lambda: logit_lens_figure(top_probs, text, ctx.labels[start:], t), ctx, key="residual_lens", height=min(1000, 160 + 22 * top_ids.shape[0]))
+    n = top_ids.shape[1]
+    fit = token_window.fitting(ctx, [f"L{l}" for l in range(len(text))],
+                               min_cell=token_window.text_cell([s for row in text for s in row], ctx.presenter))
+    lo, hi = token_window.span("residual_lens", n, fit, ctx.token - start)
+    plots.show(lambda: logit_lens_figure(top_probs, text, ctx.labels[start:], t, lo, hi), ctx, key="residual_lens")
+    token_window.controls(ctx, "residual_lens", n, lo, hi)
     st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=T - start) if start else ""))
 
     def csv() -> str:

@@ -11,11 +11,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots
+from app import choice_state, plots
 from app.context import ViewContext
+from app.sections import section
 from explorer_model import families
+from explorer_model import view_choices as VC
 
-THIS = "__this__"
+THIS = VC.THIS_MODEL
 # Published parameter totals (LLaMA paper Table 2; Llama-2 paper / model cards; Llama-3 model card), in billions:
 # what the table's computed totals are compared with.
 PUBLISHED_B = {"LLaMA-1 7B": 6.74, "LLaMA-1 13B": 13.0, "LLaMA-1 33B": 32.5, "LLaMA-1 65B": 65.2,
@@ -134,8 +136,7 @@ def param_figure(rows: list[dict], name: str, t) -> go.Figure:
 def choice(ctx: ViewContext) -> tuple[str, object, dict]:
     """(name, config, per-component counts) of the selected configuration."""
     options = [THIS, *families.FAMILIES]
-    if st.session_state.get("tokens_family") not in options:
-        st.session_state["tokens_family"] = THIS
+    choice_state.start("tokens_family", offered=options)
     pick = st.selectbox(ctx.t("tokens.family.pick"), options, key="tokens_family",
                         format_func=lambda o: ctx.t("tokens.family.this") if o == THIS else o)
     if pick == THIS:
@@ -145,9 +146,18 @@ def choice(ctx: ViewContext) -> tuple[str, object, dict]:
 
 
 def draw(ctx: ViewContext) -> None:
+    with section("tokens", "shapes"):
+        st.subheader(ctx.t("tokens.shapes.title"))
+        name, cfg, counts = choice(ctx)
+        draw_shapes(ctx, name, cfg)
+    with section("tokens", "params"):
+        draw_params(ctx, name, cfg, counts)
+    with section("tokens", "memory"):
+        draw_memory(ctx, name, cfg)
+
+
+def draw_shapes(ctx: ViewContext, name: str, cfg) -> None:
     t, T = ctx.t, len(ctx.ids)
-    st.subheader(t("tokens.shapes.title"))
-    name, cfg, counts = choice(ctx)
     this = cfg is ctx.cfg
     layer = min(ctx.layer, cfg.n_layers - 1)
     got = recorded_shapes(ctx.rec, cfg, layer) if this else {k: list(v) for k, v in families.tensor_shapes(cfg, T, (layer,)).items()}
@@ -160,7 +170,7 @@ def draw(ctx: ViewContext) -> None:
                         t("tokens.shapes.col_numeric"): r["numeric"], t("tokens.shapes.col_hook"): r["hook"],
                         (t("tokens.shapes.col_recorded") if this else t("tokens.shapes.col_meta")): r["hook_shape"],
                         t("tokens.shapes.col_matches"): r["matches"]} for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_shapes", height=36 * (len(df) + 1) + 4)
+    plots.table(ctx, df, key="tokens_shapes", height=36 * (len(df) + 1) + 4)
     with plots.explainer(ctx, t("tokens.shapes.more")):
         st.markdown(t("tokens.shapes.explain_recorded") if this else t("tokens.shapes.explain_meta"))
         if cfg.n_rep > 1:
@@ -172,9 +182,7 @@ def draw(ctx: ViewContext) -> None:
                              t("tokens.weights.col_count"): r["count"],
                              t("tokens.weights.col_times"): cfg.n_layers if r["per_block"] else 1}
                             for r in weight_rows(cfg, layer)])
-    st.dataframe(weights, hide_index=True, key="tokens_weights")
-    draw_params(ctx, name, cfg, counts)
-    draw_memory(ctx, name, cfg)
+    plots.table(ctx, weights, key="tokens_weights")
 
 
 def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
@@ -188,13 +196,13 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
                         t("tokens.params.col_share"): f"{100 * r['count'] / total:.1f}%",
                         t("tokens.params.col_formula"): r["formula"],
                         t("tokens.params.col_formula_value"): r["formula_value"]} for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_params")
+    plots.table(ctx, df, key="tokens_params")
     if published is not None:
         st.markdown(t("tokens.params.published", name=name, total=billions(total), published=published,
                       diff=100 * (total / (published * 1e9) - 1)))
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: param_figure(rows, name, t), ctx, key="tokens_params_bar", filename="parameters")
+        plots.show(lambda: param_figure(rows, name, t), ctx, key="tokens_params_bar", filename="parameters", share=0.6)
     with right:
         if cfg.tie_embeddings:
             st.markdown(t("tokens.params.tied", extra=cfg.vocab_size * cfg.d_model))
@@ -219,7 +227,7 @@ def draw_memory(ctx: ViewContext, name: str, cfg) -> None:
                         t("tokens.memory.col_kv_prompt", T=T): gib(r["kv_per_token"] * T),
                         t("tokens.memory.col_kv_context", n=cfg.max_seq_len): gib(r["kv_per_token"] * cfg.max_seq_len)}
                        for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_memory")
+    plots.table(ctx, df, key="tokens_memory")
     with plots.explainer(ctx, t("tokens.memory.more")):
         st.markdown(t("tokens.memory.explain"))
         st.latex(t("tokens.memory.latex_kv", N=cfg.n_layers, Hkv=cfg.n_kv_heads, Dh=cfg.head_dim,

@@ -14,9 +14,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, plain
+from app.sections import section
 from app.panels import costs, shapes
+from explorer_model import view_choices as VC
 from explorer_model.analysis import lesson
 
 CHIP_COLOURS = ("#fde68a", "#bfdbfe", "#bbf7d0", "#fecaca", "#ddd6fe", "#fed7aa", "#a5f3fc", "#f5d0fe")
@@ -123,7 +125,7 @@ def draw_tokens(ctx: ViewContext) -> None:
                         t("tokens.col.bytes"): r["bytes"], t("tokens.col.n_bytes"): len(r["bytes"].split()),
                         t("tokens.col.special"): r["special"], t("tokens.col.whole"): r["whole_utf8"]}
                        for r in rows])
-    st.dataframe(df, hide_index=True, key="tokens_table", height=min(36 * (len(df) + 1) + 4, 400))
+    plots.table(ctx, df, key="tokens_table", height=min(36 * (len(df) + 1) + 4, 400))
     plots.csv_button(ctx, t("tokens.csv.tokens"), t("tokens.csv.tokens"), lambda: df.to_csv(index=False),
                      "tokens.csv", "tokens_csv_table")
 
@@ -141,11 +143,11 @@ def draw_bos(ctx: ViewContext) -> None:
     if first:
         st.success(adds + " " + t("tokens.bos.first", piece=piece, id=facts.bos_id, n=len(ctx.ids) - 1))
     else:
-        st.info(adds + " " + t("tokens.bos.absent"))
+        st.info(adds + " " + t("tokens.bos.absent_presenter" if ctx.presenter else "tokens.bos.absent"))
     bare, with_bos = bos_variants(ctx.ids, facts.bos_id)
     if len(bare) < 2:
         return
-    if not st.session_state.get("tokens_bos_compare"):
+    if not choice_state.start("tokens_bos_compare"):
         st.button(t("tokens.bos.compare"), key="tokens_bos_go",
                   on_click=lambda: st.session_state.update(tokens_bos_compare=True))
         return
@@ -167,19 +169,19 @@ def draw_embedding(ctx: ViewContext) -> None:
     tid = ctx.ids[ctx.token]
     weight_row = gateway.embedding_rows(ctx.source, [tid])[0]
     choices = [d for d in DIM_CHOICES if d < ctx.cfg.d_model] + [ctx.cfg.d_model]
-    n_dims = st.select_slider(t("tokens.embed.dims"), choices, value=min(64, ctx.cfg.d_model),
-                              key="tokens_embed_dims")
+    choice_state.start("tokens_embed_dims", min(VC.CHOICES["tokens_embed_dims"].default, ctx.cfg.d_model),
+                       offered=choices)
+    n_dims = st.select_slider(t("tokens.embed.dims"), choices, key="tokens_embed_dims")
     left, right = st.columns(2)
     with left:
         plots.show(lambda: embedding_bar_figure(emb[ctx.token], ctx.labels[ctx.token], n_dims, t), ctx,
-                   key="tokens_embed_bar", filename="embedding_row")
+                   key="tokens_embed_bar", filename="embedding_row", share=0.5)
     with right:
         fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
             emb[:, :n_dims], [str(d) for d in range(n_dims)], ctx.labels, colorscale="RdBu",
             zmid=0.0, title=t("tokens.embed.heat_title", n=n_dims),
             x_title=t("tokens.axis.dimension"), y_title="token", value_name=t("tokens.axis.value"))
-        plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows",
-                   height=min(120 + 18 * len(ctx.ids), 600))
+        plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows", share=0.5)
     with plots.explainer(ctx, t("tokens.embed.more")):
         st.markdown(t("tokens.embed.explain"))
         st.latex(r"x_i = E[t_i] \in \mathbb{R}^{D},\quad E \in \mathbb{R}^{V\times D},\ "
@@ -190,10 +192,13 @@ def draw_embedding(ctx: ViewContext) -> None:
 def draw(ctx: ViewContext) -> None:
     t = ctx.t
     st.subheader(t("tokens.title"))
-    draw_tokens(ctx)
-    with plots.explainer(ctx, t("tokens.pipeline.more")):
-        st.markdown(t("tokens.pipeline.explain"))
-        st.latex(t("tokens.pipeline.latex", N=ctx.cfg.n_layers))
-    draw_embedding(ctx)
+    with section("tokens", "pieces"):
+        draw_tokens(ctx)
+        with plots.explainer(ctx, t("tokens.pipeline.more")):
+            st.markdown(t("tokens.pipeline.explain"))
+            st.latex(t("tokens.pipeline.latex", N=ctx.cfg.n_layers))
+    with section("tokens", "embedding"):
+        draw_embedding(ctx)
     shapes.draw(ctx)
-    costs.draw(ctx)
+    with section("tokens", "costs"):
+        costs.draw(ctx)

@@ -1,32 +1,25 @@
-"""`llama-explorer`: inspect, tokenize, record and generate from the command line.
+"""`llama-explorer`: inspect, tokenize, record and generate from the command line. Here: the parser, its checks of
+every argument, and the entry point that turns every failure into one line; the commands are in commands.py.
 
 Every problem with the input ends in one line on stderr and exit status 2, never a traceback.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import signal
 import sys
-import time
 import warnings
 
-from ..printable import printable, printable_json
+from ..printable import printable
+from .commands import (MIN_TEMPERATURE, CliError, check_lecture, cmd_classroom_check, cmd_generate, cmd_info,  # noqa: F401
+                       cmd_record, cmd_serve, cmd_tokenize, cmd_train_tiny, one_line, prompt_ids)
 
 SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
-
-
-MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and tiny values overflow the logits
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # memory.DTYPE_CHOICES, without importing torch here
 DTYPE_HELP = ("weights' dtype: auto (default: float32 if it fits comfortably, else the checkpoint's 16-bit type), "
               "float32, bfloat16 or float16; norms, softmax and logits are computed in float32 regardless")
-
-
-class CliError(Exception):
-    pass
 
 
 class Stopped(BaseException):
@@ -63,307 +56,10 @@ PORT = number(int, 1, 65535, "a port number")
 POSITIVE = number(int, 1, 10**9, "a whole number")
 
 
-def one_line(e: BaseException) -> str:
-    from ..loaders.common import one_line as first_line
-
-    return first_line(e, limit=500)  # room for a long path and what is wrong with it
-
-
 def _is_oom(e: BaseException) -> bool:
     """torch reports an allocation failure as a RuntimeError ("DefaultCPUAllocator: can't allocate memory")."""
     text = str(e).lower()
     return isinstance(e, MemoryError) or ("memory" in text and ("alloc" in text or "out of" in text))
-
-
-def _load(source: str, dtype: str | None = None):
-    from ..loaders import load
-
-    return load(source, dtype=dtype)
-
-
-def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
-    """Token ids from --prompt or --token-ids, checked against the vocabulary and context length."""
-    cfg = loaded.model.cfg
-    if token_ids is not None:
-        try:
-            ids = [int(x) for x in token_ids.replace(" ", "").split(",") if x != ""]
-        except ValueError:
-            raise CliError(f"--token-ids must be comma-separated integers, got {token_ids!r}") from None
-        bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
-        if bad:
-            raise CliError(f"token id {bad[0]} is out of range (the vocabulary has {cfg.vocab_size} tokens)")
-    else:
-        if text is None or not text.strip():
-            raise CliError("the prompt is empty: give some text with --prompt")
-        ids = loaded.tokenizer.encode_prompt(text)  # refuses over MAX_PROMPT_CHARS before tokenizing
-    if not ids:
-        raise CliError("the prompt has no tokens")
-    if len(ids) > cfg.max_seq_len:
-        raise CliError(f"the prompt has {len(ids)} tokens, more than this model's context of {cfg.max_seq_len}")
-    return ids
-
-
-def memory_lines(cfg) -> list[str]:
-    """What each dtype needs, and what this machine has, before anything is loaded."""
-    from ..memory import DEFAULT_TOKENS, available_bytes, estimates, gb
-
-    room = available_bytes()
-    lines = [f"memory to run {DEFAULT_TOKENS} tokens (available: {gb(room) if room is not None else 'unknown'}):"]
-    for name, est in estimates(cfg).items():
-        lines.append(f"  {name:<16} {gb(est.total):>9}  (weights {gb(est.weights)} + runtime {gb(est.runtime)})")
-    return lines
-
-
-def cmd_info(args) -> None:
-    from ..loaders import LoadError, read_config
-    from ..memory import estimates, kv_cache_bytes_per_token
-
-    try:
-        cfg = read_config(args.source)
-    except LoadError:
-        cfg = None  # the load below says what is wrong with the source, in the loaders' own words
-    if cfg is not None and not args.json:  # before loading: a model too big for this machine is refused below
-        print("\n".join(memory_lines(cfg)), flush=True)
-    t0 = time.perf_counter()
-    loaded = _load(args.source, args.dtype)
-    seconds = time.perf_counter() - t0
-    model, cfg = loaded.model, loaded.model.cfg
-    info = {
-        "source": loaded.source,
-        "description": loaded.description,
-        "format": loaded.format,
-        "dtype": loaded.dtype_name,
-        "load_seconds": round(seconds, 2),
-        "memory_bytes": {k: {"weights": e.weights, "runtime": e.runtime, "total": e.total, "n_tokens": e.n_tokens}
-                         for k, e in estimates(loaded.cfg).items()},
-        "config": cfg.to_dict(),
-        "parameters": model.param_counts(),
-        "kv_cache_bytes_per_token_fp32": kv_cache_bytes_per_token(cfg, 4),
-        "kv_cache_bytes_per_token_fp16": kv_cache_bytes_per_token(cfg, 2),
-        "tokenizer": getattr(loaded.tokenizer, "kind", type(loaded.tokenizer).__name__),
-        "decode_step": _decode_step(loaded.model),
-    }
-    if args.json:
-        print(printable_json(info, indent=2, default=str))
-        return
-    print(printable(f"{loaded.description}  [{loaded.format}, {loaded.dtype_name}]  loaded in {seconds:.2f} s"))
-    for k, v in info["config"].items():
-        print(printable(f"  {k:<16} {v}"))
-    print("parameters:")
-    for k, v in info["parameters"].items():
-        print(f"  {k:<16} {v:>12,}")
-    print(f"KV cache per token: {info['kv_cache_bytes_per_token_fp32']:,} bytes (fp32), "
-          f"{info['kv_cache_bytes_per_token_fp16']:,} bytes (fp16)")
-    print(printable(f"decode step: {info['decode_step']}"))
-
-
-def _decode_step(model) -> str:
-    """Which step `generate` takes after the prompt (explorer_model/generate/native_step.py); builds it on first use."""
-    from ..generate import native_step
-
-    if not native_step.enabled():
-        return "torch (LLAMA_EXPLORER_NATIVE=0)"
-    if native_step.library() is None:
-        return f"torch (no compiled step: {native_step.failure()})"
-    if native_step.serves(model):
-        return "compiled (native_step.c)"
-    return "torch (the compiled step serves float32 pre-norm RMSNorm SwiGLU models)"
-
-
-def cmd_tokenize(args) -> None:
-    loaded = _load(args.source, args.dtype)
-    ids = prompt_ids(loaded, args.text, None)
-    tok = loaded.tokenizer
-    rows = [{"id": i, "piece": tok.piece(i), "bytes": tok.token_bytes(i).hex(" ")} for i in ids]
-    if args.json:
-        print(printable_json({"ids": ids, "pieces": [r["piece"] for r in rows]}))
-        return
-    for r in rows:
-        print(f"{r['id']:>8}  {r['piece']!r:<24} {r['bytes']}")
-
-
-def cmd_record(args) -> None:
-    import torch
-
-    from ..interventions import format_list
-    from ..export import check_fits, check_target, gb, plan, save_npz
-    from ..memory import layer_progress, text_progress
-    from ..recording import record
-
-    target = check_target(args.out)  # before loading anything: a folder or a device is refused at once
-    loaded = _load(args.source, args.dtype)
-    ids = prompt_ids(loaded, args.prompt, args.token_ids)
-    names = args.names or None
-    if names and not loaded.model.select_hooks(names):
-        raise CliError(f"no hook point matches {names}; see docs/hooks.md for the names")
-    dtype = torch.float16 if args.float16 else torch.float32
-    ivs, source_ids = what_if(loaded, args)
-    size = plan(loaded.model, ids, names, dtype)
-    check_fits(size, target)
-    print(printable(f"recording {len(ids)} tokens: {target} will take {gb(size.file_bytes)}"), flush=True)
-    bar = args.progress or sys.stderr.isatty()
-    try:
-        with layer_progress(loaded.model, text_progress("recording")) if bar else contextlib.nullcontext():
-            rec = record(loaded.model, ids, names=names, dtype=dtype, interventions=ivs, source_tokens=source_ids)
-    except ValueError as e:  # e.g. a patch position beyond one of the prompts
-        raise CliError(str(e)) from None
-    try:
-        written = save_npz(rec, target)
-    except OSError as e:  # disk full, file-size limit, permissions: the previous file is left as it was
-        raise CliError(f"cannot write {target}: {e.strerror or one_line(e)}") from None
-    changed = f" with {format_list(ivs)}" if ivs else ""
-    print(printable(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {written}"))
-
-
-def what_if(loaded, args):
-    """Interventions from --ablate/--intervene (None if there are none) and the ids of --patch-source."""
-    from ..interventions import needs_source, parse
-
-    specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
-    if not specs:
-        return None, None
-    try:
-        ivs = [parse(s) for s in specs]
-        for iv in ivs:
-            iv.check(loaded.model)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    if not needs_source(ivs):
-        return ivs, None
-    if not args.patch_source:
-        raise CliError("a patch: intervention needs --patch-source TEXT (the prompt to copy the activation from)")
-    return ivs, prompt_ids(loaded, args.patch_source, None)
-
-
-def generation_bar(max_new: int):
-    """A layer_progress callback for generation, on stderr: the prompt's pass layer by layer (the long one on a
-    big model), then one step per new token (each is a pass of one token through every layer)."""
-    from ..memory import text_progress
-
-    prompt, tokens, passes = text_progress("prompt"), text_progress("tokens"), [0]
-
-    def show(done: int, total: int) -> None:
-        if passes[0] == 0:
-            prompt(done, total)
-        if done == total:
-            passes[0] += 1
-            if passes[0] > 1:
-                tokens(passes[0] - 1, max_new)
-
-    def finish() -> None:  # generation stopped before max_new passes (end of text): end the bar's line
-        if 1 < passes[0] <= max_new:
-            sys.stderr.write("\n")
-    show.finish = finish
-    return show
-
-
-def cmd_generate(args) -> None:
-    from ..generate.sampling import generate
-
-    if not 0 <= args.max_new_tokens <= 10**6 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
-        raise CliError("need 0 <= --max-new-tokens <= 1000000, 0 < --top-p <= 1, --top-k >= 0")
-    t = args.temperature
-    if not (t == 0 or (math.isfinite(t) and t >= MIN_TEMPERATURE)):  # logits / 1e-320 overflow to inf, then NaN
-        raise CliError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t}")
-    if args.seed is not None and not 0 <= args.seed < 2**64:
-        raise CliError(f"--seed must be between 0 and 2**64 - 1, got {args.seed}")
-    if args.threads is not None and not 1 <= args.threads <= 256:
-        raise CliError(f"--threads must be between 1 and 256, got {args.threads}")
-    loaded = _load(args.source, args.dtype)
-    ids = prompt_ids(loaded, args.prompt, None)
-    eos = loaded.tokenizer.eos_id
-    from ..generate.decode import pack_for_decode, packing_for
-    from ..generate.native_step import serves
-    from ..runtime import threads
-
-    # this process owns its memory (see decode.py); same bits
-    packing = packing_for(args.max_new_tokens, compiled=serves(loaded.model))
-    if packing != "none":
-        pack_for_decode(loaded.model, huge_pages=packing == "huge")
-    # In this process only. A second thread makes a step ~1.3x faster when a core is free for it, and up to
-    # twice slower when another process keeps that core busy (each of a step's ~150 parallel products waits
-    # for it; bench/bench_decode.py --threads 1 vs 2 on this 2-core machine). So: two only with cores to spare.
-    n_threads = args.threads or (2 if (os.cpu_count() or 1) >= 4 else 1)
-    bar = generation_bar(args.max_new_tokens) if args.progress or sys.stderr.isatty() else None
-    with threads(n_threads):
-        new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                       args.seed, stop_ids={eos} if eos is not None else None, progress=bar)
-    if bar:
-        bar.finish()
-    if args.json:
-        print(printable_json({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}))
-    else:  # the text's own lines and tabs stay; a terminal command from the prompt or the model does not
-        print(printable(args.prompt + loaded.tokenizer.decode(new), keep="\n\t"))
-
-
-# --- train-tiny (the Pre-Norm / Post-Norm twins; see explorer_model/lab/train.py) ---
-def cmd_train_tiny(args) -> None:
-    from dataclasses import fields
-    from pathlib import Path
-
-    from ..lab.train import TrainConfig, train_tiny
-
-    keys = {f.name for f in fields(TrainConfig)}
-    tc = TrainConfig(**{k: v for k, v in vars(args).items() if k in keys and v is not None})
-    from ..paths import ASSETS
-
-    out = Path(args.out) if args.out else ASSETS / f"tiny-{tc.norm}"
-    log = train_tiny(tc, out, **({"tokenizer_path": Path(args.tokenizer)} if args.tokenizer else {}))
-    f = log["final"]
-    print(printable(f"wrote {out}: train loss {f['train_loss']:.3f}, held-out {f['heldout_loss']:.3f} "
-          f"(unigram entropy {log['unigram_entropy_train']:.3f}) in {log['seconds']:.0f} s"))
-# --- end train-tiny ---
-
-
-def cmd_serve(args) -> None:
-    from .serve import haproxy_path, port_is_free, serve
-
-    if args.models_dir and not os.path.isdir(args.models_dir):
-        raise CliError(f"--models-dir {args.models_dir}: no such folder")
-    if args.dtype:  # the app's loads read it (memory.DTYPE_ENV); the server process inherits the environment
-        from ..memory import DTYPE_ENV
-
-        os.environ[DTYPE_ENV] = args.dtype
-    if args.processes > 1 and haproxy_path() is None:
-        raise CliError("--processes needs HAProxy (Debian: apt install haproxy)")
-    if args.lecture:
-        check_lecture(args.lecture)
-    address = "0.0.0.0" if args.share else "127.0.0.1"
-    try:  # before anything starts: a port another server holds, or one this user may not open
-        port_is_free(address, args.port)
-    except OSError as e:
-        raise CliError(f"cannot listen on port {args.port}: {e.strerror or one_line(e)}") from None
-    return serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
-                 max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes,
-                 lecture=args.lecture)
-
-
-def check_lecture(path: str) -> None:
-    """`serve --lecture FILE`: a file with mistakes is refused before the server starts (every visitor would see
-    them); the first mistake is the error's line, the count says how many more there are."""
-    from .. import lecture
-
-    try:
-        with open(path, "rb") as f:
-            data = f.read(lecture.MAX_BYTES + 1)
-    except OSError as e:
-        raise CliError(f"--lecture {path}: {e.strerror or e}") from None
-    _, problems = lecture.parse(data)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CliError(f"--lecture {path}: {problems[0].english()}{more}")
-
-
-def cmd_classroom_check(args) -> None:
-    from .classroom_check import answer, run_check
-
-    for name in ("students", "pace", "duration"):
-        if getattr(args, name) <= 0:
-            raise CliError(f"--{name} {getattr(args, name)}: must be more than 0")
-    report = run_check(students=args.students, pace=args.pace, duration=args.duration, model=args.model,
-                       progress=not args.no_progress)
-    report["answer"] = answer(report, args.lang)
-    print(json.dumps(report, indent=1, ensure_ascii=False) if args.json else report["answer"])
 
 
 def build_parser() -> argparse.ArgumentParser:

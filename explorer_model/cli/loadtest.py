@@ -250,24 +250,26 @@ class MemorySampler(threading.Thread):
 
 
 def start_server(port: int, cache_mb: int | None, max_tokens: int | None, log_path: Path,
-                 processes: int = 1, taskset: str = "", room: bool = False) -> subprocess.Popen:
-    """One shared server as `serve --share` runs it, or with processes > 1 or a `room` the `serve --share
-    [--processes N]` command itself (app servers behind HAProxy; the room's presenter link printed into the log, its
-    state in the log's folder); in its own process group, so stopping it stops all of it. With `taskset` (a CPU list
-    such as "0") the whole server is confined to those cores."""
+                 processes: int = 1, taskset: str = "", root: Path = ROOT, room: bool = False) -> subprocess.Popen:
+    """One shared server as `serve --share` runs it, or with processes > 1, another `root` or a `room` the `serve
+    --share [--processes N]` command itself (app servers behind HAProxy; the room's presenter link printed into the
+    log, its state in the log's folder); in its own process group, so stopping it stops all of it. With `taskset` (a
+    CPU list such as "0") the whole server is confined to those cores. `root`: another checkout of the project (a
+    git worktree of another version) whose own `serve --share` is started instead, to measure two versions with the
+    same visitors."""
     from explorer_model.cli.serve import server_env, streamlit_command
 
     log = open(log_path, "wb")
-    if processes > 1 or room:
+    if processes > 1 or room or Path(root).resolve() != ROOT:
         cmd = [sys.executable, "-m", "explorer_model.cli", "serve", "--share", "--processes", str(processes),
                "--port", str(port)] + (["--cache-mb", str(cache_mb)] if cache_mb else []) + \
               (["--max-tokens", str(max_tokens)] if max_tokens else [])
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", XDG_RUNTIME_DIR=str(log_path.parent))
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYTHONPATH=str(root), XDG_RUNTIME_DIR=str(log_path.parent))
     else:
         cmd, env = streamlit_command(port, "127.0.0.1"), server_env(share=True, max_tokens=max_tokens, cache_mb=cache_mb)
     if taskset:
         cmd = ["taskset", "-c", taskset] + cmd
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -14,18 +14,21 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots, token_window
 from app.context import ViewContext, plain
 from app.panels.attention import heads as attention_heads
 from app.panels.attention import links as attention_links
 from app.panels.attention import scale as attention_scale
 from app.layer_range import layer_range, per_layer
+from app.sections import section
 from app.panels.attention.cells import (WINDOW_DEFAULT, click_overlay, clickable, csv_cells, head_label,
-                                        layer_matrices, thinned, window)
+                                        layer_matrices, thinned)
+from explorer_model import view_choices as VC
 from explorer_model.analysis.attention_math import attention_entropy
 from explorer_model.analysis.lesson import sink_share
 
-WINDOW_CHOICES = (4, 8, 16, WINDOW_DEFAULT, 32, 48, 64, 128)
+KINDS, WINDOW_CHOICES = VC.values("attn_kind"), VC.values("attn_window")
+HEAD_SHARE = 0.6  # the main heatmap's column: three fifths of the page, the controls beside it
 
 
 def overview(rec, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -75,10 +78,9 @@ def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -
         fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
         return clickable(fig)
     plots.show(figure, ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
-               height=500, on_select=attention_links.pick_pair_callback("attn_head", lo),
+               share=HEAD_SHARE, on_select=attention_links.pick_pair_callback("attn_head", lo),
                selection_mode="points")
-    if hi - lo < len(ctx.ids):
-        st.caption(ctx.t("attention.window.shown", first=lo, last=hi - 1, n=len(ctx.ids)))
+    token_window.controls(ctx, "attn_head", len(ctx.ids), lo, hi)
     if lo > 0 and kind == "pattern":  # the window leaves out position 0, often the strongest column (the sink)
         st.caption(ctx.t("attention.window.sink", first=lo, last=hi - 1, piece=plain(ctx.pieces[0]),
                          share=f"{window_sink_share(m, lo, hi):.0%}"))
@@ -139,16 +141,18 @@ def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: i
                                                    f"<extra>{head_label(ctx, h)}</extra>"))
             # Token labels on the outer axes only, every k-th one: at 49 tokens a small multiple has room for ~16.
             layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", tickmode="array", tickvals=ticks,
-                                            showticklabels=c == 0, tickfont=dict(size=9))
+                                            showticklabels=c == 0)
             layout["xaxis" + xa[1:]].update(type="category", tickmode="array", tickvals=ticks,
-                                            showticklabels=r == n_rows - 1, tickangle=-60, tickfont=dict(size=9))
+                                            showticklabels=r == n_rows - 1, tickangle=-90)
         fig = go.Figure(traces, layout)
         fig.update_layout(coloraxis=dict(colorscale="Blues" if kind == "pattern" else "RdBu_r",
                                          cmin=0 if kind == "pattern" else None, cmax=1 if kind == "pattern" else None),
                           title=ctx.t("attention.grid.title", layer=ctx.layer), meta=dict(id="attn_grid"),
                           margin=dict(l=90, r=10, t=70, b=90))  # room for the outer axes' token labels
         return fig
-    plots.show(figure, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads", height=300 * n_rows + 160)
+    side = min(300, max(120, (ctx.screen.main - 200) / n_cols))  # px of one small multiple: about square
+    plots.show(figure, ctx, key="attn_grid", filename=f"attention_L{ctx.layer}_all_heads",
+               height=int(side * n_rows + 160))
 
 
 def draw_overview(ctx: ViewContext) -> None:
@@ -165,12 +169,12 @@ def draw_overview(ctx: ViewContext) -> None:
         plots.show(lambda: plots.heatmap(
             entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("attention.entropy_nats"),
             title=ctx.t("attention.overview.entropy"), x_title=head_t, y_title=layer_t,
-        ).update_layout(meta=dict(id="attn_entropy")), ctx, key="attn_entropy", filename="attention_entropy", height=620)
+        ).update_layout(meta=dict(id="attn_entropy")), ctx, key="attn_entropy", filename="attention_entropy", share=0.5)
     with c2:
         plots.show(lambda: plots.heatmap(
             sink, heads, layers, colorscale="Reds", zmin=0, zmax=1, value_name=ctx.t("attention.overview.sink_value"),
             title=ctx.t("attention.overview.sink"), x_title=head_t, y_title=layer_t,
-        ).update_layout(meta=dict(id="attn_sink")), ctx, key="attn_sink", filename="attention_sink", height=620)
+        ).update_layout(meta=dict(id="attn_sink")), ctx, key="attn_sink", filename="attention_sink", share=0.5)
     st.caption(ctx.t("attention.overview.caption"))
     rows = [(layer, h, h // ctx.cfg.n_rep, entropy[i, h], sink[i, h])
             for i, layer in enumerate(shown) for h in range(ctx.cfg.n_heads)]
@@ -180,25 +184,41 @@ def draw_overview(ctx: ViewContext) -> None:
                      "attention_overview.csv", key="attn_csv_overview")
 
 
+def head_window(ctx: ViewContext, half: int) -> tuple[int, int]:
+    """The tokens of the main heatmap: `half` either side of the selected one, and on a touch screen no more than
+    a finger can tap in its column (token_window)."""
+    size = 2 * int(half) + 1
+    fit = token_window.fitting(ctx, ctx.labels, share=HEAD_SHARE)
+    return token_window.span("attn_head", len(ctx.ids), min(size, fit or size), ctx.token)
+
+
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("attention.title"))
     attention_links.init_pair(ctx)  # before the main figure, which marks the pair and sets it on a click
-    left, right = st.columns([3, 2])
-    with right:  # the controls stand beside the figure, so the figure starts right under the title
-        kind = st.radio(ctx.t("attention.show"), ["pattern", "scores"], horizontal=True, key="attn_kind",
-                        format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
-                                                    else "attention.show.scores"))
-        half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
-                                value=WINDOW_DEFAULT, key="attn_window", help=ctx.t("attention.window.help"))
-        pattern = layer_matrices(ctx, ctx.layer, "pattern")
-        draw_query_text(ctx, pattern)
-    mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
-    lo, hi = window(len(ctx.ids), ctx.token, half)
-    with left:
-        draw_head(ctx, mats, kind, lo, hi)
+    with section("attention", "head"):
+        left, right = st.columns([3, 2])
+        with right:  # the controls stand beside the figure, so the figure starts right under the title
+            choice_state.start("attn_kind")
+            choice_state.start("attn_window")
+            kind = st.radio(ctx.t("attention.show"), KINDS, horizontal=True, key="attn_kind",
+                            format_func=lambda k: ctx.t("attention.show.pattern" if k == "pattern"
+                                                        else "attention.show.scores"))
+            half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
+                                    key="attn_window", help=ctx.t("attention.window.help"))
+            pattern = layer_matrices(ctx, ctx.layer, "pattern")
+            draw_query_text(ctx, pattern)
+        mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
+        lo, hi = head_window(ctx, half)
+        with left:
+            draw_head(ctx, mats, kind, lo, hi)
     draw_explanation(ctx)
-    draw_head_grid(ctx, mats, kind, lo, hi)
-    attention_links.draw(ctx)
-    attention_heads.draw(ctx, lo, hi)
-    attention_scale.draw(ctx)
-    draw_overview(ctx)
+    with section("attention", "grid"):
+        draw_head_grid(ctx, mats, kind, lo, hi)
+    with section("attention", "link"):
+        attention_links.draw(ctx)
+    with section("attention", "heads"):
+        attention_heads.draw(ctx, lo, hi)
+    with section("attention", "scale"):
+        attention_scale.draw(ctx)
+    with section("attention", "overview"):
+        draw_overview(ctx)

@@ -10,6 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app import gateway, plots
+from app.token_window import centred
 from app.context import ViewContext
 
 WINDOW_DEFAULT = 24  # tokens either side of the selected one: 49 rows stay legible in a square of ~500 px
@@ -20,7 +21,7 @@ def window(n_pos: int, token: int, half: int) -> tuple[int, int]:
     """[lo, hi) of the positions shown: 2·half+1 tokens around `token`, shifted to stay inside the prompt so the
     window keeps its size near either end."""
     size = min(n_pos, 2 * int(half) + 1)
-    lo = min(max(int(token) - int(half), 0), n_pos - size)
+    lo = centred(n_pos, token, size)
     return lo, lo + size
 
 

@@ -36,11 +36,14 @@ def _panel(z, labels, xa, ya, name, meta, blocks: int = 0, width: int = 0) -> tu
 
 
 def draw_flow(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int) -> None:
-    plots.show(lambda: flow_figure(ctx, parts, lo, hi), ctx, key="attn_mh_flow",
-               filename=f"attention_L{ctx.layer}_multihead", height=520)
+    cols = 2 if ctx.screen.stacked else 4  # a phone: two panels a row, each wide enough for its title
+    plots.show(lambda: flow_figure(ctx, parts, lo, hi, cols), ctx, key="attn_mh_flow",
+               filename=f"attention_L{ctx.layer}_multihead", height=520 * (4 // cols))
 
 
-def flow_figure(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int) -> go.Figure:
+def flow_figure(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int, cols: int = 4) -> go.Figure:
+    """V, one head's z, the heads' concatenation and attn_out over the window, `cols` panels a row (the panel
+    passes the number, so the cached figure is named by it)."""
     cfg, n = ctx.cfg, hi - lo
     g = ctx.head // cfg.n_rep
     labels = ctx.labels[lo:hi]
@@ -49,17 +52,18 @@ def flow_figure(ctx: ViewContext, parts: A.MultiHead, lo: int, hi: int) -> go.Fi
               ctx.t("attention.mh.z_title", head=ctx.head, g=g, n=n, d=cfg.head_dim),
               ctx.t("attention.mh.concat_title", heads=cfg.n_heads, n=n, d=cfg.head_dim),
               ctx.t("attention.mh.out_title", n=n, d=cfg.d_model)]
-    layout = plots.grid_layout(1, 4, titles, hspace=0.05)
+    rows = 4 // cols
+    layout = plots.grid_layout(rows, cols, titles, hspace=0.05, vspace=0.12)
     traces, shapes = [], []
-    for c, (z, meta, blocks) in enumerate(((v, "V", cfg.n_kv_heads), (parts.z[lo:hi, ctx.head], "z", 0),
+    for i, (z, meta, blocks) in enumerate(((v, "V", cfg.n_kv_heads), (parts.z[lo:hi, ctx.head], "z", 0),
                                            (parts.concat[lo:hi], "concat", cfg.n_heads),
-                                           (parts.attn_out[lo:hi], "attn_out", 0)), start=1):
-        xa, ya = plots.axis_ids(1, c, 4)
+                                           (parts.attn_out[lo:hi], "attn_out", 0))):
+        xa, ya = plots.axis_ids(i // cols + 1, i % cols + 1, cols)
         tr, lines = _panel(z, labels, xa, ya, meta, meta, blocks, cfg.head_dim)
         traces.append(tr)
         shapes += lines
-        layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", showticklabels=c == 1,
-                                        tickmode="array", tickvals=thinned(labels), tickfont=dict(size=9))
+        layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", showticklabels=i % cols == 0,
+                                        tickmode="array", tickvals=thinned(labels))
         layout["xaxis" + xa[1:]].update(title=ctx.t("attention.mh.feature"))
     fig = go.Figure(traces, layout)
     fig.update_layout(shapes=shapes, meta=dict(id="attn_mh_flow", lo=lo, hi=hi),

@@ -3,16 +3,16 @@
     link(q, k)[layer, head] = pattern[layer][head, q, k]            (explorer_model.analysis.lesson.head_link_map)
 
 The pair is picked by clicking a cell of the main heatmap or with two number inputs; a click on the layers × heads
-map (or the button under it) jumps the sidebar to that layer and head, with the query token selected. The sidebar's
-sliders are created before this view runs, so the jump is done in a widget callback, which Streamlit runs before
-the next script run.
+map (or the button under it) jumps the selection to that layer and head, with the query token selected, and the page
+to that head's pattern. The selection's sliders are created before this view runs, so the jump is done in a widget
+callback, which Streamlit runs before the next script run.
 """
 from __future__ import annotations
 
 import numpy as np
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots, sections
 from app.context import ViewContext, plain
 from app.layer_range import layer_range, per_layer
 from app.panels.attention.cells import click_overlay, clickable, clicked_cell, csv_cells, head_label
@@ -22,17 +22,17 @@ Q_KEY, K_KEY, FOR_KEY = "attn_link_q", "attn_link_k", "attn_link_for"
 
 
 def init_pair(ctx: ViewContext) -> None:
-    """Give the pair a default for a new prompt (query = the selected token, key = what the selected head reads
-    most from it apart from the first token) and keep stored values inside the prompt."""
-    n = len(ctx.ids)
+    """The pair's default (query = the selected token, key = what the selected head reads most from it apart from
+    the first token); a chosen pair (a click, the link's) is kept while the prompt stays, inside the prompt."""
+    n, q = len(ctx.ids), ctx.token
     ss = st.session_state
-    fresh = ss.get(FOR_KEY) != tuple(ctx.ids)
-    if fresh or not 0 <= int(ss.get(Q_KEY, -1)) < n or not 0 <= int(ss.get(K_KEY, -1)) < n:
-        q = ctx.token
-        row = ctx.rec.pattern(ctx.layer)[0, ctx.head, q, : q + 1].double().numpy()
-        ss[Q_KEY] = q
-        ss[K_KEY] = int(np.argmax(row[1:]) + 1) if q >= 1 else 0
-        ss[FOR_KEY] = tuple(ctx.ids)
+    if ss.get(FOR_KEY) not in (None, tuple(ctx.ids)):  # another prompt: its own default pair
+        ss.pop(Q_KEY, None)
+        ss.pop(K_KEY, None)
+    ss[FOR_KEY] = tuple(ctx.ids)
+    row = ctx.rec.pattern(ctx.layer)[0, ctx.head, q, : q + 1].double().numpy()
+    choice_state.start(Q_KEY, q, hi=n - 1)
+    choice_state.start(K_KEY, int(np.argmax(row[1:]) + 1) if q >= 1 else 0, hi=n - 1)
 
 
 def pair() -> tuple[int, int] | None:
@@ -50,8 +50,10 @@ def pick_pair_callback(chart_key: str, offset: int):
 
 
 def jump(layer: int, head: int, token: int) -> None:
-    """Select a layer, head and token in the sidebar (run as a callback, before its sliders exist)."""
+    """Select a layer, head and token (run as a callback, before their sliders exist), and land on that head's
+    pattern at the top of the view."""
     st.session_state.layer, st.session_state.head, st.session_state.token = int(layer), int(head), int(token)
+    sections.request("attention", "head")
 
 
 def _jump_from_map(chart_key: str, token: int, first_layer: int = 0):

@@ -90,4 +90,4 @@ def draw(ctx: ViewContext) -> None:
                               ctx.t("attention.scale.col.std_scaled"): r["std_scaled"],
                               ctx.t("attention.scale.col.ent_unscaled"): r["entropy_unscaled"],
                               ctx.t("attention.scale.col.ent_scaled"): r["entropy_scaled"]})
-        st.dataframe(table.round(3), hide_index=True, key="attn_scale_table")
+        plots.table(ctx, table.round(3), key="attn_scale_table")

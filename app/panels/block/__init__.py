@@ -17,7 +17,9 @@ import streamlit as st
 
 from app import plots
 from app.context import ViewContext, plain
+from app.figure_text import Sizes
 from app.panels.block import code as blockcode
+from app.sections import section
 from explorer_model.analysis import views_data as V
 
 MIN_WIDTH_PX = 700  # the narrowest figure the labels must fit (768 px screen minus the page's padding)
@@ -65,12 +67,16 @@ def block_nodes(cfg, T: int, placement: str, t) -> tuple[list[dict], list[tuple[
     return nodes, skips
 
 
-def chain_figure(nodes: list[dict], title: str, height: int) -> go.Figure:
-    """Boxes left to right joined by arrows (the whole model), full width. x units are pixels of a MIN_WIDTH_PX
-    figure; each box is as wide as its text at the largest font (≤ FONT_MAX) at which the chain fits that width."""
+def chain_figure(nodes: list[dict], title: str, height: int, width_px: int = MIN_WIDTH_PX,
+                 min_font: int = FONT_MIN) -> go.Figure:
+    """Boxes left to right joined by arrows (the whole model), full width. x units are pixels of a `width_px` wide
+    figure; each box is as wide as its text at the largest font (≤ FONT_MAX, at least min_font) at which the chain
+    fits that width. A chain that does not fit at min_font (a phone) runs top to bottom instead."""
     ems = [max(text_em(n["label"]), text_em(n["shape"])) for n in nodes]
-    room = MIN_WIDTH_PX - 20 - 2 * PAD_PX * len(nodes) - GAP_PX * (len(nodes) - 1)
-    font = int(max(FONT_MIN, min(FONT_MAX, room / sum(ems))))
+    room = width_px - 20 - 2 * PAD_PX * len(nodes) - GAP_PX * (len(nodes) - 1)
+    if room / sum(ems) < min_font:
+        return _chain_down(nodes, title, ems, width_px, min_font)
+    font = int(max(min_font, min(max(FONT_MAX, min_font), room / sum(ems))))
     half = [font * e / 2 + PAD_PX for e in ems]
     xs = [10 + sum(2 * h + GAP_PX for h in half[:i]) + half[i] for i in range(len(nodes))]
     shapes = [dict(type="rect", x0=x - w, x1=x + w, y0=-BOX_H, y1=BOX_H, fillcolor=COLOURS[n["kind"]],
@@ -82,15 +88,37 @@ def chain_figure(nodes: list[dict], title: str, height: int) -> go.Figure:
               for i in range(len(nodes) - 1)]
     return go.Figure(layout=dict(
         shapes=shapes, annotations=notes, title=title, height=height, margin=dict(l=10, r=10, t=50, b=10),
-        xaxis=dict(visible=False, range=[0, max(MIN_WIDTH_PX - 20, xs[-1] + half[-1] + 10)], fixedrange=True),
+        xaxis=dict(visible=False, range=[0, max(width_px - 20, xs[-1] + half[-1] + 10)], fixedrange=True),
         yaxis=dict(visible=False, range=[-0.75, 0.75], fixedrange=True), showlegend=False, plot_bgcolor="white",
         paper_bgcolor="white", dragmode=False))
 
 
-def block_figure(cfg, T: int, placement: str, t) -> go.Figure:
+def _chain_down(nodes: list[dict], title: str, ems: list[float], width_px: int, font: int) -> go.Figure:
+    """The chain top to bottom, boxes centred and as wide as the widest text; units are pixels both ways."""
+    half_w = max(ems) * font / 2 + PAD_PX
+    box_h = 2 * font * LINE + 2 * PAD_PX
+    cx, ys = width_px / 2 - 10, [-(i * (box_h + V_GAP_PX) + box_h / 2) for i in range(len(nodes))]
+    shapes = [dict(type="rect", x0=cx - half_w, x1=cx + half_w, y0=y - box_h / 2, y1=y + box_h / 2,
+                   fillcolor=COLOURS[n["kind"]], line=dict(color="#374151", width=1.5)) for y, n in zip(ys, nodes)]
+    notes = [dict(x=cx, y=y, text=f"<b>{n['label']}</b><br>{n['shape']}", showarrow=False,
+                  font=dict(size=font, color="#111827")) for y, n in zip(ys, nodes)]
+    notes += [dict(x=cx, y=ys[i + 1] + box_h / 2, ax=cx, ay=ys[i] - box_h / 2, xref="x", yref="y", axref="x",
+                   ayref="y", text="", showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151")
+              for i in range(len(nodes) - 1)]
+    bottom = ys[-1] - box_h / 2 - 4
+    return go.Figure(layout=dict(
+        shapes=shapes, annotations=notes, title=title, height=math.ceil(-bottom + 8) + 60,
+        margin=dict(l=10, r=10, t=50, b=10),
+        xaxis=dict(visible=False, range=[0, width_px - 20], fixedrange=True),
+        yaxis=dict(visible=False, range=[bottom, 4], fixedrange=True), showlegend=False, plot_bgcolor="white",
+        paper_bgcolor="white", dragmode=False))
+
+
+def block_figure(cfg, T: int, placement: str, t, min_font: int = FONT_MIN) -> go.Figure:
     """One block drawn top to bottom, to stand beside its pseudo-code in a column at least BLOCK_PLOT_PX wide;
     placement "pre" (LLaMA: x + F(Norm(x))) or "post" (original Transformer: Norm(x + F(x))). Units are pixels in
-    both directions (the figure's height is the drawing's), so text and boxes are sized together."""
+    both directions (the figure's height is the drawing's), so text and boxes are sized together; text is at
+    least min_font px, the boxes widening for it."""
     nodes, skips = block_nodes(cfg, T, placement, t)
     qk = (f"Q {_shape(1, cfg.n_heads, T, cfg.head_dim)}<br>K, V {_shape(1, cfg.n_kv_heads, T, cfg.head_dim)}"
           f"<br>{t('block.diagram.scores')} {_shape(1, cfg.n_heads, T, T)}")
@@ -102,7 +130,10 @@ def block_figure(cfg, T: int, placement: str, t) -> go.Figure:
                   f"<br>{inner}" if n["kind"] == "ffn" else "")
         texts.append("" if n["kind"] == "add" else f"<b>{n['label']}</b><br>{n['shape']}{detail}")
     widest = max(text_em(x) for x in texts if x)
-    font = int(max(FONT_MIN, min(FONT_MAX, (2 * V_HALF_W - 2 * PAD_PX) / widest)))
+    font = int(max(min_font, min(FONT_MAX, (2 * V_HALF_W - 2 * PAD_PX) / widest)))
+    half_w = max(V_HALF_W, widest * font / 2 + PAD_PX)
+    cx = V_CX + half_w - V_HALF_W
+    skip_x = cx + V_SKIP_X - V_CX + half_w - V_HALF_W
     shapes, notes, ys, y = [], [], [], 0.0
     for n, text in zip(nodes, texts):
         h = 2 * ADD_R_PX if n["kind"] == "add" else (text.count("<br>") + 1) * font * LINE + 2 * PAD_PX
@@ -110,38 +141,38 @@ def block_figure(cfg, T: int, placement: str, t) -> go.Figure:
         y -= h + V_GAP_PX
     for n, text, (cy, hh) in zip(nodes, texts, ys):
         if n["kind"] == "add":
-            shapes.append(dict(type="circle", x0=V_CX - ADD_R_PX, x1=V_CX + ADD_R_PX, y0=cy - hh, y1=cy + hh,
+            shapes.append(dict(type="circle", x0=cx - ADD_R_PX, x1=cx + ADD_R_PX, y0=cy - hh, y1=cy + hh,
                                fillcolor=COLOURS["add"], line=dict(color="#374151", width=1.5)))
-            notes.append(dict(x=V_CX, y=cy, text="<b>+</b>", showarrow=False, font=dict(size=font + 3, color="#111827")))
-            notes.append(dict(x=V_CX - ADD_R_PX - 6, y=cy, text=n["shape"], showarrow=False, xanchor="right",
+            notes.append(dict(x=cx, y=cy, text="<b>+</b>", showarrow=False, font=dict(size=font + 3, color="#111827")))
+            notes.append(dict(x=cx - ADD_R_PX - 6, y=cy, text=n["shape"], showarrow=False, xanchor="right",
                               font=dict(size=font, color="#374151")))
         else:
-            shapes.append(dict(type="rect", x0=V_CX - V_HALF_W, x1=V_CX + V_HALF_W, y0=cy - hh, y1=cy + hh,
+            shapes.append(dict(type="rect", x0=cx - half_w, x1=cx + half_w, y0=cy - hh, y1=cy + hh,
                                fillcolor=COLOURS[n["kind"]], line=dict(color="#374151", width=1.5)))
-            notes.append(dict(x=V_CX, y=cy, text=text, showarrow=False, font=dict(size=font, color="#111827")))
+            notes.append(dict(x=cx, y=cy, text=text, showarrow=False, font=dict(size=font, color="#111827")))
     for (c0, h0), (c1, h1) in zip(ys, ys[1:]):
-        notes.append(dict(x=V_CX, y=c1 + h1, ax=V_CX, ay=c0 - h0, xref="x", yref="y", axref="x", ayref="y", text="",
+        notes.append(dict(x=cx, y=c1 + h1, ax=cx, ay=c0 - h0, xref="x", yref="y", axref="x", ayref="y", text="",
                           showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor="#374151"))
     for a, b in skips:  # the residual: a bypass from the split point straight into the add
         split = ys[a][0] - ys[a][1] - V_GAP_PX / 2
         end = ys[b][0]
-        shapes.append(dict(type="path", path=f"M {V_CX},{split} L {V_SKIP_X},{split} L {V_SKIP_X},{end}",
+        shapes.append(dict(type="path", path=f"M {cx},{split} L {skip_x},{split} L {skip_x},{end}",
                            line=dict(color="#dc2626", width=2)))
-        notes.append(dict(x=V_CX + ADD_R_PX, y=end, ax=V_SKIP_X, ay=end, xref="x", yref="y", axref="x", ayref="y",
+        notes.append(dict(x=cx + ADD_R_PX, y=end, ax=skip_x, ay=end, xref="x", yref="y", axref="x", ayref="y",
                           text="", showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#dc2626"))
-        notes.append(dict(x=V_SKIP_X + 4, y=(split + end) / 2, text=t("block.diagram.residual"), textangle=-90,
+        notes.append(dict(x=skip_x + 4, y=(split + end) / 2, text=t("block.diagram.residual"), textangle=-90,
                           showarrow=False, xanchor="left", font=dict(size=font, color="#dc2626")))
     title = t("block.diagram.title_post") if placement == "post" else t("block.diagram.title_pre")
     bottom = ys[-1][0] - ys[-1][1] - 4
     return go.Figure(layout=dict(
-        shapes=shapes, annotations=notes, title=dict(text=f"{title}<br><sup>T = {T}, D = {cfg.d_model}</sup>"),
+        shapes=shapes, annotations=notes, title=dict(text=f"{title}<br>T = {T}, D = {cfg.d_model}"),
         height=math.ceil(-bottom + 8) + 70, margin=dict(l=10, r=10, t=60, b=10),
-        xaxis=dict(visible=False, range=[0, BLOCK_PLOT_PX], fixedrange=True),
+        xaxis=dict(visible=False, range=[0, max(BLOCK_PLOT_PX, skip_x + 30)], fixedrange=True),
         yaxis=dict(visible=False, range=[bottom, 8], fixedrange=True), showlegend=False, plot_bgcolor="white",
         paper_bgcolor="white", dragmode=False))
 
 
-def model_figure(cfg, T: int, t) -> go.Figure:
+def model_figure(cfg, T: int, t, width_px: int = MIN_WIDTH_PX, min_font: int = FONT_MIN) -> go.Figure:
     """token ids -> embedding -> block × N -> (final norm) -> output linear -> logits."""
     D, norm = cfg.d_model, "RMSNorm" if cfg.norm_type == "rms" else "LayerNorm"
     nodes = [{"kind": "io", "label": t("block.model.ids"), "shape": _shape(1, T)},
@@ -152,7 +183,7 @@ def model_figure(cfg, T: int, t) -> go.Figure:
     tied = "<br>" + t("block.model.tied") if cfg.tie_embeddings else ""
     nodes += [{"kind": "out", "label": t("block.model.output") + tied, "shape": f"{D} → {cfg.vocab_size}"},
               {"kind": "io", "label": "logits", "shape": _shape(1, T, cfg.vocab_size)}]
-    return chain_figure(nodes, t("block.model.title", n=cfg.n_layers), 190)
+    return chain_figure(nodes, t("block.model.title", n=cfg.n_layers), 190, width_px, min_font)
 
 
 # --------------------------------------------------------------------------- numbers through one layer (pure)
@@ -197,9 +228,11 @@ def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t) -
 # --------------------------------------------------------------------------- sections
 def draw_diagrams(ctx: ViewContext) -> None:
     t, cfg, T = ctx.t, ctx.cfg, len(ctx.ids)
+    font = Sizes.for_screen(ctx.presenter).text  # the smallest text a figure may have on this screen
     left, right = st.columns(2)
     with left:
-        plots.show(lambda: block_figure(cfg, T, cfg.norm_placement, t), ctx, key="block_diagram", filename="block")
+        plots.show(lambda: block_figure(cfg, T, cfg.norm_placement, t, font), ctx, key="block_diagram",
+                   filename="block", share=0.5)
     with right:
         blockcode.draw_code(ctx)
     blockcode.draw_node_buttons(ctx)
@@ -211,7 +244,7 @@ def draw_diagrams(ctx: ViewContext) -> None:
         else:
             st.latex(r"h = x + \mathrm{Attn}\big(\mathrm{RMSNorm}(x)\big)")
             st.latex(r"y = h + W_{down}\big(\mathrm{SiLU}(W_{gate}\,n) \odot W_{up}\,n\big),\qquad n = \mathrm{RMSNorm}(h)")
-    plots.show(lambda: model_figure(cfg, T, t), ctx, key="block_model_diagram", filename="model")
+    plots.show(lambda: model_figure(cfg, T, t, ctx.screen.main, font), ctx, key="block_model_diagram", filename="model")
 
 
 def draw_flow(ctx: ViewContext) -> None:
@@ -222,19 +255,22 @@ def draw_flow(ctx: ViewContext) -> None:
                         t("block.flow.col_mean"): r["mean"]} for r in rows])
     left, right = st.columns([2, 3])
     with left:
-        st.dataframe(df, hide_index=True, key="block_flow")
+        plots.table(ctx, df, key="block_flow")
         plots.csv_button(ctx, t("block.flow.csv"), t("block.flow.csv"), lambda: df.to_csv(index=False),
                          f"block_{L}_numbers.csv", "block_csv_flow")
     with right:
         data = layer_norms_data(ctx.rec, ctx.token)
         plots.show(lambda: layer_norms_figure(data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
-                   filename="block_norms_by_layer")
+                   filename="block_norms_by_layer", share=0.6)
     with plots.explainer(ctx, t("block.flow.more")):
         st.markdown(t("block.flow.explain", label=plain(ctx.labels[ctx.token]), n=len(ctx.ids)))
 
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("block.title"))
-    draw_diagrams(ctx)
-    blockcode.draw_changes(ctx)
-    draw_flow(ctx)
+    with section("block", "diagram"):
+        draw_diagrams(ctx)
+    with section("block", "changes"):
+        blockcode.draw_changes(ctx)
+    with section("block", "flow"):
+        draw_flow(ctx)

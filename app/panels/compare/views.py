@@ -39,9 +39,11 @@ def draw_tokens(pair: Pair) -> None:
     ta, tb = token_tables(pair)
     left, right = st.columns(2)
     left.markdown(pair.t("compare.side_a", n=len(pair.a.ids)))
-    left.dataframe(ta, hide_index=True, key="compare_tokens_a")
+    with left:
+        plots.table(pair.a, ta, key="compare_tokens_a")
     right.markdown(pair.t("compare.side_b", n=len(pair.b.ids)))
-    right.dataframe(tb, hide_index=True, key="compare_tokens_b")
+    with right:
+        plots.table(pair.a, tb, key="compare_tokens_b")
     if pair.align is not None:
         st.caption(pair.t("compare.alignment", prefix=pair.align.prefix, suffix=pair.align.suffix,
                           pairs=len(pair.align.pairs), changed_a=len(pair.align.changed_a),

@@ -14,6 +14,7 @@ import streamlit as st
 from app import gateway, plots
 from app.context import ViewContext, token_labels
 from app.context import plain as plain_md
+from app.sections import section
 from explorer_model.lab import normlab as lab
 from explorer_model.lab.corpus import HELDOUT_LINE
 
@@ -110,13 +111,13 @@ def draw_twins(ctx: ViewContext) -> dict | None:
         with col:
             pattern = rec.pattern(layer)[0, head].double().numpy()
             plots.show(lambda: twin_attention_figure(pattern, layer, head, labels, t, v), ctx,
-                       key=f"normlab_attn_{v}_fig")
+                       key=f"normlab_attn_{v}_fig", share=0.5)
             top, probs = lab.top_predictions(rec)
             names = [plain(candidate_label(loaded, list(ids), int(i))) for i in top]
-            plots.show(lambda: top_figure(names, probs, t, v), ctx, key=f"normlab_top_{v}_fig")
+            plots.show(lambda: top_figure(names, probs, t, v), ctx, key=f"normlab_top_{v}_fig", share=0.5)
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))
-    st.caption(t("normlab.layer_and_head_follow_the"))
+    st.caption(t("normlab.layer_and_head_follow_above" if ctx.presenter else "normlab.layer_and_head_follow_the"))
     rows = lambda: plots.to_csv(["twin", "layer", "resid_norm_after", "ln1_divisor", "ln2_divisor"],  # noqa: E731
                                 ([v, i, res[v][i + 1], sc[f"{v}_ln1"][1][i], sc[f"{v}_ln2"][1][i]]
                                  for v in res for i in range(cfg.n_layers)))
@@ -144,7 +145,7 @@ def draw_train_logs(ctx: ViewContext) -> None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         with col:
-            plots.show(lambda: train_grad_figure(curves[v], t, v), ctx, key=f"normlab_train_grads_{v}_fig")
+            plots.show(lambda: train_grad_figure(curves[v], t, v), ctx, key=f"normlab_train_grads_{v}_fig", share=0.5)
     fin = {v: logs[v].get("final", {}) for v in logs}
     tc = logs["post"].get("train_config", {})
     ratio = {v: [g[-1] / g[0] for g in (curves[v]["grad_down"][0], curves[v]["grad_down"][-1])] for v in curves}
@@ -158,8 +159,11 @@ def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("normlab.title"))
     with plots.explainer(ctx, ctx.t("normlab.intro_expander")):
         draw_intro(ctx)
-    draw_twins(ctx)
+    with section("normlab", "twins"):
+        draw_twins(ctx)
     st.divider()
-    draw_init(ctx)
+    with section("normlab", "init"):
+        draw_init(ctx)
     st.divider()
-    draw_race(ctx)
+    with section("normlab", "race"):
+        draw_race(ctx)

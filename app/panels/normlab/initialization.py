@@ -9,9 +9,10 @@ import inspect
 
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext
 from app.panels.normlab.common import variants_figure, wait_for
+from explorer_model import view_choices as VC
 from explorer_model.lab import lesson_numbers
 from explorer_model.lab import normlab as lab
 
@@ -32,13 +33,15 @@ def draw_init(ctx: ViewContext) -> dict | None:
     st.markdown(t("normlab.fresh_random_models", d=o.d_model, heads=o.heads, batch=o.batch, seq=o.seq, seeds=o.seeds,
                   sweep_seeds=INIT_SWEEP_SEEDS))
     c = st.columns(4)
-    ffn = c[0].radio(t("normlab.ffn"), ("relu", "swiglu"), key="lab_ffn", horizontal=True,
+    for key in ("lab_ffn", "lab_init", "lab_norm", "lab_depth", "lab_init_go"):
+        choice_state.start(key)
+    ffn = c[0].radio(t("normlab.ffn"), VC.values("lab_ffn"), key="lab_ffn", horizontal=True,
                      format_func=lambda x: {"relu": "ReLU", "swiglu": "SwiGLU"}[x])
-    init = c[1].radio(t("normlab.initialization"), ("xavier", "llama"), key="lab_init", horizontal=True,
+    init = c[1].radio(t("normlab.initialization"), VC.values("lab_init"), key="lab_init", horizontal=True,
                       format_func=lambda x: {"xavier": "Xavier", "llama": "N(0, 0.02)"}[x])
-    norm = c[2].radio(t("normlab.norm"), ("layer", "rms"), key="lab_norm", horizontal=True,
+    norm = c[2].radio(t("normlab.norm"), VC.values("lab_norm"), key="lab_norm", horizontal=True,
                       format_func=lambda x: {"layer": "LayerNorm", "rms": "RMSNorm"}[x])
-    depth = c[3].select_slider(t("normlab.depth_n"), lab.DEPTHS, value=12, key="lab_depth")
+    depth = c[3].select_slider(t("normlab.depth_n"), lab.DEPTHS, key="lab_depth")
     if st.button(t("normlab.run_the_experiment"), key="lab_init_run"):
         st.session_state["lab_init_go"] = True
     if not st.session_state.get("lab_init_go"):
@@ -66,12 +69,12 @@ def draw_init(ctx: ViewContext) -> dict | None:
     with cols[0]:
         plots.show(lambda: variants_figure("normlab_init_resid", t("normlab.residual_rms_after_each_block", depth=depth),
                                    range(depth), {v: prof[v]["resid_rms"] for v in prof}, t, t("normlab.layer"), "RMS"),
-                   ctx, key="normlab_init_resid_fig")
+                   ctx, key="normlab_init_resid_fig", share=0.5)
     oc = {v: sweep[v]["output_change"] for v in sweep}
     with cols[1]:
         plots.show(lambda: variants_figure("normlab_init_update", t("normlab.output_change_after_one_adam", lr=o.probe_lr),
                                    depths, oc, t, t("normlab.layers_n_log"), t("normlab.rms_change_of_the_logits"), log_x=True),
-                   ctx, key="normlab_init_update_fig")
+                   ctx, key="normlab_init_update_fig", share=0.5)
     st.caption(t("normlab.left_pre_norm_s_residual", prof_pre_resid_rms_0=prof['pre']['resid_rms'][0], prof_pre_resid_rms_1=prof['pre']['resid_rms'][-1], depths_1=depths[-1], oc_pre_1=oc['pre'][-1], oc_post_1=oc['post'][-1], oc_deepnorm_1=oc['deepnorm'][-1], depths_0=depths[0], oc_pre_0=oc['pre'][0], oc_post_0=oc['post'][0], oc_deepnorm_0=oc['deepnorm'][0]))
     rows = lambda: plots.to_csv(["variant", "depth", "layer", "grad_down", "resid_rms"],  # noqa: E731
                                 ([v, depth, i, g, x] for v in prof for i, (g, x) in

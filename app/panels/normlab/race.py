@@ -10,20 +10,22 @@ from dataclasses import asdict
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext
 from app.i18n import error_text
 from app.panels.normlab.common import COLORS, fig_frame, run_name, wait_for
+from explorer_model import view_choices as VC
 from explorer_model.lab import lesson_numbers
 from explorer_model.lab import normlab as lab
 from explorer_model.lab.race import race_lesson_numbers
 
 RACE_DASH = {True: "solid", False: "dot"}
-RACE_LRS = (3e-4, 1e-3, 3e-3, 1e-2)
+RACE_DEPTHS, RACE_LRS = VC.values("lab_race_depth"), VC.values("lab_race_lr")
 RACE_TIME_LIMIT = 60.0
 # Defaults that show the difference: at 6 layers and lr 3e-3 every shipped Pre run leaves the unigram line by step
 # ~100 and every Post run stays on it; 150 steps fit the time limit on a 2-core machine (bench: see the report).
-DEFAULT_DEPTH, DEFAULT_LR, DEFAULT_STEPS = 6, 3e-3, 150
+DEFAULT_DEPTH, DEFAULT_LR, DEFAULT_STEPS = (VC.CHOICES[k].default for k in ("lab_race_depth", "lab_race_lr",
+                                                                            "lab_race_steps"))
 
 
 def race_figure(result: dict | None, t, shipped: dict | None = None, fig_id: str = "normlab_race") -> go.Figure:
@@ -56,10 +58,12 @@ def draw_race(ctx: ViewContext) -> dict | None:
     rc0 = lab.RaceConfig()
     st.markdown(t("normlab.race_intro", d=rc0.d_model, warm=rc0.warmup_frac))
     c = st.columns(3)
-    depth = c[0].select_slider(t("normlab.layers"), (2, 4, 6, 8, 12), value=DEFAULT_DEPTH, key="lab_race_depth")
-    lr = c[1].select_slider(t("normlab.learning_rate"), RACE_LRS, value=DEFAULT_LR, key="lab_race_lr",
+    for key in ("lab_race_depth", "lab_race_lr", "lab_race_steps"):
+        choice_state.start(key)
+    depth = c[0].select_slider(t("normlab.layers"), RACE_DEPTHS, key="lab_race_depth")
+    lr = c[1].select_slider(t("normlab.learning_rate"), RACE_LRS, key="lab_race_lr",
                             format_func=lambda x: f"{x:g}")
-    steps = int(c[2].number_input(t("normlab.steps"), 4, 2000, DEFAULT_STEPS, step=10, key="lab_race_steps"))
+    steps = int(c[2].number_input(t("normlab.steps"), 4, 2000, step=10, key="lab_race_steps"))
     shipped_all = lab.load_race_curves()
     shipped = (shipped_all or {}).get("runs", {}).get(lab.race_grid_key(int(depth), float(lr)))
     if shipped:
@@ -71,10 +75,8 @@ def draw_race(ctx: ViewContext) -> dict | None:
     bar = st.empty()
 
     def chart(result, key: str) -> None:
-        fig = race_figure(result, t, shipped)
-        if ctx.presenter:
-            fig.update_layout(font=dict(size=18), title_font=dict(size=22))
-        slot.plotly_chart(fig, key=key)
+        fig = plots.finish(race_figure(result, t, shipped), ctx, None)
+        slot.plotly_chart(fig, key=key, config=plots.chart_config(ctx, "normlab_race"), width="stretch")
     chart(r, "normlab_race_fig")
     start = st.button(t("normlab.start_the_race_s", race_time_limit=RACE_TIME_LIMIT), key="lab_race_start")
     if start:

@@ -13,15 +13,18 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots
+from app import choice_state, plots
 from app.plots import axis_ids, grid_layout
 from app.context import ViewContext, plain
 from app.panels.rope import absolute as rope_absolute
+from app.sections import section
+from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 
 TWO_PI = 2 * math.pi
 SHIFTS = (0, 1, 3, 10, 100, 1000, 4000)
 N_CLOCKS = 6
+MAX_PAIRS = 8  # pairs drawn as arrows at once
 
 
 # --------------------------------------------------------------------------- data
@@ -81,6 +84,13 @@ def _meta(fig: go.Figure, fig_id: str) -> go.Figure:
     return fig
 
 
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(k: int) -> str:
+    return "1" if k == 0 else "10" + str(k).translate(SUPERSCRIPT)
+
+
 def theta_figure(plain: np.ndarray, used: np.ndarray, t, scaled: bool) -> go.Figure:
     i = np.arange(len(used))
     hover = t("rope.theta_hover") + "<extra>%{fullData.name}</extra>"
@@ -91,8 +101,12 @@ def theta_figure(plain: np.ndarray, used: np.ndarray, t, scaled: bool) -> go.Fig
     fig.add_trace(go.Scatter(x=i, y=used, mode="lines+markers", name=t("rope.used"),
                              meta="theta_model", customdata=TWO_PI / used, hovertemplate=hover,
                              line=dict(color="#4c78a8")))
-    # log axis: labels only at powers of ten (no crowded 2, 5 minor labels)
-    fig.update_yaxes(type="log", title_text="θ_i (rad / token)", dtick=1, exponentformat="power", minor=dict(showgrid=False))
+    # log axis: labels only at powers of ten (no crowded 2, 5 minor labels), written 10⁻⁴ in characters of the tick
+    # font's own size (Plotly's "power" format sets exponents in a smaller font)
+    both = np.log10(np.concatenate([used, plain]))
+    decades = range(int(np.floor(both.min())), int(np.ceil(both.max())) + 1)
+    fig.update_yaxes(type="log", title_text="θ_i (rad / token)", tickvals=[10.0 ** k for k in decades],
+                     ticktext=[power_of_ten(k) for k in decades], minor=dict(showgrid=False))
     fig.update_layout(title=t("rope.theta_title"), xaxis_title=t("rope.pair_i"),
                       height=340, margin=dict(l=10, r=10, t=40, b=10))
     return _meta(fig, "rope_theta")
@@ -225,8 +239,9 @@ def draw_arrows(ctx: ViewContext) -> None:
     n_pairs = ctx.cfg.head_dim // 2
     st.subheader(ctx.t("rope.arrows_heading", layer=ctx.layer, head=ctx.head, kv=ctx.rec.kv_head(ctx.head),
                        token=plain(ctx.labels[ctx.token])))
-    st.session_state["rope_pairs"] = [i for i in st.session_state.get("rope_pairs", default_pairs(n_pairs)) if i < n_pairs]
-    pairs = st.multiselect(ctx.t("rope.pairs_pick"), list(range(n_pairs)), key="rope_pairs", max_selections=8)
+    if len(choice_state.start("rope_pairs", default_pairs(n_pairs), hi=n_pairs - 1)) > MAX_PAIRS:
+        st.session_state["rope_pairs"] = st.session_state["rope_pairs"][:MAX_PAIRS]
+    pairs = st.multiselect(ctx.t("rope.pairs_pick"), list(range(n_pairs)), key="rope_pairs", max_selections=MAX_PAIRS)
     if not pairs:
         st.info(ctx.t("rope.pick_one"))
         return
@@ -239,17 +254,14 @@ def draw_arrows(ctx: ViewContext) -> None:
 def draw_shift(ctx: ViewContext, theta: np.ndarray) -> pd.DataFrame:
     st.subheader(ctx.t("rope.shift_heading"))
     T, m = len(ctx.ids), ctx.token
-    st.session_state["rope_key_token"] = min(int(st.session_state.get("rope_key_token", 0)), T - 1)
+    choice_state.start("rope_key_token", hi=T - 1)
     n = int(st.number_input(ctx.t("rope.key_token"), min_value=0, max_value=T - 1, step=1, key="rope_key_token"))
     df = shift_table(ctx.rec, theta, ctx.layer, ctx.head, m, n)
-    num = st.column_config.NumberColumn
-    st.dataframe(df, hide_index=True, key="rope_shift_table", column_config={  # display labels only
-        "shift s": num(ctx.t("rope.col_shift")),
-        "query pos m+s": num(ctx.t("rope.col_query")),
-        "key pos n+s": num(ctx.t("rope.col_key")),
-        "q·k": num("q·k", format="%.6f"),
-        "score q·k/√d": num(ctx.t("rope.col_score"), format="%.6f"),
-        "diff vs s=0": num(ctx.t("rope.col_diff"), format="%.1e")})
+    plots.table(ctx, df, key="rope_shift_table",  # display labels only: the CSV keeps the frame's own names
+                labels={"shift s": ctx.t("rope.col_shift"), "query pos m+s": ctx.t("rope.col_query"),
+                        "key pos n+s": ctx.t("rope.col_key"), "q·k": "q·k", "score q·k/√d": ctx.t("rope.col_score"),
+                        "diff vs s=0": ctx.t("rope.col_diff")},
+                formats={"q·k": "%.6f", "score q·k/√d": "%.6f", "diff vs s=0": "%.1e"})
     spread = float(df["diff vs s=0"].abs().max())
     msg = ctx.t("rope.shift_text", m=m, head=ctx.head, n=n, spread=f"{spread:.2e}")
     if n <= m:
@@ -266,7 +278,8 @@ def draw_shift(ctx: ViewContext, theta: np.ndarray) -> pd.DataFrame:
 
 def draw_decay(ctx: ViewContext, theta: np.ndarray) -> None:
     st.subheader(ctx.t("rope.decay_heading"))
-    src = st.radio(ctx.t("rope.vectors"), ("recorded", "ones"), key="rope_decay_src", horizontal=True,
+    choice_state.start("rope_decay_src")
+    src = st.radio(ctx.t("rope.vectors"), VC.values("rope_decay_src"), key="rope_decay_src", horizontal=True,
                    format_func=lambda s: ctx.t("rope.src_recorded") if s == "recorded" else ctx.t("rope.src_ones"))
     T = len(ctx.ids)
     max_delta = max(512, 4 * T)
@@ -288,8 +301,7 @@ def draw_clock(ctx: ViewContext, theta: np.ndarray) -> None:
     st.subheader(ctx.t("rope.clock_heading"))
     n_ctx = ctx.cfg.max_seq_len
     hi = max(n_ctx, 4096)
-    if "rope_clock_pos" not in st.session_state:
-        st.session_state["rope_clock_pos"] = ctx.token
+    choice_state.start("rope_clock_pos", ctx.token, hi=hi)
     m = st.slider(ctx.t("rope.position_slider"), 0, hi, key="rope_clock_pos")
     pairs = sorted({int(round(x)) for x in np.linspace(0, len(theta) - 1, N_CLOCKS)})
     plots.show(lambda: clock_figure(theta, pairs, m, ctx.t), ctx, key="rope_clock_fig", filename=f"rope_clock_{m}")
@@ -321,12 +333,19 @@ def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("rope.title"))
     plain, used = theta_data(ctx.cfg)
     ang = angle_matrix(used, len(ctx.ids))
-    draw_angles(ctx, ang)  # the main figure: every pair's angle at every position of this prompt
+    with section("rope", "angles"):
+        draw_angles(ctx, ang)  # the main figure: every pair's angle at every position of this prompt
     draw_intro(ctx)
-    draw_theta(ctx, plain, used)
-    draw_arrows(ctx)
-    df = draw_shift(ctx, used)
-    draw_decay(ctx, used)
-    draw_clock(ctx, used)
-    rope_absolute.draw(ctx)
+    with section("rope", "theta"):
+        draw_theta(ctx, plain, used)
+    with section("rope", "pairs"):
+        draw_arrows(ctx)
+    with section("rope", "shift"):
+        df = draw_shift(ctx, used)
+    with section("rope", "decay"):
+        draw_decay(ctx, used)
+    with section("rope", "clock"):
+        draw_clock(ctx, used)
+    with section("rope", "sinusoidal"):
+        rope_absolute.draw(ctx)
     draw_csv(ctx, plain, used, ang, df)

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import gateway, plots, sections
 from app.context import ViewContext
 from app.plots import axis_ids, grid_layout
 from explorer_model.analysis import encodings as E
@@ -63,10 +63,12 @@ def compare_figure(data: dict, foot: dict, labels, layer: int, t) -> go.Figure:
 
 
 def _to_whatif() -> None:
-    """Open the What-if view with RoPE removed; its text box is filled from "whatif" when it is drawn anew."""
+    """Open the What-if view with RoPE removed, at its results; its text box is filled from "whatif" when it is
+    drawn anew."""
     st.session_state["whatif"] = "no-rope"
     st.session_state.pop("whatif_specs", None)
     st.session_state["view"] = "whatif"
+    sections.request("whatif", "results")
 
 
 def draw(ctx: ViewContext) -> None:

@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, display_piece, plain
+from app.sections import section
 from app.panels.swiglu import gates as swiglu_gates
 from app.panels.swiglu import positionwise as swiglu_positionwise
 from app.presets import BANK_PAIR
@@ -183,17 +184,23 @@ def draw(ctx: ViewContext) -> None:
         st.info(t("swiglu.not_gated"))
         return
     vals = mlp_values(ctx.rec, ctx.layer)
-    draw_heatmap(ctx, vals)  # the main figure, first on the page
+    with section("swiglu", "heatmap"):
+        draw_heatmap(ctx, vals)  # the main figure, first on the page
     draw_intro(ctx)
-    c1, c2 = st.columns(2)
-    with c1:
-        draw_silu(ctx, vals)
-    with c2:
-        draw_sparsity(ctx)
-    draw_token(ctx, vals)
-    swiglu_gates.draw(ctx)
-    swiglu_positionwise.draw(ctx)
-    draw_compare(ctx)
+    with section("swiglu", "silu"):
+        c1, c2 = st.columns(2)
+        with c1:
+            draw_silu(ctx, vals)
+        with c2:
+            draw_sparsity(ctx)
+    with section("swiglu", "token"):
+        draw_token(ctx, vals)
+    with section("swiglu", "gates"):
+        swiglu_gates.draw(ctx)
+    with section("swiglu", "positionwise"):
+        swiglu_positionwise.draw(ctx)
+    with section("swiglu", "bank"):
+        draw_compare(ctx)
 
 
 def draw_intro(ctx: ViewContext) -> None:
@@ -210,9 +217,11 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
     c0, c1, c2 = st.columns([3, 4, 1])
     c0.markdown(t("swiglu.heat_heading", layer=ctx.layer))
     options = [*QUANTITIES, "all"]
-    quantity = c1.radio(t("swiglu.show"), options, index=3, horizontal=True, key="swiglu_quantity",
+    choice_state.start("swiglu_quantity")
+    quantity = c1.radio(t("swiglu.show"), options, horizontal=True, key="swiglu_quantity",
                         format_func=lambda q: t("swiglu.all_four") if q == "all" else quantity_name(t, q))
-    k = int(c2.number_input(t("swiglu.topk"), 1, min(256, ctx.cfg.d_ff), 32, key="swiglu_topk"))
+    choice_state.start("swiglu_topk", hi=min(256, ctx.cfg.d_ff))
+    k = int(c2.number_input(t("swiglu.topk"), 1, min(256, ctx.cfg.d_ff), key="swiglu_topk"))
     neurons = top_neurons(vals["post"], k)
     # meta lets tests find the main figure
     fig = lambda: heatmap_figure(vals, neurons, ctx.labels, quantity or "post", t).update_layout(  # noqa: E731
@@ -232,7 +241,7 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
 
 def draw_silu(ctx: ViewContext, vals: dict) -> None:
     gates = vals["pre"].ravel()
-    plots.show(lambda: silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420)
+    plots.show(lambda: silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420, share=0.5)
     z = np.linspace(-6, 0, 60001)  # the minimum of SiLU, found numerically rather than typed in
     y = silu(z)
     st.caption(ctx.t("swiglu.silu_caption", neg=float((gates < 0).mean()), lowest=f"{y.min():.3f}",
@@ -241,9 +250,11 @@ def draw_silu(ctx: ViewContext, vals: dict) -> None:
 
 def draw_sparsity(ctx: ViewContext) -> None:
     t = ctx.t
-    thr = float(st.number_input(t("swiglu.threshold"), 0.0, 10.0, 0.1, 0.01, key="swiglu_threshold"))
+    choice_state.start("swiglu_threshold")
+    thr = float(st.number_input(t("swiglu.threshold"), 0.0, 10.0, step=0.01, key="swiglu_threshold"))
     act_frac, post_frac = sparsity_data(ctx.rec, thr)
-    plots.show(lambda: sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380)
+    plots.show(lambda: sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380,
+               share=0.5)
     st.caption(t("swiglu.sparsity_caption"))
 
 
@@ -254,10 +265,12 @@ def draw_token(ctx: ViewContext, vals: dict) -> None:
     idx, table = token_neurons_data(vals, ctx.token)
     c1, c2 = st.columns([1, 1])
     heads = [t("swiglu.neuron"), *(quantity_name(t, q) for q in QUANTITIES)]
-    c1.dataframe({heads[0]: [int(i) for i in idx], **{h: table[:, c] for c, h in enumerate(heads[1:])}},
-                 hide_index=True, height=460)
+    with c1:
+        plots.table(ctx, {heads[0]: [int(i) for i in idx], **{h: table[:, c] for c, h in enumerate(heads[1:])}},
+                    height=460)
     with c2:
-        plots.show(lambda: token_neurons_figure(idx, table, piece, t), ctx, key="swiglu_token", height=420)
+        plots.show(lambda: token_neurons_figure(idx, table, piece, t), ctx, key="swiglu_token", height=420,
+                   share=0.5)
     label = t("swiglu.csv_token")
     plots.csv_button(ctx, label, label,
                      plots.to_csv(["neuron", *QUANTITIES], ([int(i), *row.tolist()] for i, row in zip(idx, table))),
@@ -272,6 +285,7 @@ def _use_context_first() -> None:
 def _pick_token(ctx, col, key: str, pieces: list[str], found: int | None) -> int:
     if found is not None:
         return found
+    choice_state.start(key, hi=len(pieces) - 1)
     return int(col.selectbox(ctx.t("swiglu.pick_token"), range(len(pieces)), key=key,
                              format_func=lambda i: f"{i}: {display_piece(pieces[i])}"))
 
@@ -279,9 +293,8 @@ def _pick_token(ctx, col, key: str, pieces: list[str], found: int | None) -> int
 def draw_compare(ctx: ViewContext) -> None:
     t, tok = ctx.t, ctx.facts
     st.subheader(t("swiglu.compare_heading"))
-    st.session_state.setdefault("swiglu_prompt_a", BANK_PAIR[0])
-    st.session_state.setdefault("swiglu_prompt_b", BANK_PAIR[1])
-    st.session_state.setdefault("swiglu_word", "bank")
+    for key, default in (("swiglu_prompt_a", BANK_PAIR[0]), ("swiglu_prompt_b", BANK_PAIR[1]), ("swiglu_word", "bank")):
+        choice_state.start(key, default)
     c1, c2, c3 = st.columns([4, 4, 2])
     text_a = c1.text_input(t("swiglu.prompt_a"), key="swiglu_prompt_a")
     text_b = c2.text_input(t("swiglu.prompt_b"), key="swiglu_prompt_b")
@@ -310,7 +323,8 @@ def draw_compare(ctx: ViewContext) -> None:
     sim_pre = similarity_data(rec_a, rec_b, i, j, "mlp.hook_pre")
     c1, c2 = st.columns([3, 2])
     with c1:
-        plots.show(lambda: similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400)
+        plots.show(lambda: similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400,
+                   share=0.6)
     label = t("swiglu.csv_similarity")
     plots.csv_button(ctx, label, label,
                      plots.to_csv(["layer", "cosine_hook_act", "cosine_hook_pre"],
@@ -320,4 +334,5 @@ def draw_compare(ctx: ViewContext) -> None:
         return  # every difference is zero; a "most different" table would list arbitrary neurons
     idx, va, vb = differing_neurons(rec_a, rec_b, i, j, ctx.layer)
     c2.markdown(t("swiglu.differ_heading", layer=ctx.layer))
-    c2.dataframe({t("swiglu.neuron"): [int(n) for n in idx], "A": va, "B": vb, "A − B": va - vb}, hide_index=True)
+    with c2:
+        plots.table(ctx, {t("swiglu.neuron"): [int(n) for n in idx], "A": va, "B": vb, "A − B": va - vb})

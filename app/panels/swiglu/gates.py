@@ -53,10 +53,11 @@ def draw(ctx: ViewContext) -> None:
     lo, mid, hi = gk.bounds
     c1, c2 = st.columns([3, 2])
     with c1:
-        plots.show(lambda: gates_figure(gk, t), ctx, key="swiglu_gates_fig", filename=f"gate_kinds_L{ctx.layer}_tok{ctx.token}")
+        plots.show(lambda: gates_figure(gk, t), ctx, key="swiglu_gates_fig", filename=f"gate_kinds_L{ctx.layer}_tok{ctx.token}",
+                   share=0.6)
     with c2:
         st.markdown(t("swiglu.gates_rule", lo=lo, mid=mid, hi=hi))
         counts = " · ".join(f"{kind_name(t, k)} **{gk.counts[k]}**" for k in gk.kinds)
         st.markdown(counts)
-        st.dataframe(examples_table(gk, t), hide_index=True, key="swiglu_gate_examples")
+        plots.table(ctx, examples_table(gk, t), key="swiglu_gate_examples")
     st.caption(t("swiglu.gates_caption", n=gk.gate.size, amplified=gk.amplified, flipped=gk.flipped))

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis import ffn as F
 
@@ -35,7 +35,7 @@ def diff_figure(cmp: dict, labels, changed: int, selected: int, layer: int, t) -
                   annotation_position="top left" if changed > len(x) / 2 else "top right")
     if selected != changed:
         fig.add_vline(x=selected, line_dash="dot", line_color="#555555", annotation_text=t("swiglu.pw_selected"),
-                      annotation_position="top left" if selected < changed else "top right")
+                      annotation_position="top left" if selected > len(x) / 2 else "top right")  # inward
     fig.update_layout(barmode="group", title=t("swiglu.pw_title", layer=layer), xaxis_title=t("swiglu.token"),
                       yaxis_title=t("swiglu.pw_axis"), height=380, margin=dict(l=10, r=10, t=50, b=10),
                       legend=dict(orientation="h", y=-0.3), meta={"id": "swiglu_positionwise"})
@@ -49,8 +49,8 @@ def _choose(ctx: ViewContext) -> tuple[int, int | None, str]:
     # the middle of the prompt by default, whatever token is selected: a view, layer or token switch never needs a
     # new changed recording (the tokens before it keep their FFN input, so must keep their output)
     default = T // 2
-    st.session_state["swiglu_pw_pos"] = min(int(st.session_state.get("swiglu_pw_pos", default)), T - 1)
-    st.session_state.setdefault("swiglu_pw_word", DEFAULT_WORD)
+    choice_state.start("swiglu_pw_pos", default, hi=T - 1)
+    choice_state.start("swiglu_pw_word", DEFAULT_WORD)
     c1, c2 = st.columns(2)
     pos = int(c1.selectbox(t("swiglu.pw_pos"), range(T), key="swiglu_pw_pos",
                            format_func=lambda i: ctx.labels[i]))

@@ -9,25 +9,27 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import gateway, plots
+from app import choice_state, gateway, plots
 from app.context import ViewContext, plain
 from app.i18n import error_text
 from app.panels.whatif import bank as whatif_bank
 from app.panels.generation import candidate_label
+from app.sections import section
 from app.panels.whatif.figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
                                      masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
 from explorer_model import interventions as I
+from explorer_model import view_choices as VC
 from explorer_model.analysis import measures as M
 from explorer_model.analysis import views_data as V
 
 KL_MAX_POS = gateway.KL_MAX_POS
-KINDS = {  # builder choices and the message that names each
+KINDS = {  # builder choices (in the order of explorer_model/view_choices.py) and the message that names each
     "ablate-head": "whatif.kind_ablate_head", "ablate-layer": "whatif.kind_ablate_layer",
     "skip-attn": "whatif.kind_skip_attn", "skip-mlp": "whatif.kind_skip_mlp", "no-mask": "whatif.kind_no_mask",
     "no-rope": "whatif.kind_no_rope", "norm-identity": "whatif.kind_norm_identity", "norm-eps": "whatif.kind_norm_eps",
     "scale": "whatif.kind_scale", "gate-off": "whatif.kind_gate_off", "relu": "whatif.kind_relu",
     "patch": "whatif.kind_patch"}
-PATCH_HOOKS = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"]
+PATCH_HOOKS = list(VC.PATCH_HOOKS)
 
 
 def candidate_namer(ctx: ViewContext):
@@ -57,40 +59,41 @@ def _add(spec: str) -> None:
     _set_specs(",".join(dict.fromkeys(specs + [spec])))
 
 
-def _clamp(key: str, lo: int, hi: int, default: int) -> None:
-    """Keep a number widget's state in range (the prompt or model may have changed); its default lives here,
-    not in the widget, so Streamlit does not see two sources of its value."""
-    st.session_state[key] = min(max(int(st.session_state.get(key, default)), lo), hi)
-
-
 def built_spec(ctx: ViewContext, kind: str) -> str:
     """The string form the builder's widgets describe (layer and head from the sidebar selection)."""
     L, t, b = ctx.layer, ctx.t, f"blocks.{ctx.layer}"
     if kind in ("ablate-head", "ablate-layer"):
+        choice_state.start("whatif_mean")
         mean = st.toggle(t("whatif.mean_over_positions_instead_of"), key="whatif_mean")
         return f"{'ablate-mean' if mean else 'ablate'}:{b}.attn" + (f".head{ctx.head}" if kind == "ablate-head" else "")
     if kind in ("skip-attn", "skip-mlp"):
         return f"skip:{b}.{kind[5:]}"
     if kind in ("no-mask", "no-rope", "gate-off", "relu"):
-        every = st.radio(t("whatif.where"), [True, False], key="whatif_scope", horizontal=True,
+        choice_state.start("whatif_scope")
+        every = st.radio(t("whatif.where"), VC.values("whatif_scope"), key="whatif_scope", horizontal=True,
                          format_func=lambda v: t("whatif.every_layer") if v else t("whatif.layer_only", l=L))
         return kind + ("" if every else f":{b}")
     if kind in ("norm-identity", "norm-eps"):
-        norm = st.radio(t("whatif.which_norm"), ["ln1", "ln2", "ln_final"], key="whatif_norm", horizontal=True,
+        choice_state.start("whatif_norm")
+        norm = st.radio(t("whatif.which_norm"), VC.values("whatif_norm"), key="whatif_norm", horizontal=True,
                         format_func=lambda v: {"ln1": t("whatif.before_attention_ln1"),
                                                "ln2": t("whatif.before_the_ffn_ln2")}.get(v, t("whatif.final_norm")))
         target = norm if norm == "ln_final" else f"{b}.{norm}"
         if kind == "norm-identity":
             return f"norm-identity:{target}"
-        eps = st.number_input("ε", min_value=0.0, value=1e-2, format="%.1e", key="whatif_eps")
+        choice_state.start("whatif_eps")
+        eps = st.number_input("ε", min_value=0.0, format="%.1e", key="whatif_eps")
         return f"norm-eps:{target}={I.fmt_number(eps)}"
     if kind == "scale":
-        branch = st.radio(t("whatif.branch"), ["hook_attn_out", "hook_mlp_out"], key="whatif_branch", horizontal=True,
+        choice_state.start("whatif_branch")
+        choice_state.start("whatif_factor")
+        branch = st.radio(t("whatif.branch"), VC.values("whatif_branch"), key="whatif_branch", horizontal=True,
                           format_func=lambda v: t("whatif.attention_output") if "attn" in v else t("whatif.ffn_output"))
-        factor = st.number_input(t("whatif.factor"), value=0.5, step=0.1, key="whatif_factor")
+        factor = st.number_input(t("whatif.factor"), step=0.1, key="whatif_factor")
         return f"scale:{b}.{branch}={I.fmt_number(factor)}"
+    choice_state.start("whatif_patch_hook")
+    choice_state.start("whatif_patch_pos", lo=-len(ctx.ids), hi=len(ctx.ids) - 1)
     hook = st.selectbox(t("whatif.activation"), PATCH_HOOKS, key="whatif_patch_hook")
-    _clamp("whatif_patch_pos", -len(ctx.ids), len(ctx.ids) - 1, -1)
     pos = st.number_input(t("whatif.position_negative_from_the_end"), -len(ctx.ids), len(ctx.ids) - 1,
                           key="whatif_patch_pos")
     return f"patch:{b}.{hook}@{int(pos)}"
@@ -108,15 +111,17 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
     c[0].button(t("whatif.no_causal_mask"), key="whatif_q_mask", on_click=_set_specs, args=("no-mask",))
     c[1].button(t("whatif.no_rope"), key="whatif_q_rope", on_click=_set_specs, args=("no-rope",))
     c[2].button(t("whatif.no_rope_no_mask"), key="whatif_q_both", on_click=_set_specs, args=("no-rope,no-mask",))
-    c[3].button(t("whatif.bank_river_patch"), key="whatif_q_bank", on_click=whatif_bank.apply, args=(ctx.source, _set_specs))
+    c[3].button(t("whatif.bank_river_patch"), key="whatif_q_bank", on_click=whatif_bank.apply,
+                args=(ctx.source, ctx.extras["replace_prompt"]), disabled="replace_prompt" not in ctx.extras)
     c[4].button(t("whatif.clear"), key="whatif_clear", on_click=_set_specs, args=("",))
     left, right = st.columns([2, 3])
     with left:
+        choice_state.start("whatif_kind")
         kind = st.selectbox(t("whatif.build_one"), list(KINDS), key="whatif_kind",
                             format_func=lambda k: t(KINDS[k]))
         spec = built_spec(ctx, kind)
         st.button(t("whatif.add", spec=spec), key="whatif_add", on_click=_add, args=(spec,))
-        st.caption(t("whatif.layer_and_head_come_from"))
+        st.caption(t("whatif.layer_and_head_come_from_above" if ctx.presenter else "whatif.layer_and_head_come_from"))
     with right:
         st.text_input(t("whatif.interventions_comma_separated_also_in"),
                       key="whatif_specs", on_change=_typed, placeholder="no-mask, ablate:blocks.3.attn.head5")
@@ -137,12 +142,15 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
 # ----------------------------------------------------------------------------- drawing
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("whatif.title"))
-    ivs, source_text = draw_chooser(ctx)
-    if ivs:
-        draw_results(ctx, ivs, source_text)
+    with section("whatif", "choose"):
+        ivs, source_text = draw_chooser(ctx)
+    with section("whatif", "results"):
+        if ivs:
+            draw_results(ctx, ivs, source_text)
     with plots.explainer(ctx, ctx.t("whatif.intro_expander"), expanded=not ivs):
         draw_intro(ctx)
-    draw_sweep(ctx)
+    with section("whatif", "sweep"):
+        draw_sweep(ctx)
 
 
 def draw_intro(ctx: ViewContext) -> None:
@@ -183,9 +191,9 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: distribution_figure(d, name, t), ctx, key="whatif_dist", height=420)
+        plots.show(lambda: distribution_figure(d, name, t), ctx, key="whatif_dist", height=420, share=0.6)
     with right:
-        plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420)
+        plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420, share=0.4)
     plots.show(lambda: kl_figure(kl, t), ctx, key="whatif_kl", height=340)
     start = max(0, len(ids) - KL_MAX_POS)
     st.caption(t("whatif.averaged_over_positions_a_layer", start=start, len_ids_1=len(ids) - 1))
@@ -263,7 +271,7 @@ def draw_shuffle(ctx: ViewContext, ivs: list, perm, shuffled, specs: str, source
     for name, a, b in rows:
         for col, v in zip(table, (name, top(a), top(b), V.max_abs_diff(a, b))):
             table[col].append(v)
-    st.dataframe(table, hide_index=True)
+    plots.table(ctx, table)
 
 
 def draw_sweep(ctx: ViewContext) -> None:
@@ -271,21 +279,25 @@ def draw_sweep(ctx: ViewContext) -> None:
     st.subheader(t("whatif.which_heads_matter_for_this"))
     st.markdown(t("whatif.ablate_every_head_in_turn"))
     c = st.columns([1, 1, 1, 1])
-    _clamp("big_sweep_first", 0, cfg.n_layers - 1, 0)  # a range of layers: at 32 × 32 heads a full sweep is long
+    choice_state.start("big_sweep_first", hi=cfg.n_layers - 1)  # a range of layers: at 32 × 32 heads a full sweep is long
     first = int(c[0].number_input(t("big.sweep_first"), 0, cfg.n_layers - 1, key="big_sweep_first"))
-    _clamp("whatif_sweep_layers", 1, cfg.n_layers - first, cfg.n_layers)
+    choice_state.start("whatif_sweep_layers", cfg.n_layers - first, hi=cfg.n_layers - first)
     n = int(c[1].number_input(t("whatif.layers_to_sweep_from_layer") if first == 0 else
                               t("big.sweep_count", first=first), 1, cfg.n_layers - first, key="whatif_sweep_layers"))
-    mean = c[2].radio(t("whatif.ablation"), [False, True], key="whatif_sweep_mode", horizontal=True,
+    choice_state.start("whatif_sweep_mode")
+    mean = c[2].radio(t("whatif.ablation"), VC.values("whatif_sweep_mode"), key="whatif_sweep_mode", horizontal=True,
                       format_func=lambda m: t("whatif.mean") if m else t("whatif.zero")) or False
     key = (ctx.source, tuple(ctx.ids), n, bool(mean), first)
-    if c[3].button(t("whatif.run_the_sweep"), key="whatif_sweep_run"):
+    shown = choice_state.start("whatif_sweep_shown")  # a link's: the sweep was on the screen it was copied from
+    if c[3].button(t("whatif.run_the_sweep"), key="whatif_sweep_run") or (
+            shown and st.session_state.get("whatif_sweep_key") is None):
         bar = st.progress(0.0, text=t("whatif.ablating_heads"))
         gateway.head_sweep(*key[:4], first=first, progress=lambda d, total: bar.progress(
             d / total, text=t("whatif.block_of", d=d, total=total)))
         bar.empty()
         st.session_state["whatif_sweep_key"] = key
     res = gateway.cached_head_sweep(*key) if st.session_state.get("whatif_sweep_key") == key else None
+    st.session_state["whatif_sweep_shown"] = res is not None
     if res is None:  # not asked for here yet, or evicted from the cache since
         st.caption(t("whatif.layers_heads_ablated_runs_batched", n=n, cfg_n_heads=cfg.n_heads, n_cfg_n_heads=n * cfg.n_heads))
         return

@@ -2,15 +2,15 @@
 sentence and see the next-token prediction change.
 
 The patched layer is found on the model (gateway.patch_lesson: every layer's patch of the last position, the
-earliest that flips the top prediction by at least MIN_KL nats), never typed in. The preset replaces the visitor's
-prompt, so the prompt it replaced is kept in session state "prompt_before_preset" (the sidebar and this view offer
-the way back).
+earliest that flips the top prediction by at least MIN_KL nats), never typed in. The lesson replaces the visitor's
+prompt through the page's replace_prompt, which keeps the visitor's whole state for "back to my prompt" (offered by
+the sidebar and by this view).
 """
 from __future__ import annotations
 
 import streamlit as st
 
-from app import gateway
+from app import gateway, sections
 from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis.patch_lesson import lesson_layer
 
@@ -36,22 +36,12 @@ def lesson(source: str) -> dict:
     return {"layer": layer, "spec": f"patch:blocks.{layer}.{HOOK}@-1", "sweep": sweep, "ids": ids, "source_ids": src}
 
 
-def apply(source: str, set_specs) -> None:
-    """Button callback: keep the visitor's prompt, load the lesson's prompts, intervention and layer."""
-    ss = st.session_state
-    if ss.get("prompt") != BANK_TARGET:
-        ss["prompt_before_preset"] = ss.get("prompt", "")
+def apply(source: str, replace_prompt) -> None:
+    """Button callback: the lesson's prompts, intervention and layer, the visitor's state kept for the way back."""
     les = lesson(source)
-    ss["prompt"] = BANK_TARGET
-    ss["whatif_source"] = ss["whatif_source_text"] = BANK_SOURCE
-    ss["layer"] = les["layer"]
-    set_specs(les["spec"])
-
-
-def restore() -> None:
-    ss = st.session_state
-    if "prompt_before_preset" in ss:
-        ss["prompt"] = ss.pop("prompt_before_preset")
+    replace_prompt(BANK_TARGET, whatif_source=BANK_SOURCE, whatif_source_text=BANK_SOURCE, layer=les["layer"],
+                   whatif=les["spec"], whatif_specs=les["spec"], view="whatif")
+    sections.request("whatif", "results")
 
 
 def draw_note(ctx: ViewContext, specs: str) -> None:
@@ -65,6 +55,6 @@ def draw_note(ctx: ViewContext, specs: str) -> None:
         st.info(t("whatif.bank_lesson", layer=L, before=plain(display_piece(piece(int(sw["top_clean"])))),
                   after=plain(display_piece(piece(int(sw["top"][L])))), kl=float(sw["kl"][L]),
                   kl_prev=float(sw["kl"][L - 1]) if L else 0.0))
-    if ss.get("prompt_before_preset"):
-        st.button(t("whatif.back_to_prompt", prompt=plain(ss["prompt_before_preset"][:60])), key="whatif_back",
-                  on_click=restore)
+    mine = ctx.extras.get("mine_prompt")
+    if mine is not None and ctx.extras.get("back"):
+        st.button(t("whatif.back_to_prompt", prompt=plain(mine[:60])), key="whatif_back", on_click=ctx.extras["back"])

@@ -1,0 +1,289 @@
+"""Figures sized to the width the page gives them (app/screen.py).
+
+Plotly is told no width: a figure fills its column, whatever the screen. What the server sizes for that width:
+
+- a heatmap's height, margins and colour bar: cells about square, every row labelled when the rows fit, a colour
+  bar under the plot on a phone, no label cut;
+- the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
+  room a label's line needs (its box is 1.33 font sizes high), so labels never overlap; on a numeric x axis as many
+  ticks as labels fit;
+- its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
+
+Every function here is pure: a figure and sizes in, the figure changed in place.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, cut, place_title, presenter_fonts,
+                             raise_fonts, text_px, wrap_subplot_titles)
+
+LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
+LABEL_CHARS, NARROW_LABEL_CHARS = 14, 9  # longer tick labels are cut, with "…" (the hover names them whole)
+NARROW = 560  # px: a figure narrower than this has its colour bar under the plot
+CELL_MAX = 48  # px: a heatmap's rows are never taller than this
+HEAT_MAX_H = 560  # px: the tallest plot area of a heatmap
+PRESENTER_MAX_H = 680  # px: the tallest figure in presenter mode (the main figure fits a 1280×720 first screen)
+COLORBAR_PX = 14  # thickness of a colour bar
+PAD, TICK_GAP, STANDOFF = 8, 6, 8  # px: a heatmap's edge, between its tick labels and the plot, axis title to labels
+COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colour bar of their own
+
+
+# --------------------------------------------------------------------------- heatmaps
+def is_heatmap(fig: go.Figure) -> bool:
+    """One heatmap on one pair of category axes (plots.heatmap and its kind): sized here as a whole."""
+    return (bool(fig.data) and fig.data[0].type == "heatmap" and len(list(fig.select_xaxes())) == 1 and
+            fig.data[0].x is not None and fig.data[0].y is not None and
+            all(isinstance(v, str) for v in (fig.data[0].x[0], fig.data[0].y[0])))
+
+
+@dataclass(frozen=True)
+class HeatFrame:
+    """Margins of a heatmap (px) and where its colour bar goes."""
+    left: float
+    right: float
+    top: float
+    bottom: float
+    colorbar_under: bool
+    label_chars: int
+
+    def plot_width(self, width: float) -> float:
+        return max(width - self.left - self.right, 40.0)
+
+
+def heat_frame(width: float, x_labels: Sequence, y_labels: Sequence, sizes: Sizes, *, title_lines: int,
+               x_title: bool, y_title: bool, colorbar: bool, colorbar_title: bool = False, show_x: bool = True,
+               show_y: bool = True) -> HeatFrame:
+    """The margins a heatmap needs at this width: its labels (cut to label_chars), axis titles (STANDOFF px from
+    the labels), title and colour bar. The figure keeps exactly these (Plotly does not widen them), so the cells
+    are as wide as computed here."""
+    under = width < NARROW
+    chars = NARROW_LABEL_CHARS if under else LABEL_CHARS
+    label = lambda labels: max((text_px(cut(v, chars), sizes.tick) for v in labels), default=0.0)  # noqa: E731
+    axis_title = STANDOFF + (sizes.tick + 2) * LINE
+    left = PAD + (label(y_labels) + TICK_GAP if show_y else 0) + (axis_title if y_title else 0)
+    bottom = PAD + (label(x_labels) + TICK_GAP if show_x else 0) + (axis_title if x_title else 0)
+    right = 12
+    bar_title = sizes.text * LINE + 4 if colorbar_title else 0
+    if colorbar and under:
+        bottom += 10 + COLORBAR_PX + 4 + sizes.text * LINE + bar_title
+    elif colorbar:
+        right += 10 + COLORBAR_PX + 4 + 5 * CHAR_EM * sizes.text + bar_title
+    top = TITLE_TOP + title_lines * sizes.title * LINE + 12 if title_lines else 16
+    return HeatFrame(left, right, top, bottom, under, chars)
+
+
+def size_heatmap(fig: go.Figure, width: float, sizes: Sizes, max_height: float | None = None,
+                 touch: bool = False) -> None:
+    """Height, margins, colour bar and tick labels of a one-heatmap figure `width` px wide. Rows about as tall as
+    cells are wide (at most CELL_MAX; a token × token map stays square), tall enough for every row's label when
+    they fit HEAT_MAX_H, never shorter than a line of cell text."""
+    tr, lay = fig.data[0], fig.layout
+    x, y = [str(v) for v in tr.x], [str(v) for v in tr.y]
+    lines = place_title(fig, width, sizes, touch)
+    colorbar = tr.showscale is not False and tr.coloraxis is None
+    bar_title = bool(colorbar and tr.colorbar.title.text)
+    show_y = lay.yaxis.showticklabels is not False
+    frame = heat_frame(width, x, y, sizes, title_lines=len(lines), x_title=bool(lay.xaxis.title.text),
+                       y_title=bool(lay.yaxis.title.text), colorbar=colorbar, colorbar_title=bar_title,
+                       show_x=lay.xaxis.showticklabels is not False, show_y=show_y)
+    cell_w = frame.plot_width(width) / len(x)
+    spill = _text_spill(tr, cell_w, sizes)  # cell text wider than the first and last cells reaches into the margins
+    if spill > min(frame.left, frame.right):
+        frame = replace(frame, left=max(frame.left, spill), right=max(frame.right, spill))
+        cell_w = frame.plot_width(width) / len(x)
+    row = cell_w if x == y else min(cell_w, CELL_MAX)
+    if show_y and len(y) * sizes.tick * LABEL_ROOM <= HEAT_MAX_H:  # every row labelled
+        row = max(row, sizes.tick * LABEL_ROOM)
+    if tr.texttemplate or tr.text is not None:  # cell text at the smallest size: cells are made wide for it
+        tr.textfont.size = max(tr.textfont.size or 0, sizes.text)
+        row = max(row, tr.textfont.size * 1.6)
+    top, bottom = math.ceil(frame.top), math.ceil(frame.bottom)
+    room = (max_height or 10_000) - top - bottom
+    plot_h = max(min(row * len(y), HEAT_MAX_H, room), min(row, 40.0) if len(y) == 1 else 80.0)
+    height = top + math.ceil(plot_h) + bottom
+    fig.update_layout(width=None, height=height,
+                      margin=dict(l=math.ceil(frame.left), r=math.ceil(frame.right), t=top, b=bottom, pad=0,
+                                  autoexpand=False))
+    fig.update_xaxes(title_standoff=STANDOFF, automargin=False)
+    fig.update_yaxes(title_standoff=STANDOFF, automargin=False, scaleanchor=None, constrain=None)
+    if colorbar:
+        tr.colorbar.update(tickfont=dict(size=sizes.text), outlinewidth=0)
+        if frame.colorbar_under:
+            _lay_under(tr.colorbar, height)
+        else:
+            tr.colorbar.update(orientation="v", x=1, xanchor="left", xref="paper", xpad=10, len=1, lenmode="fraction",
+                               thickness=COLORBAR_PX, title_side="right")
+    _thin(lay.xaxis, x, cell_w, sizes.tick, frame.label_chars, rotate=True)
+    _thin(lay.yaxis, y, plot_h / len(y), sizes.tick, frame.label_chars)
+
+
+def _text_spill(tr, cell_w: float, sizes: Sizes) -> float:
+    """px by which the widest cell text of a heatmap reaches out of its cell on either side (0 without text)."""
+    if tr.text is None:
+        return 0.0
+    texts = [v for row in tr.text for v in (row if isinstance(row, (list, tuple)) else [row])]
+    widest = max((text_px(v, max(tr.textfont.size or 0, sizes.text)) for v in texts), default=0.0)
+    return max(0.0, (widest - cell_w) / 2 + 4)
+
+
+def _thin(axis, cats: list[str], px_each: float, font: int, chars: int, rotate: bool = False) -> None:
+    """Every k-th category labelled, so each label line gets LABEL_ROOM × font px along the axis."""
+    k = max(1, math.ceil(font * LABEL_ROOM / max(px_each, 0.1)))
+    shown = cats[::k]
+    axis.update(type="category", categoryarray=cats, tickmode="array", tickvals=shown,
+                ticktext=[cut(c, chars) for c in shown], tickfont=dict(size=font))
+    if rotate:
+        axis.update(tickangle=-90)
+
+
+# --------------------------------------------------------------------------- every figure
+def fit_figure(fig: go.Figure, width: float, *, presenter: bool, touch: bool, height: int | None = None) -> None:
+    """The figure as a column `width` px wide shows it: heights, fonts, titles, tick labels (see the module)."""
+    sizes = Sizes.for_screen(presenter)
+    if presenter:
+        presenter_fonts(fig, sizes)
+    if is_heatmap(fig):
+        size_heatmap(fig, width, sizes, PRESENTER_MAX_H if presenter else None, touch)
+    else:
+        if height and not fig.layout.height:
+            fig.update_layout(height=height)
+        if presenter and fig.layout.height:  # larger text needs a larger figure; the first screen still holds it
+            fig.update_layout(height=min(int(fig.layout.height * 1.2), PRESENTER_MAX_H))
+        if width < NARROW:
+            _colorbar_under(fig, sizes)
+        wrap_subplot_titles(fig, plot_area(fig, width, sizes)[0], sizes)
+        extra = len(place_title(fig, width, sizes, touch)) - 1
+        if extra > 0:  # room for the title's added lines
+            grow = int(extra * (fig.layout.title.font.size or sizes.title) * LINE)
+            top = fig.layout.margin.t
+            fig.update_layout(margin_t=(top if top is not None else 100) + grow)
+            if fig.layout.height:
+                fig.update_layout(height=fig.layout.height + grow)
+        thin_ticks(fig, width, sizes)
+    raise_fonts(fig, sizes.text)
+    fig.update_layout(width=None)
+    if touch:  # a finger on a figure scrolls the page; Plotly's drag modes would hold it
+        fig.update_layout(dragmode=False)
+
+
+def _colorbars(fig: go.Figure) -> list:
+    """The colour bars the figure shows: its traces' own, and a shared colour axis's."""
+    bars = [tr.colorbar for tr in fig.data if tr.type in COLOR_TRACES and tr.showscale is not False
+            and not tr.coloraxis]
+    if any(getattr(tr, "coloraxis", None) for tr in fig.data) and fig.layout.coloraxis.showscale is not False:
+        bars.append(fig.layout.coloraxis.colorbar)
+    return bars
+
+
+def _lay_under(bar, height: float) -> None:
+    """A colour bar lying under the plot, across its width, at the bottom of a figure `height` px high."""
+    bar.update(orientation="h", x=0.5, xanchor="center", xref="paper", y=PAD / height, yanchor="bottom",
+               yref="container", len=1, lenmode="fraction", ypad=0, thickness=COLORBAR_PX, title_side="top")
+
+
+def _colorbar_under(fig: go.Figure, sizes: Sizes) -> None:
+    """A narrow figure's upright colour bars laid under the plot, the figure made taller for them."""
+    bars = [b for b in _colorbars(fig) if b.orientation != "h"]
+    if not bars:
+        return
+    extra = int(10 + COLORBAR_PX + 4 + sizes.text * LINE + (sizes.text * LINE if bars[0].title.text else 0))
+    height = (fig.layout.height or 450) + extra
+    b = fig.layout.margin.b
+    fig.update_layout(height=height, margin_b=(b if b is not None else 80) + extra)
+    for bar in bars:
+        _lay_under(bar, height)
+
+
+def _axis_categories(fig: go.Figure, axis, letter: str) -> list[str]:
+    if axis.categoryarray is not None and len(axis.categoryarray):
+        return [str(c) for c in axis.categoryarray]
+    name = axis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
+    cats: list[str] = []
+    for tr in fig.data:
+        if (getattr(tr, letter + "axis", None) or letter) != name:
+            continue
+        values = getattr(tr, letter, None)
+        if values is None or not len(values) or not isinstance(values[0], str):
+            continue
+        cats += [str(v) for v in values if str(v) not in cats]
+    return cats
+
+
+def _colorbar_px(fig: go.Figure, sizes: Sizes) -> float:
+    """Width of an upright colour bar at the figure's right, 0 when it has none."""
+    bars = [b for b in _colorbars(fig) if b.orientation != "h"]
+    if not bars:
+        return 0.0
+    return 16 + 32 + 5 * CHAR_EM * sizes.tick + (sizes.tick * LINE if bars[0].title.text else 0)
+
+
+def _label_px(fig: go.Figure, axis, letter: str, font: float) -> float:
+    """How far an axis's tick labels and title reach out from the plot (px)."""
+    if axis.showticklabels is False:
+        labels = 0.0
+    else:
+        cats = _axis_categories(fig, axis, letter)
+        longest = max((text_px(cut(c, LABEL_CHARS), font) for c in cats), default=5 * CHAR_EM * font)
+        labels = font * LINE if letter == "x" and axis.tickangle in (None, 0) else longest
+    title = STANDOFF + (font + 2) * LINE if axis.title.text else 0
+    return labels + title + 8
+
+
+def plot_area(fig: go.Figure, width: float, sizes: Sizes) -> tuple[float, float]:
+    """(width, height) px of the plot area: the figure less its margins, which Plotly widens (automargin) for the
+    tick labels and titles at the left and bottom and a colour bar at the right."""
+    lay, m = fig.layout, fig.layout.margin
+    left = max((_label_px(fig, a, "y", a.tickfont.size or sizes.tick) for a in fig.select_yaxes()
+                if a.side != "right"), default=0.0)
+    bottom = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in fig.select_xaxes()
+                  if a.side != "top"), default=0.0)
+    plot_w = width - max(m.l or 0, left) - max(m.r or 0, _colorbar_px(fig, sizes))
+    plot_h = (lay.height or 450) - (m.t if m.t is not None else 100) - max(m.b if m.b is not None else 80, bottom)
+    return max(plot_w, 40.0), max(plot_h, 40.0)
+
+
+def thin_ticks(fig: go.Figure, width: float, sizes: Sizes) -> None:
+    """Tick labels that never overlap. An axis of categories: horizontal when all fit side by side, otherwise
+    upright, every k-th. A numeric x axis: at most as many ticks as labels of five characters fit."""
+    plot_w, plot_h = plot_area(fig, width, sizes)
+    for letter, axes in (("x", fig.select_xaxes()), ("y", fig.select_yaxes())):
+        for axis in axes:
+            axis.update(title_standoff=STANDOFF)
+            if axis.showticklabels is False:
+                continue
+            font = axis.tickfont.size or sizes.tick
+            domain = axis.domain or (0, 1)
+            length = (domain[1] - domain[0]) * (plot_w if letter == "x" else plot_h)
+            cats = _axis_categories(fig, axis, letter) if axis.type in (None, "-", "category") else []
+            if len(cats) >= 2:
+                _thin_categories(axis, cats, letter, length, font)
+            elif letter == "x" and axis.tickvals is None and axis.dtick is None:
+                axis.update(nticks=max(2, int(length // (5 * CHAR_EM * font + 24))))
+
+
+def _thin_categories(axis, cats: list[str], letter: str, length: float, font: float) -> None:
+    if axis.range is None and axis.autorange is None:  # the categories span the axis (a line's label widens it)
+        axis.update(range=[-0.5, len(cats) - 0.5])
+    each = length / len(cats)
+    widest = max(text_px(cut(c, LABEL_CHARS), font) for c in cats)
+    if letter == "x" and widest + 8 <= each:
+        axis.update(tickangle=0, tickmode="array", tickvals=cats, ticktext=[cut(c, LABEL_CHARS) for c in cats])
+        return
+    k = max(_panel_step(axis, cats), math.ceil(font * LABEL_ROOM / max(each, 0.1)))
+    shown = cats[::k]
+    axis.update(tickmode="array", tickvals=shown, ticktext=[cut(c, LABEL_CHARS) for c in shown])
+    if letter == "x":
+        axis.update(tickangle=-90)
+
+
+def _panel_step(axis, cats: list[str]) -> int:
+    """The step of a panel's own choice of tick labels (every k-th category), 1 when it made none."""
+    vals = list(axis.tickvals) if axis.tickvals is not None else []
+    if len(vals) < 2 or vals[0] not in cats or vals[1] not in cats:
+        return 1
+    return max(1, cats.index(vals[1]) - cats.index(vals[0]))

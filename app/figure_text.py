@@ -1,0 +1,167 @@
+"""The text of a figure on this screen: its font sizes, titles wrapped to the width (short of Plotly's toolbar),
+and no text smaller than a phone or a projector can show (app/figure_layout.py sizes the rest).
+
+Widths are estimated from the characters: CHAR_EM font sizes a Latin character (with room to spare), WIDE_EM a
+Chinese one. Every function here is pure.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+FONT, PRESENTER_FONT = 12, 16  # tick labels (px)
+MIN_TEXT, PRESENTER_MIN_TEXT = 12, 14  # no text of a figure is smaller (px)
+TITLE_FONT, PRESENTER_TITLE_FONT = 16, 22
+CHAR_EM, WIDE_EM = 0.62, 1.0  # width of a character in font sizes (Latin with room to spare; CJK)
+LINE = 1.3  # Plotly's line spacing, in font sizes
+# Chinese punctuation that never starts (closing marks) / ends (opening marks) a line; escaped: no CJK in code
+CLOSING, OPENING = "\uff0c\u3002\u3001\uff1a\uff1b\uff01\uff1f\uff09\u300d\u300f\u3011\u300b", "\uff08\u300c\u300e\u3010\u300a"
+TITLE_TOP = 8  # px above a figure's title
+TAG = re.compile(r"<[^<>]*>")  # Plotly's text tags (<b>, <i>, <br>), which take no room of their own
+# px across Plotly's toolbar, which sits over the figure's top right corner (measured in Chromium: 80 and 152)
+TOOLBAR_PX, TOUCH_TOOLBAR_PX = 160, 88
+# Plotly's toolbar keeps the PNG download, Streamlit's full screen and, with a mouse, zoom, pan and reset; a finger
+# scrolls the page instead (dragmode off), so a touch screen gets no zoom buttons
+TOOLBAR_DROPPED = ("select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d")
+TOUCH_TOOLBAR_DROPPED = TOOLBAR_DROPPED + ("zoom2d", "pan2d", "resetScale2d")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The fonts of a figure on this screen."""
+    tick: int
+    text: int  # the smallest text allowed
+    title: int
+
+    @classmethod
+    def for_screen(cls, presenter: bool) -> "Sizes":
+        if presenter:
+            return cls(PRESENTER_FONT, PRESENTER_MIN_TEXT, PRESENTER_TITLE_FONT)
+        return cls(FONT, MIN_TEXT, TITLE_FONT)
+
+
+def text_px(text, font: float) -> float:
+    """Rendered width of one line of text (tags dropped), at the font size `font`."""
+    s = TAG.sub("", str(text))
+    return sum(font * (WIDE_EM if unicodedata.east_asian_width(c) in "WF" else CHAR_EM) for c in s)
+
+
+def cut(label, n: int) -> str:
+    s = str(label)
+    return s if len(s) <= n else s[:n - 1] + "…"
+
+
+def toolbar_dropped(touch: bool) -> list[str]:
+    """The buttons Plotly's toolbar leaves out (its config's modeBarButtonsToRemove)."""
+    return list(TOUCH_TOOLBAR_DROPPED if touch else TOOLBAR_DROPPED)
+
+
+def toolbar_px(touch: bool) -> int:
+    """Width of the toolbar: the PNG button and Streamlit's full screen, and zoom, pan and reset with a mouse."""
+    return TOUCH_TOOLBAR_PX if touch else TOOLBAR_PX
+
+
+def wrap(text: str, width_px: float, font: float) -> list[str]:
+    """A title broken into lines no wider than width_px: at spaces, or anywhere in text without spaces (Chinese)."""
+    lines, line = [], ""
+    for word in _words(text):
+        if line and text_px((line + word).rstrip(), font) > width_px:
+            lines.append(line.rstrip())
+            line = word.lstrip()
+        else:
+            line += word
+    return lines + [line.rstrip()] if line.strip() else lines
+
+
+def _words(text: str) -> list[str]:
+    """The pieces a line may break after: words with their space, single Chinese characters (a closing mark stays
+    with the character before it, an opening one with the character after it)."""
+    out, word = [], ""
+    for i, c in enumerate(text):
+        word += c
+        following = text[i + 1] if i + 1 < len(text) else ""
+        if following in CLOSING or c in OPENING:
+            continue
+        if c == " " or unicodedata.east_asian_width(c) in "WF":
+            out.append(word)
+            word = ""
+    return out + [word] if word else out
+
+
+def title_text(fig: go.Figure) -> str:
+    t = fig.layout.title
+    return (t.text or "") if t is not None else ""
+
+
+def presenter_fonts(fig: go.Figure, sizes: Sizes) -> None:
+    big = sizes.tick
+    fig.update_layout(font=dict(size=big + 2), title_font=dict(size=sizes.title), legend_font=dict(size=big),
+                      hoverlabel_font=dict(size=big))
+    fig.update_xaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
+    fig.update_yaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
+
+
+def place_title(fig: go.Figure, width: float, sizes: Sizes, touch: bool) -> list[str]:
+    """The title at the top left, its lines wrapped short of the toolbar (which would cover their end); its lines."""
+    title = title_text(fig)
+    if not title:
+        return []
+    size = fig.layout.title.font.size or sizes.title
+    lines = [part for line in title.split("<br>") for part in wrap(line, width - toolbar_px(touch) - 16, size)]
+    # top-anchored in the figure; Plotly centres a title's lines on the first one's place, so a title of n lines
+    # starts (n - 1) half lines lower
+    fig.update_layout(title=dict(text="<br>".join(lines), x=0, xanchor="left", xref="container", y=1, yanchor="top",
+                                 yref="container", pad=dict(l=8, t=TITLE_TOP + (len(lines) - 1) * LINE / 2 * size)))
+    return lines
+
+
+def wrap_subplot_titles(fig: go.Figure, plot_w: float, sizes: Sizes) -> None:
+    """Subplot titles (annotations centred over an x axis's domain) wrapped to their subplot's share of the plot
+    area's plot_w px; the figure grows at the top for a first row's added lines (its titles grow upwards)."""
+    centres = [((a.domain or (0, 1))[0] + (a.domain or (0, 1))[1]) / 2 for a in fig.select_xaxes()]
+    spans = [(a.domain or (0, 1))[1] - (a.domain or (0, 1))[0] for a in fig.select_xaxes()]
+    added = 0
+    for note in fig.layout.annotations:
+        if note.xref != "paper" or note.showarrow or not note.text or note.x is None:
+            continue
+        match = [span for c, span in zip(centres, spans) if abs(c - note.x) < 0.01]
+        if not match or len(spans) < 2:
+            continue
+        font = note.font.size or (fig.layout.font.size or sizes.tick)
+        lines = [part for line in note.text.split("<br>") for part in wrap(line, match[0] * plot_w, font)]
+        if note.y is not None and note.y >= 0.99:
+            added = max(added, int((len(lines) - len(note.text.split("<br>"))) * font * LINE))
+        note.text = "<br>".join(lines)
+    if added:
+        t = fig.layout.margin.t
+        fig.update_layout(margin_t=(t if t is not None else 100) + added, height=(fig.layout.height or 450) + added)
+
+
+def raise_fonts(fig: go.Figure, least: int) -> None:
+    """Every font size the figure sets, at least `least` px; those it leaves unset follow the layout's font, but a
+    shared colour axis's bar follows Streamlit's theme (12 px), so its size is always set."""
+    def up(font) -> None:
+        if font is not None and font.size is not None and font.size < least:
+            font.size = least
+    lay = fig.layout
+    for font in (lay.font, lay.title.font, lay.legend.font, lay.hoverlabel.font):
+        up(font)
+    for axis in (*fig.select_xaxes(), *fig.select_yaxes()):
+        up(axis.tickfont)
+        up(axis.title.font)
+    for note in lay.annotations:
+        up(note.font)
+    if any(getattr(tr, "coloraxis", None) for tr in fig.data):
+        bar = lay.coloraxis.colorbar
+        bar.tickfont.size = max(bar.tickfont.size or 0, least)
+        up(bar.title.font)
+    for tr in fig.data:
+        for name in ("textfont", "insidetextfont", "outsidetextfont"):
+            if name in tr:
+                up(getattr(tr, name))
+        if "colorbar" in tr:
+            up(tr.colorbar.tickfont)
+            up(tr.colorbar.title.font)

@@ -1,0 +1,68 @@
+// The page's side of app/screen.py, run by the browser once per page.
+//
+// 1. It reports the width of the main column (px, rounded down to data.step), the window's width and whether the
+//    pointer is a finger, whenever they differ from what the server assumed (data) by more than data.slack px: a
+//    scroll bar coming and going never redraws the page.
+// 2. On a touch screen a finger on a Plotly figure scrolls the page, and one tap selects a cell as a mouse click
+//    does. Plotly holds every touch that starts on a plot (its pan and zoom), and selects the point under its last
+//    hover, which a finger makes only after the tap; the emulated mouse events that follow a tap would count as a
+//    second click and undo the selection. So the page keeps such touches from Plotly, lets the browser scroll, and
+//    turns a touch that did not move into what a mouse does: hover, press and release at that point.
+
+function installTap() {
+  if (window.__llamaExplorerTap) return;
+  window.__llamaExplorerTap = true;
+  let start = null;
+  const mouse = (type, target, p) => target.dispatchEvent(new MouseEvent(type, {
+    clientX: p.clientX, clientY: p.clientY, button: 0, buttons: type === 'mousedown' ? 1 : 0, bubbles: true,
+    cancelable: true, view: window}));
+  document.addEventListener('touchstart', (e) => {
+    start = null;
+    const drag = e.target instanceof Element ? e.target.closest('.js-plotly-plot .drag') : null;
+    if (!drag) return;
+    e.stopPropagation();
+    if (e.touches.length === 1 && drag.classList.contains('nsewdrag')) {
+      start = {drag, x: e.touches[0].clientX, y: e.touches[0].clientY};
+    }
+  }, {capture: true, passive: true});
+  document.addEventListener('touchend', (e) => {
+    if (!start) return;
+    const {drag, x, y} = start;
+    start = null;
+    const p = e.changedTouches[0];
+    if (Math.hypot(p.clientX - x, p.clientY - y) > 10) return;  // the page scrolled
+    e.preventDefault();
+    e.stopPropagation();
+    mouse('mousemove', drag, p);
+    mouse('mousedown', drag, p);
+    mouse('mouseup', drag, p);
+  }, {capture: true, passive: false});
+}
+
+export default function ({data, setStateValue}) {
+  installTap();
+  let sent = null;
+  const measure = () => {
+    const main = document.querySelector('[data-testid="stMainBlockContainer"]');
+    if (!main) return;
+    const style = getComputedStyle(main);
+    const inner = main.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const now = {main: Math.floor(inner / data.step) * data.step, window: window.innerWidth,
+                 touch: window.matchMedia('(pointer: coarse)').matches};
+    const same = (a) => a && Math.abs(a.main - now.main) <= data.slack && a.touch === now.touch &&
+        (a.window < data.stack) === (now.window < data.stack);
+    // the page says whether the server has drawn it for this screen (a test waits for "drawn")
+    document.documentElement.dataset.screen = same(data) ? 'drawn' : 'reported';
+    if (same(data) || same(sent)) return;
+    sent = now;
+    setStateValue('screen', now);
+  };
+  let timer = null;
+  const later = () => { clearTimeout(timer); timer = setTimeout(measure, 150); };
+  const observer = new ResizeObserver(later);
+  const main = document.querySelector('[data-testid="stMainBlockContainer"]');
+  if (main) observer.observe(main);
+  window.addEventListener('resize', later);
+  measure();
+  return () => { observer.disconnect(); window.removeEventListener('resize', later); clearTimeout(timer); };
+}

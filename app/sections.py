@@ -1,0 +1,146 @@
+"""A view's sections, and landing on one: a preset, a lecture step, a link (`section=`) or a button that is about one
+part of a view opens the view with that part in the first screen.
+
+Each view draws its parts inside `section(view, key)` containers, in the order of SECTIONS; a container's key gives
+its element a class the page can find (`st-key-section_{view}_{key}`). `request` (in a callback, or before the
+widgets exist) names the part to land on, or the top of the page; `landing` puts a script on the page that scrolls
+the main area as little as brings the whole part into the first screen (its top first, when it is taller than the
+screen: what is above it, such as a lecture's caption, stays in view when there is room), and holds it there while
+figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
+page run that only redraws never scrolls.
+
+State (st.session_state): section  the part the link names (app/url_state.py writes it while it is the view's);
+_landing  the number of the latest request.
+"""
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+# Every view's parts, in page order (the first is the view's main figure).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "tokens": ("pieces", "embedding", "shapes", "params", "memory", "costs"),
+    "attention": ("head", "grid", "link", "heads", "scale", "overview"),
+    "norm": ("divisors", "final", "vectors", "gamma", "layernorm"),
+    "rope": ("angles", "theta", "pairs", "shift", "decay", "clock", "sinusoidal"),
+    "swiglu": ("heatmap", "silu", "token", "gates", "positionwise", "bank"),
+    "residual": ("norms", "contributions", "lens"),
+    "predict": ("loss", "sampling"),
+    "block": ("diagram", "changes", "flow"),
+    "whatif": ("choose", "results", "sweep"),
+    "normlab": ("twins", "init", "race"),
+}
+
+
+def css_key(view: str, key: str) -> str:
+    return f"section_{view}_{key}"
+
+
+def section(view: str, key: str):
+    """The container one part of a view is drawn in (`with sections.section("residual", "lens"): …`)."""
+    if key not in SECTIONS[view]:
+        raise KeyError(f"{view} has no section {key!r}")
+    return st.container(key=css_key(view, key))
+
+
+def valid(view: str | None, key) -> bool:
+    return isinstance(key, str) and key in SECTIONS.get(view or "", ())
+
+
+def request(view: str, key: str | None) -> None:
+    """Land on part `key` of `view` (None: the top of the page) after the next page run; call it where the view is
+    chosen (a button's callback, a lecture step, a preset, the link's first read)."""
+    ss = st.session_state
+    if valid(view, key):
+        ss["section"] = key
+    else:
+        ss.pop("section", None)
+    ss["_landing"] = int(ss.get("_landing") or 0) + 1
+
+
+def current(view: str) -> str | None:
+    """The part the page is about, while it is one of this view's (a view switched by hand drops it)."""
+    key = st.session_state.get("section")
+    if valid(view, key):
+        return key
+    st.session_state.pop("section", None)
+    return None
+
+
+# Runs in the page's own window (a script element it adds there), so it outlives its frame when a page run
+# replaces the frame. __landing remembers the last request handled: a frame drawn again never scrolls again.
+LAND_JS = """(function (target, number) {
+  const win = window, doc = document;
+  if (win.__landing === number) return;
+  win.__landing = number;
+  if (win.__landingStop) win.__landingStop();
+  let stopped = false, since = null, last = null, idleSince = null;
+  const begun = performance.now();
+  const scrollKeys = new Set(["ArrowDown", "ArrowUp", "PageDown", "PageUp", "Home", "End", " "]);
+  const onKey = e => { if (scrollKeys.has(e.key)) stop(); };
+  const events = [["wheel", stop], ["touchmove", stop], ["mousedown", stop], ["keydown", onKey]];
+  function stop() {
+    stopped = true;
+    events.forEach(([name, f]) => win.removeEventListener(name, f, true));
+  }
+  win.__landingStop = stop;
+  events.forEach(([name, f]) => win.addEventListener(name, f, true));
+  function tick() {
+    if (stopped) return;
+    const now = performance.now();
+    const main = doc.querySelector('[data-testid="stMain"]');
+    const app = doc.querySelector('[data-testid="stApp"]');
+    const running = !app || app.getAttribute("data-test-script-state") === "running";
+    const el = target ? doc.querySelector(".st-key-" + target) : null;
+    let offset = null;
+    if (main && !target) {
+      main.scrollTop = 0;
+      offset = main.scrollTop;
+    } else if (main && el) {
+      const header = doc.querySelector('[data-testid="stHeader"]');
+      const box = main.getBoundingClientRect(), rect = el.getBoundingClientRect();
+      const covered = (header ? Math.max(header.getBoundingClientRect().bottom - box.top, 0) : 0) + 8;
+      const top = rect.top - box.top + main.scrollTop;  // the part's top in the main area's content
+      const wanted = Math.max(0, top + Math.min(rect.height, main.clientHeight - covered) - main.clientHeight);
+      if (Math.abs(main.scrollTop - wanted) > 1) main.scrollTop = wanted;
+      offset = Math.round(wanted) + "|" + Math.round(rect.height);
+    }
+    if (offset !== last) { last = offset; since = now; }
+    idleSince = running ? null : (idleSince === null ? now : idleSince);
+    const settled = idleSince !== null && now - since > 1500;
+    const waitedOut = (idleSince !== null && now - idleSince > 15000) || now - begun > 600000;
+    if (settled || waitedOut) return stop();
+    win.setTimeout(tick, 100);
+  }
+  tick();
+})"""
+
+FRAME = """<script>
+const doc = window.parent.document, s = doc.createElement("script");
+s.textContent = %s;
+doc.body.appendChild(s);
+s.remove();
+</script>"""
+
+
+def landing() -> None:
+    """The script of the latest request (none before the first), in the sidebar: it takes no room in the main area,
+    and it runs in the page's window whether the sidebar is folded or not."""
+    ss = st.session_state
+    number = int(ss.get("_landing") or 0)
+    if not number:
+        return
+    view = ss.get("view")
+    key = ss.get("section")
+    target = css_key(view, key) if valid(view, key) else None  # checked against SECTIONS: only known names
+    call = f"{LAND_JS}({json.dumps(target)}, {number});"
+    with st.sidebar:
+        st.iframe(FRAME % json.dumps(call), height=1)
+
+
+def markdown() -> str:
+    """The sections' table of docs/lectures.md (a test checks the page holds it)."""
+    rows = ["| view | sections, in page order |", "|---|---|"]
+    rows += [f"| {view} | {', '.join(f'`{k}`' for k in keys)} |" for view, keys in SECTIONS.items()]
+    return "\n".join(rows)

@@ -1,0 +1,83 @@
+"""A window of tokens for a heatmap whose columns are tokens, so that a finger can tap one cell and a cell's text
+fits it.
+
+On a touch screen the window holds as many tokens as fit at TOUCH_CELL px a cell in the figure's column. A figure
+whose cells show text (the loss strip, the logit lens) holds, on every screen, as many as fit at cells wide enough
+for CELL_TEXT_CHARS characters of it. A view may ask for fewer (the attention view's slider). The window stands
+around the selected token; the buttons under the figure move it, and choosing another token centres it again. With a
+mouse (which points at any cell and reads its hover), or when every token fits, a figure shows every token its view
+asks for.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app.context import ViewContext
+from app.figure_layout import heat_frame
+from app.figure_text import Sizes, cut, text_px
+
+TOUCH_CELL = 32  # px: a cell a fingertip hits (WCAG's smallest target is 24 px)
+CELL_TEXT_CHARS = 4  # a cell with text is at least as wide as this many of its characters (more reach its neighbours)
+
+
+def text_cell(texts, presenter: bool) -> float:
+    """px a cell needs to show the longest of `texts` (cut at CELL_TEXT_CHARS characters) at the smallest text size."""
+    size = Sizes.for_screen(presenter).text
+    return max((text_px(cut(t, CELL_TEXT_CHARS), size) for t in texts), default=0.0) + 8
+
+
+def fitting(ctx: ViewContext, y_labels, *, share: float = 1.0, min_cell: float = 0.0, y_title: bool = True,
+            colorbar: bool = True) -> int | None:
+    """How many token columns a heatmap in this column can show at cells of at least min_cell px (and TOUCH_CELL on a
+    touch screen); None when any number can (a mouse and no minimum)."""
+    cell = max(min_cell, TOUCH_CELL if ctx.screen.touch else 0.0)
+    if cell <= 0:
+        return None
+    width = ctx.screen.column(share)
+    frame = heat_frame(width, [], y_labels, Sizes.for_screen(ctx.presenter), title_lines=1, x_title=True,
+                       y_title=y_title, colorbar=colorbar)
+    return max(1, int(frame.plot_width(width) // cell))
+
+
+def centred(n: int, focus: int, size: int) -> int:
+    """The first of `size` positions around `focus`, moved to stay inside 0…n-1 so the window keeps its size."""
+    size = min(n, size)
+    return min(max(int(focus) - (size - 1) // 2, 0), n - size)
+
+
+def _state_key(key: str) -> str:
+    return f"{key}_window"
+
+
+def span(key: str, n: int, size: int | None, focus: int) -> tuple[int, int]:
+    """[lo, hi) of the n positions a figure shows: all of them, or `size` around `focus` as last moved by the
+    buttons of controls() (a new focus or size centres the window again)."""
+    if size is None or size >= n:
+        return 0, n
+    focus = min(max(int(focus), 0), n - 1)
+    kept = st.session_state.get(_state_key(key))
+    lo = centred(n, focus, size)
+    if isinstance(kept, tuple) and len(kept) == 3 and kept[:2] == (focus, size):
+        lo = min(max(int(kept[2]), 0), n - size)
+    st.session_state[_state_key(key)] = (focus, size, lo)
+    return lo, lo + size
+
+
+def _move(key: str, by: int, n: int) -> None:
+    kept = st.session_state.get(_state_key(key))
+    if isinstance(kept, tuple) and len(kept) == 3:
+        focus, size, lo = kept
+        st.session_state[_state_key(key)] = (focus, size, min(max(lo + by, 0), n - size))
+
+
+def controls(ctx: ViewContext, key: str, n: int, lo: int, hi: int) -> None:
+    """Under a windowed figure: which tokens it shows, and buttons that move the window by half its size."""
+    if hi - lo >= n:
+        return
+    step = max(1, (hi - lo) // 2)
+    with st.container(horizontal=True, vertical_alignment="center", key=f"{key}_window_bar"):
+        st.button("◀", key=f"{key}_earlier", on_click=_move, args=(key, -step, n), disabled=lo == 0,
+                  help=ctx.t("window.earlier"))
+        st.caption(ctx.t("window.shown", first=lo, last=hi - 1, n=n))
+        st.button("▶", key=f"{key}_later", on_click=_move, args=(key, step, n), disabled=hi >= n,
+                  help=ctx.t("window.later"))

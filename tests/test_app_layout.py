@@ -1,0 +1,100 @@
+"""Heatmaps over tokens on a phone (the page driven by AppTest, its screen set as the browser reports it): a window of
+tokens a finger can tap, around the selected token, moved by the buttons under the figure, its cells the same
+numbers as the whole figure's; every token on a desktop; large HTML tables in presenter mode. The browser's
+rendering is measured in test_browser_layout.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apptest_util import all_text, by_id, decode, fig_with, figures, run_app, select
+from app.figure_text import MIN_TEXT
+from app.screen import DESKTOP, PHONE
+from app.token_window import TOUCH_CELL
+
+PROMPT = "The animal didn't cross the street because it was too tired."  # 13 tokens
+T = 13
+
+
+def on(screen, **query):
+    """The page as a browser with this screen gets it (the screen probe's report stored, the page run again)."""
+    at = run_app(prompt=PROMPT, **query)
+    at.session_state["_screen"] = screen
+    at.run()
+    assert not at.exception
+    return at
+
+
+def positions(fig: dict) -> list[int]:
+    return [int(str(label).split(":")[0]) for label in fig["data"][0]["x"]]
+
+
+def cell_px(fig: dict, screen) -> float:
+    m = fig["layout"]["margin"]
+    return (screen.main - m["l"] - m["r"]) / len(fig["data"][0]["x"])
+
+
+@pytest.fixture(scope="module")
+def desktop_attention():
+    return on(DESKTOP, view="attention")
+
+
+def test_a_phone_shows_the_attention_window_a_finger_can_tap_and_moves_it(desktop_attention):
+    at = on(PHONE, view="attention")
+    fig = by_id(at, "attn_head")
+    shown = positions(fig)
+    assert 3 <= len(shown) < T and shown == list(range(shown[0], shown[0] + len(shown)))
+    assert shown[-1] == T - 1  # the selected token (the last) is in the window
+    assert cell_px(fig, PHONE) >= TOUCH_CELL
+    full = decode(by_id(desktop_attention, "attn_head")["data"][0]["z"])
+    assert full.shape == (T, T)
+    np.testing.assert_array_equal(np.nan_to_num(decode(fig["data"][0]["z"]), nan=-1),
+                                  np.nan_to_num(full[np.ix_(shown, shown)], nan=-1))
+    assert f"Showing tokens {shown[0]}–{T - 1} of {T}" in all_text(at)
+    at.button(key="attn_head_earlier").click().run()
+    moved = positions(by_id(at, "attn_head"))
+    assert moved == [p - len(shown) // 2 for p in shown]  # half a window earlier
+    select(at, token=2)  # another token: the window stands around it again
+    around = positions(by_id(at, "attn_head"))
+    assert around[0] == 0 and 2 in around and len(around) == len(shown)
+
+
+FIGURES = {  # view: how to find its heatmap over tokens, and whether its cells hold text
+    "norm": (lambda at: by_id(at, "norm_divisors"), False),
+    "residual": (lambda at: fig_with(at, "per layer and token"), False),
+    "predict": (lambda at: by_id(at, "residual_loss_strip"), True),
+}
+
+
+@pytest.mark.parametrize("view", FIGURES)
+def test_token_heatmaps_show_a_window_on_a_phone_and_every_token_on_a_desktop(view):
+    find, text = FIGURES[view]
+    phone, desktop = find(on(PHONE, view=view, token=5)), find(on(DESKTOP, view=view, token=5))
+    everything = positions(desktop)
+    assert everything == list(range(len(everything))) and len(everything) >= T - 1
+    shown = positions(phone)
+    assert len(shown) < len(everything) and 5 in shown
+    assert cell_px(phone, PHONE) >= TOUCH_CELL
+    np.testing.assert_array_equal(decode(phone["data"][0]["z"]), decode(desktop["data"][0]["z"])[:, shown])
+    if text:  # each cell shows the token it had to predict, at the phone's smallest text or larger
+        assert phone["data"][0]["text"][0] == [desktop["data"][0]["text"][0][p] for p in shown]
+        assert phone["data"][0]["textfont"]["size"] >= MIN_TEXT
+
+
+def test_the_logit_lens_shows_as_many_positions_as_its_text_fits_on_a_phone():
+    phone = fig_with(on(PHONE, view="residual"), "Logit lens")
+    labels = phone["data"][0]["x"]
+    assert 2 <= len(labels) < T and positions(phone)[-1] == T - 1  # the lens ends at the selected (last) token
+    assert cell_px(phone, PHONE) >= TOUCH_CELL
+
+
+def test_presenter_mode_shows_tables_the_room_can_read():
+    shown = on(DESKTOP, view="tokens", presenter=1)
+    assert not shown.dataframe and len(shown.table) >= 2  # HTML tables, enlarged by the page's style
+    assert "id" in shown.table[0].value.columns
+    assert on(DESKTOP, view="tokens").dataframe  # a visitor's own screen keeps the interactive grid
+
+
+def test_every_figure_fills_its_column():
+    at = on(PHONE, view="norm")
+    assert figures(at) and all("width" not in f["layout"] for f in figures(at))

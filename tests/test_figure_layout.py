@@ -1,0 +1,134 @@
+"""Figures sized for the width their column has (app/figure_layout.py, app/figure_text.py, app/screen.py), checked on
+the figures themselves: every tick label gets the room its line needs, a phone's colour bar lies under the plot,
+titles wrap short of Plotly's toolbar, and no font is smaller than the screen allows. The browser's rendering of the
+same figures is measured in test_browser_layout.py."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from app import plots
+from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PRESENTER_MAX_H, fit_figure, plot_area
+from app.figure_text import CHAR_EM, MIN_TEXT, PRESENTER_MIN_TEXT, Sizes, text_px, toolbar_px, wrap
+from app.screen import DESKTOP, PHONE, TABLET, Screen, from_report, guess
+
+TOKENS = [f"{i}:{w}" for i, w in enumerate(
+    "The animal didn't cross the street because it was too tired . And then it slept all day long".split())]
+CHINESE = [f"{i}:{c}·{i % 3 + 1}/3" for i, c in enumerate("深度学习很有意思我们一起学习吧今天天气很好我们出去走走")]
+WIDTHS = (358, 434, 736, 1120)
+
+
+def heat(labels: list[str], rows: list[str] | None = None) -> go.Figure:
+    rows = labels if rows is None else rows
+    return plots.heatmap(np.random.default_rng(0).random((len(rows), len(labels))), labels, rows,
+                         title="Layer 0, head 0 (KV 0): probability", x_title="key", y_title="query")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("presenter", [False, True])
+@pytest.mark.parametrize("labels", [TOKENS, CHINESE], ids=["english", "chinese"])
+def test_a_heatmap_fills_its_width_with_labels_that_never_overlap(width, presenter, labels):
+    fig = heat(labels)
+    fit_figure(fig, width, presenter=presenter, touch=False)
+    lay = fig.layout
+    assert lay.width is None and not lay.yaxis.scaleanchor  # as wide as its column
+    assert lay.margin.autoexpand is False  # the cells are as wide as computed here
+    plot_w = width - lay.margin.l - lay.margin.r
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    assert plot_w >= 0.55 * width and plot_h <= HEAT_MAX_H
+    font = lay.xaxis.tickfont.size
+    for axis, each in ((lay.xaxis, plot_w / len(labels)), (lay.yaxis, plot_h / len(labels))):
+        step = labels.index(axis.tickvals[1]) - labels.index(axis.tickvals[0])
+        assert list(axis.tickvals) == labels[::step]
+        assert each * step >= LABEL_ROOM * font  # a label's line (its box: 1.33 font sizes) has room
+    # rows as tall as the cells are wide, or as a label's line when every row's label fits; within the caps
+    cell = plot_w / len(labels)
+    row = max(cell, LABEL_ROOM * font) if len(labels) * LABEL_ROOM * font <= HEAT_MAX_H else cell
+    cap = min(HEAT_MAX_H, PRESENTER_MAX_H - lay.margin.t - lay.margin.b) if presenter else HEAT_MAX_H
+    assert plot_h == pytest.approx(min(len(labels) * row, cap), abs=2.5)  # margins are whole px
+    assert font == (16 if presenter else 12)
+
+
+def test_a_phone_heatmap_has_its_colour_bar_under_the_plot_and_a_desktop_one_beside_it():
+    narrow, wide = heat(TOKENS), heat(TOKENS)
+    fit_figure(narrow, PHONE.main, presenter=False, touch=True)
+    fit_figure(wide, DESKTOP.main, presenter=False, touch=False)
+    assert narrow.data[0].colorbar.orientation == "h" and narrow.layout.margin.r < 20
+    assert wide.data[0].colorbar.orientation == "v" and wide.layout.margin.r > 60
+    assert narrow.layout.dragmode is False  # a finger on the figure scrolls the page
+    assert wide.layout.dragmode is None
+
+
+def test_cells_with_text_get_rows_for_it_and_margins_for_text_wider_than_a_cell():
+    fig = heat(TOKENS[:6], ["loss"])
+    fig.update_traces(text=[["␣because"] * 6], texttemplate="%{text}", textfont=dict(size=10))
+    fit_figure(fig, PHONE.main, presenter=False, touch=True)
+    tr, m = fig.data[0], fig.layout.margin
+    assert tr.textfont.size == MIN_TEXT
+    assert fig.layout.height - m.t - m.b >= 1.6 * MIN_TEXT
+    cell = (PHONE.main - m.l - m.r) / 6
+    spill = (text_px("␣because", MIN_TEXT) - cell) / 2
+    assert min(m.l, m.r) >= spill  # the first and last cells' text stays inside the figure
+
+
+def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its_word():
+    for touch in (False, True):
+        fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout=dict(
+            title="Next-token probabilities at the last position, before and after the change", height=300))
+        fit_figure(fig, PHONE.main, presenter=False, touch=touch)
+        lines = fig.layout.title.text.split("<br>")
+        assert len(lines) > 1 and fig.layout.title.yanchor == "top" and fig.layout.title.xanchor == "left"
+        assert all(text_px(line, 16) <= PHONE.main - toolbar_px(touch) - 16 for line in lines)
+        assert fig.layout.height > 300  # taller by the added lines
+    assert wrap("位置从哪里进入：加到每个输入上（左），或只旋转 Q 和 K（右）", 272, 16) == [
+        "位置从哪里进入：加到每个输入上", "（左），或只旋转 Q 和 K（右）"]
+    assert wrap("Layer 0, head 0 (KV 0): probability", 200, 16) == ["Layer 0, head 0 (KV", "0): probability"]
+
+
+@pytest.mark.parametrize("presenter", [False, True])
+def test_no_font_is_smaller_than_the_screen_allows(presenter):
+    least = PRESENTER_MIN_TEXT if presenter else MIN_TEXT
+    fig = go.Figure([go.Heatmap(z=[[1, 2]], coloraxis="coloraxis", xaxis="x", yaxis="y"),
+                     go.Heatmap(z=[[1, 2]], coloraxis="coloraxis", xaxis="x2", yaxis="y2",
+                                text=[["a", "b"]], texttemplate="%{text}", textfont=dict(size=10))],
+                    layout=plots.grid_layout(1, 2, ["left", "right"]))
+    fig.update_layout(xaxis_tickfont_size=9, legend_font_size=10, title=dict(text="t", font=dict(size=11)))
+    fig.layout.annotations[0].font.size = 8
+    fit_figure(fig, 800, presenter=presenter, touch=False, height=400)
+    sizes = [fig.layout.xaxis.tickfont.size, fig.layout.legend.font.size, fig.layout.title.font.size,
+             fig.layout.annotations[0].font.size, fig.data[1].textfont.size, fig.layout.coloraxis.colorbar.tickfont.size]
+    assert min(sizes) >= least
+
+
+def test_a_bar_chart_of_many_categories_turns_and_thins_its_labels_for_a_phone():
+    cats = [f"{i}:token{i}" for i in range(40)]
+    fig = go.Figure(go.Bar(x=cats, y=np.arange(40.0)), layout=dict(height=380, margin=dict(l=10, r=10, t=50, b=10)))
+    fig.add_vline(x=39, annotation_text="selected", annotation_position="top right")
+    fit_figure(fig, PHONE.main, presenter=False, touch=True)
+    axis = fig.layout.xaxis
+    step = cats.index(axis.tickvals[1])
+    assert axis.tickangle == -90 and list(axis.range) == [-0.5, 39.5]  # the categories span the axis
+    assert plot_area(fig, PHONE.main, Sizes.for_screen(False))[0] / 40 * step >= LABEL_ROOM * 12
+    few = go.Figure(go.Bar(x=["a", "b", "c"], y=[1, 2, 3]), layout=dict(height=300))
+    fit_figure(few, DESKTOP.main, presenter=False, touch=False)
+    assert few.layout.xaxis.tickangle == 0 and list(few.layout.xaxis.tickvals) == ["a", "b", "c"]
+
+
+def test_a_numeric_axis_gets_no_more_ticks_than_labels_fit():
+    fig = go.Figure(go.Scatter(x=np.arange(600), y=np.arange(600)), layout=dict(height=300))
+    fit_figure(fig, 300, presenter=True, touch=False)
+    label = 5 * CHAR_EM * 16  # five characters at the projector's tick size
+    assert fig.layout.xaxis.nticks * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
+
+
+def test_the_screen_from_the_browser_or_a_guess():
+    assert guess("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0) Mobile/15E148") == PHONE
+    assert guess("Mozilla/5.0 (Linux; Android 14; SM-X710) AppleWebKit/537.36 Safari/537.36") == TABLET
+    assert guess("Mozilla/5.0 (X11; Linux x86_64) Chrome/126.0") == DESKTOP
+    assert from_report({"main": 352, "window": 390, "touch": True}) == Screen(352, 390, True)
+    for bad in (None, [], {"main": 352}, {"main": "wide", "window": 390, "touch": 1}, {"main": 5, "window": 390,
+                                                                                      "touch": True}):
+        assert from_report(bad) is None
+    assert PHONE.stacked and PHONE.column(0.6) == PHONE.main  # Streamlit puts a phone's columns under each other
+    assert not DESKTOP.stacked and DESKTOP.column(0.5) < DESKTOP.main / 2
