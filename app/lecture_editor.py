@@ -84,13 +84,29 @@ def _delete() -> None:
     ss.update(lecture_step=min(ss["lecture_step"], len(steps) - 1), lecture_name=None)
 
 
-def _save_text() -> None:
+def edit_key(name: str, i: int, step: dict) -> str:
+    """A text box's key names the step it edits (its place and identity), so the boxes of another step start
+    from that step's texts."""
+    return f"lecture_edit_{name}_{i}_{id(step)}"
+
+
+def _save_texts(i: int, ident: int) -> None:
+    """The Save button of the boxes: what the lecturer typed into the step. The boxes are a form, committed only
+    by that button: a box's own change event also fires for boxes the browser has not shown yet (the folded
+    sidebar of presenter mode), with an empty text that would wipe the step."""
     ss = st.session_state
-    step = ss["lecture"]["steps"][ss["lecture_step"]]
+    steps = ss["lecture"]["steps"] if ss.get("lecture") else []
+    if i >= len(steps) or id(steps[i]) != ident:  # the boxes of a step no longer there
+        return
+    changed = False
     for name in EDITED:
         part, lang = name.split("_")
-        step.setdefault(part, {lang: "" for lang in L.LANGS})[lang] = ss.get(f"lecture_edit_{name}") or ""
-    ss["lecture_name"] = None
+        text = ss.get(edit_key(name, i, steps[i])) or ""
+        if text != (steps[i].get(part) or {}).get(lang, ""):
+            steps[i].setdefault(part, {lang: "" for lang in L.LANGS})[lang] = text
+            changed = True
+    if changed:
+        ss["lecture_name"] = None  # edited: no longer the shipped file a link could name
 
 
 def _upload() -> None:
@@ -119,15 +135,16 @@ def editor() -> None:
             return
         steps, i = ss["lecture"]["steps"], ss["lecture_step"]
         st.caption(P.tr("lecture.editing", i=i + 1, n=len(steps)))
-        if ss.get("_lecture_edit_for") != (id(steps[i]), i):  # another step: its texts into the boxes
-            ss["_lecture_edit_for"] = (id(steps[i]), i)
+        with st.form("lecture_texts", border=False):
             for name in EDITED:
-                part, lang = name.split("_")
-                ss[f"lecture_edit_{name}"] = (steps[i].get(part) or {}).get(lang, "")
-        for name in EDITED:
-            widget = st.text_area if name.startswith("caption") else st.text_input
-            widget(P.tr(f"lecture.edit_{name}"), key=f"lecture_edit_{name}", on_change=_save_text,
-                   max_chars=L.MAX_TEXT)
+                key = edit_key(name, i, steps[i])
+                if key not in ss:  # this step's box, new: the step's text in it
+                    part, lang = name.split("_")
+                    ss[key] = (steps[i].get(part) or {}).get(lang, "")
+                widget = st.text_area if name.startswith("caption") else st.text_input
+                widget(P.tr(f"lecture.edit_{name}"), key=key, max_chars=L.MAX_TEXT)
+            st.form_submit_button(P.tr("lecture.save_texts"), key="lecture_save", on_click=_save_texts,
+                                  args=(i, id(steps[i])), use_container_width=True)
         problems: list[L.Problem] = []
         P.check_step(steps[i], i + 1, problems)
         for p in problems:

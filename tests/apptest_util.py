@@ -115,3 +115,10 @@ def deferred_downloads(at) -> dict:
     with mock.patch.object(MediaFileManager, "add_deferred", keep):
         at.run()
     return seen
+
+
+def edit_box(at: AppTest, name: str):
+    """The lecture editor's text box `name` (title_en, caption_zh, …) for the step on screen (its key names the step)."""
+    boxes = [w for w in [*at.text_input, *at.text_area] if str(w.key).startswith(f"lecture_edit_{name}_")]
+    assert len(boxes) == 1, [w.key for w in boxes]
+    return boxes[0]

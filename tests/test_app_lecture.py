@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from apptest_util import run_app
+from apptest_util import edit_box, run_app
 from streamlit.testing.v1 import AppTest
 
 from app import lecture_player as P
@@ -59,8 +59,9 @@ def test_add_edit_reorder_delete_and_download(tmp_path):
     step = at.session_state["lecture"]["steps"][0]
     assert step["view"] == "norm" and step["layer"] == 2 and step["prompt"] == "Hello there"
     assert step["title"] == {"en": "RMSNorm", "zh": "RMSNorm"} or step["title"]["en"]
-    at.text_area(key="lecture_edit_caption_en").input("<b>not bold</b> [x](http://e)").run()
-    at.text_input(key="lecture_edit_title_zh").input("第一步").run()
+    edit_box(at, "caption_en").input("<b>not bold</b> [x](http://e)")
+    edit_box(at, "title_zh").input("第一步")
+    at.button(key="lecture_save").click().run()
     assert at.session_state["lecture"]["steps"][0]["caption"]["en"] == "<b>not bold</b> [x](http://e)"
     assert "\\<b\\>not bold\\</b\\> \\[x\\](http\\://e)" in [m.value for m in at.markdown]  # shown as typed
     at.segmented_control(key="view").set_value("attention").run()
@@ -111,3 +112,24 @@ def test_presenter_mode_keeps_the_player_in_the_main_area(lang):
     assert not at.exception
     assert at.main.button(key="lecture_next") is not None and at.main.button(key="lecture_prev") is not None
     assert isinstance(at, AppTest)
+
+
+def test_a_step_s_texts_change_only_by_its_save_button():
+    """In presenter mode the folded sidebar's boxes report an empty text when the clicker moves on; a box's value
+    is committed by the Save button only, so that wipes no step and keeps the link naming the shipped lecture."""
+    at = run_app(lecture="tutorial-000", step=1, presenter=1)
+    titles = [s["title"]["en"] for s in at.session_state["lecture"]["steps"][:2]]
+    first = edit_box(at, "title_en")
+    assert first.value == titles[0]
+    for name in ("title_en", "title_zh", "caption_en", "caption_zh"):
+        edit_box(at, name).set_value("")
+    at.button(key="lecture_next").click().run()
+    assert [s["title"]["en"] for s in at.session_state["lecture"]["steps"][:2]] == titles
+    assert all(s["caption"]["zh"] for s in at.session_state["lecture"]["steps"][:2])
+    assert at.session_state["lecture_name"] == "tutorial-000" and at.query_params["step"] == "2"
+    second = edit_box(at, "title_en")
+    assert second.key != first.key and second.value == titles[1]
+    second.input("Step two, retitled")
+    at.button(key="lecture_save").click().run()
+    assert [s["title"]["en"] for s in at.session_state["lecture"]["steps"][:2]] == [titles[0], "Step two, retitled"]
+    assert at.session_state["lecture_name"] is None

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from apptest_util import run_app
+from apptest_util import edit_box, run_app
 
 from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
 
@@ -120,5 +120,6 @@ def test_a_following_page_has_no_lecture_box_and_gets_it_back_when_it_explores(s
 def test_the_presenter_s_edit_reaches_the_room(shared_room):
     presenter = run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
     before = shared_room.version()
-    presenter.text_input(key="lecture_edit_title_en").set_value("A title of my own").run()
+    edit_box(presenter, "title_en").set_value("A title of my own")
+    presenter.button(key="lecture_save").click().run()
     assert shared_room.version() == before + 1 and "A title of my own" in shared_room.current()["lecture"]
