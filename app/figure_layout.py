@@ -19,7 +19,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, cut, place_title, presenter_fonts,
+from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, axes, cut, place_title, presenter_fonts,
                              raise_fonts, text_px, wrap_subplot_titles)
 
 LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
@@ -36,7 +36,7 @@ COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colou
 # --------------------------------------------------------------------------- heatmaps
 def is_heatmap(fig: go.Figure) -> bool:
     """One heatmap on one pair of category axes (plots.heatmap and its kind): sized here as a whole."""
-    return (bool(fig.data) and fig.data[0].type == "heatmap" and len(list(fig.select_xaxes())) == 1 and
+    return (bool(fig.data) and fig.data[0].type == "heatmap" and len(axes(fig, "x")) == 1 and
             fig.data[0].x is not None and fig.data[0].y is not None and
             all(isinstance(v, str) for v in (fig.data[0].x[0], fig.data[0].y[0])))
 
@@ -238,9 +238,9 @@ def plot_area(fig: go.Figure, width: float, sizes: Sizes) -> tuple[float, float]
     """(width, height) px of the plot area: the figure less its margins, which Plotly widens (automargin) for the
     tick labels and titles at the left and bottom and a colour bar at the right."""
     lay, m = fig.layout, fig.layout.margin
-    left = max((_label_px(fig, a, "y", a.tickfont.size or sizes.tick) for a in fig.select_yaxes()
+    left = max((_label_px(fig, a, "y", a.tickfont.size or sizes.tick) for a in axes(fig, "y")
                 if a.side != "right"), default=0.0)
-    bottom = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in fig.select_xaxes()
+    bottom = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in axes(fig, "x")
                   if a.side != "top"), default=0.0)
     plot_w = width - max(m.l or 0, left) - max(m.r or 0, _colorbar_px(fig, sizes))
     plot_h = (lay.height or 450) - (m.t if m.t is not None else 100) - max(m.b if m.b is not None else 80, bottom)
@@ -251,8 +251,8 @@ def thin_ticks(fig: go.Figure, width: float, sizes: Sizes) -> None:
     """Tick labels that never overlap. An axis of categories: horizontal when all fit side by side, otherwise
     upright, every k-th. A numeric x axis: at most as many ticks as labels of five characters fit."""
     plot_w, plot_h = plot_area(fig, width, sizes)
-    for letter, axes in (("x", fig.select_xaxes()), ("y", fig.select_yaxes())):
-        for axis in axes:
+    for letter in ("x", "y"):
+        for axis in axes(fig, letter):
             axis.update(title_standoff=STANDOFF)
             if axis.showticklabels is False:
                 continue

@@ -19,7 +19,7 @@ from app import gateway
 
 from .context import ViewContext
 from .figure_layout import fit_figure
-from .figure_text import toolbar_dropped
+from .figure_text import axes, toolbar_dropped
 
 
 def memoize_plotly_paths() -> None:
@@ -122,8 +122,9 @@ def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | No
     """The figure as shown in a column `width` px wide (the main column's when None): its height, log axes' ticks,
     sizes and fonts for the visitor's screen and presenter mode (see `show`)."""
     # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
-    fig.for_each_xaxis(lambda a: a.update(dtick=1) if a.type == "log" and a.dtick is None else None)
-    fig.for_each_yaxis(lambda a: a.update(dtick=1) if a.type == "log" and a.dtick is None else None)
+    for axis in (*axes(fig, "x"), *axes(fig, "y")):
+        if axis.type == "log" and axis.dtick is None:
+            axis.update(dtick=1)
     fit_figure(fig, width or ctx.screen.main, presenter=ctx.presenter, touch=ctx.screen.touch, height=height)
     return fig
 

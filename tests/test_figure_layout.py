@@ -132,3 +132,18 @@ def test_the_screen_from_the_browser_or_a_guess():
         assert from_report(bad) is None
     assert PHONE.stacked and PHONE.column(0.6) == PHONE.main  # Streamlit puts a phone's columns under each other
     assert not DESKTOP.stacked and DESKTOP.column(0.5) < DESKTOP.main / 2
+
+
+def test_the_axes_helper_lists_what_plotly_selects_in_the_same_order():
+    from plotly.subplots import make_subplots
+
+    from app.figure_text import axes
+
+    fig = make_subplots(rows=3, cols=4)  # xaxis … xaxis12: a numeric order, not the keys' text order
+    for r in range(3):
+        for c in range(4):
+            fig.add_trace(go.Heatmap(z=[[r, c]]), row=r + 1, col=c + 1)
+    for letter, select in (("x", fig.select_xaxes), ("y", fig.select_yaxes)):
+        assert [a.plotly_name for a in axes(fig, letter)] == [a.plotly_name for a in select()]
+        assert len(axes(fig, letter)) == 12
+    assert [a.plotly_name for a in axes(go.Figure(go.Bar(y=[1])), "x")] == ["xaxis"]
