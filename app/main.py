@@ -100,6 +100,7 @@ def head():
     moves, thirty followers' pages show the new step's number, title and caption together instead of one after
     another; the rest of each page waits its turn (gateway.page_run). Returns the places of the
     controls' row and the caption's slot."""
+    state_guard.run_starts()
     side.apply_pending()
     choice_state.new_run()
     dropped = url_state.read_once()
@@ -198,3 +199,4 @@ if _drawn:
             main(*_top)
         except Exception:
             failed()
+state_guard.run_ends()  # not reached when the run is cut short

@@ -11,6 +11,8 @@ from numbers import Number
 
 import streamlit as st
 
+from explorer_model import view_choices as VC
+
 CHOICES = {"lang": ("en", "zh")}  # plus "view" (the views' keys) and "cmp" (compare.MODES), given by main
 FLAGS = ("presenter", "bos", "cmp_full")
 TEXTS = ("prompt", "cmp_prompt", "cmp_model", "cmp_iv", "cmp_align", "whatif", "whatif_source", "model_input",
@@ -76,6 +78,30 @@ def reset_widgets() -> None:
         if key not in KEPT_ON_RESET:
             del st.session_state[key]
 
+
+RUN_OPEN = "_run_open"  # True from the start of a page run to its last line
+# The widgets whose value the page sets from session state (a link, a lecture step, a preset, the room's step)
+SET_BY_THE_PAGE = ("prompt", "lang", "presenter", "bos", "max_tokens", "view", "layer", "head", "token",
+                   *VC.CHOICES)
+
+
+def run_starts() -> None:
+    """At the top of every page run. Streamlit tells the browser a widget's value set from session state only in
+    the run that set it; when that run is cut short (the browser asked for another run before it ended: the screen
+    probe's first report, the room's push to a follower, st.rerun), the browser may never hear it, shows the
+    widget's default and sends that back with its next click: a link's prompt came back empty on a phone. So
+    after a run that did not reach its end, every value the page sets is set again, and this run sends it."""
+    ss = st.session_state
+    if ss.get(RUN_OPEN):
+        for key in SET_BY_THE_PAGE:
+            if key in ss:
+                ss[key] = ss[key]
+    ss[RUN_OPEN] = True
+
+
+def run_ends() -> None:
+    """The page run reached its last line."""
+    st.session_state[RUN_OPEN] = False
 
 
 def guard_widget_values() -> None:

@@ -67,3 +67,22 @@ def test_crafted_sampling_values_in_the_generation_view(key, field):
     page_is_sane(at, (key, field))
     assert not [e.value for e in at.error], [e.value for e in at.error]
 
+
+
+def test_a_run_cut_short_has_the_next_run_send_the_values_the_page_set():
+    """Streamlit tells the browser a value set from session state only in the run that set it; when that run is cut
+    short the browser may never hear it and sends the widget's default back (a link's prompt came back empty on a
+    phone when the screen probe's first report cut the link's first run short). The run after one that did not
+    reach its end sends the page's values again."""
+    at = run_app(prompt=PROMPT, view="attention", layer=2, lang="zh")
+    assert not at.exception and at.session_state["_run_open"] is False  # a whole run reached its end
+    boxes = lambda: {"prompt": at.text_area(key="prompt"), "layer": at.slider(key="layer"),  # noqa: E731
+                     "lang": at.radio(key="lang")}
+    at.run()  # an ordinary rerun: the browser already shows these values, none is sent again
+    assert {k: boxes()[k].proto.set_value for k in ("prompt", "lang")} == {"prompt": False, "lang": False}
+    at.session_state["_run_open"] = True  # as a run cut short leaves it
+    at.run()
+    sent = {k: (w.proto.set_value, w.value) for k, w in boxes().items()}
+    assert sent == {"prompt": (True, PROMPT), "layer": (True, 2), "lang": (True, "zh")}, sent
+    at.run()
+    assert {k: boxes()[k].proto.set_value for k in ("prompt", "lang")} == {"prompt": False, "lang": False}
