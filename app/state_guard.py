@@ -80,23 +80,42 @@ def reset_widgets() -> None:
 
 
 RUN_OPEN = "_run_open"  # True from the start of a page run to its last line
-# The widgets whose value the page sets from session state (a link, a lecture step, a preset, the room's step)
+# Every widget whose value the page sets from session state (a link, a lecture step, a preset, the room's step, a
+# callback clearing a choice): the link's keys, the model box, the comparison's boxes, What-if's text boxes, the
+# pickers a callback resets to empty, and each view's own choices. Buttons are not among them (Streamlit refuses
+# a value set for a button), nor the lecture editor's form boxes (a form sends its values only when saved).
 SET_BY_THE_PAGE = ("prompt", "lang", "presenter", "bos", "max_tokens", "view", "layer", "head", "token",
-                   *VC.CHOICES)
+                   "model_pick", "model_input", "cmp_full", "_w_cmp", "_w_cmp_prompt", "_w_cmp_model", "_w_cmp_iv",
+                   "_w_cmp_align", "whatif_specs", "whatif_source_text", "preset", "lecture_shipped", *VC.CHOICES)
 
 
 def run_starts() -> None:
     """At the top of every page run. Streamlit tells the browser a widget's value set from session state only in
-    the run that set it; when that run is cut short (the browser asked for another run before it ended: the screen
-    probe's first report, the room's push to a follower, st.rerun), the browser may never hear it, shows the
-    widget's default and sends that back with its next click: a link's prompt came back empty on a phone. So
-    after a run that did not reach its end, every value the page sets is set again, and this run sends it."""
+    the run that set it, and the browser takes it only if it draws that run's widget. When the next run overtakes
+    it first (the screen probe's first report arrives while the link's first run is drawn, the room's push to a
+    follower, st.rerun), the browser never hears the value, shows the widget's default and sends that back with
+    its next click: a link's prompt came back empty on a phone. So every value the page sets is set again, and
+    this run sends it, when the browser has not yet reported the widget (its request carries the other widgets'
+    values but not this one's), and after a run that did not reach its end."""
     ss = st.session_state
-    if ss.get(RUN_OPEN):
-        for key in SET_BY_THE_PAGE:
-            if key in ss:
-                ss[key] = ss[key]
+    reported = _reported_widgets()
+    for key in SET_BY_THE_PAGE:
+        if key in ss and (ss.get(RUN_OPEN) or reported is not None and key not in reported):
+            ss[key] = ss[key]
     ss[RUN_OPEN] = True
+
+
+def _reported_widgets() -> set[str] | None:
+    """The keys (of SET_BY_THE_PAGE) whose widget values came with this run's request from the browser; None when
+    the request carried none (a run the server started, or the page's first). Streamlit keeps the browser's
+    values by widget id until the page's widgets are drawn again."""
+    from streamlit.runtime.state.session_state_proxy import get_session_state
+
+    state = get_session_state()._state
+    sent = state._new_widget_state.states
+    if not sent:
+        return None
+    return {key for key in SET_BY_THE_PAGE if state._key_id_mapper.get_id_from_key(key) in sent}
 
 
 def run_ends() -> None:

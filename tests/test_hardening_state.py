@@ -74,15 +74,73 @@ def test_a_run_cut_short_has_the_next_run_send_the_values_the_page_set():
     short the browser may never hear it and sends the widget's default back (a link's prompt came back empty on a
     phone when the screen probe's first report cut the link's first run short). The run after one that did not
     reach its end sends the page's values again."""
-    at = run_app(prompt=PROMPT, view="attention", layer=2, lang="zh")
+    at = run_app(prompt=PROMPT, view="attention", layer=2, lang="zh", model="tiny-pre")
     assert not at.exception and at.session_state["_run_open"] is False  # a whole run reached its end
     boxes = lambda: {"prompt": at.text_area(key="prompt"), "layer": at.slider(key="layer"),  # noqa: E731
-                     "lang": at.radio(key="lang")}
+                     "lang": at.radio(key="lang"), "model_pick": at.selectbox(key="model_pick")}
     at.run()  # an ordinary rerun: the browser already shows these values, none is sent again
-    assert {k: boxes()[k].proto.set_value for k in ("prompt", "lang")} == {"prompt": False, "lang": False}
+    assert {k: w.proto.set_value for k, w in boxes().items() if k != "layer"} == dict.fromkeys(
+        ("prompt", "lang", "model_pick"), False)
     at.session_state["_run_open"] = True  # as a run cut short leaves it
     at.run()
     sent = {k: (w.proto.set_value, w.value) for k, w in boxes().items()}
-    assert sent == {"prompt": (True, PROMPT), "layer": (True, 2), "lang": (True, "zh")}, sent
+    assert sent == {"prompt": (True, PROMPT), "layer": (True, 2), "lang": (True, "zh"),
+                    "model_pick": (True, "tiny-pre")}, sent
     at.run()
-    assert {k: boxes()[k].proto.set_value for k in ("prompt", "lang")} == {"prompt": False, "lang": False}
+    assert {k: w.proto.set_value for k, w in boxes().items() if k != "layer"} == dict.fromkeys(
+        ("prompt", "lang", "model_pick"), False)
+
+
+def test_a_widget_the_browser_has_not_reported_gets_the_page_s_value_again():
+    """When a run overtakes the one that set a value before the browser drew it (the screen probe's first report
+    while a link's page draws), the browser's next request has no value for that widget: the page sends its value
+    again rather than letting the widget come back with its default."""
+    at = run_app(prompt=PROMPT, view="attention", layer=2, lang="zh", model="tiny-pre")
+    assert not at.exception
+    boxes = lambda: {"prompt": at.text_area(key="prompt"), "lang": at.radio(key="lang"),  # noqa: E731
+                     "model_pick": at.selectbox(key="model_pick"), "view": at.button_group(key="view")}
+    tree = type(at._tree)
+    full = tree.get_widget_states
+
+    def without_prompt_and_model(self):
+        states = full(self)
+        keep = [w for w in states.widgets if w.id.rsplit("-", 1)[-1] not in ("prompt", "model_pick")]
+        del states.widgets[:]
+        states.widgets.extend(keep)
+        return states
+    tree.get_widget_states = without_prompt_and_model
+    try:
+        at.run()
+    finally:
+        tree.get_widget_states = full
+    sent = {k: (w.proto.set_value, w.value) for k, w in boxes().items()}
+    assert sent == {"prompt": (True, PROMPT), "lang": (False, "zh"), "model_pick": (True, "tiny-pre"),
+                    "view": (False, "attention")}, sent
+    at.run()
+    assert {k: w.proto.set_value for k, w in boxes().items()} == dict.fromkeys(boxes(), False)
+
+
+SETTABLE = {"Radio", "NumberInput", "Slider", "SelectSlider", "Toggle", "Checkbox", "TextArea", "TextInput",
+            "Selectbox", "Multiselect", "ButtonGroup", "DateInput", "TimeInput", "ColorPicker"}
+
+
+def test_every_widget_whose_value_the_page_can_set_is_sent_again_after_a_run_cut_short():
+    """The list of keys run_starts() sets again holds every value widget of every view (a missing one, the model
+    box, came back as the default model after a cut-short run)."""
+    from app.panels import VIEWS
+    from app.state_guard import SET_BY_THE_PAGE
+
+    found = {}
+
+    def walk(node):
+        for child in (node.children.values() if isinstance(getattr(node, "children", None), dict) else ()):
+            walk(child)
+        if type(node).__name__ in SETTABLE and getattr(node, "key", None):
+            found[node.key] = type(node).__name__
+
+    for view, compare in [(view, None) for view, *_ in VIEWS] + [("attention", "prompt")]:
+        at = run_app(prompt=PROMPT, view=view, model="tiny-pre", **({"cmp": compare} if compare else {}))
+        assert not at.exception, (view, at.exception)
+        walk(at._tree)
+    assert {"prompt", "model_pick", "view", "_w_cmp", "_w_cmp_prompt", "whatif_specs", "lab_norm"} <= set(found)
+    assert {k: kind for k, kind in found.items() if k not in SET_BY_THE_PAGE} == {}
