@@ -1,9 +1,10 @@
-"""In Debian's Chromium: Chinese without byte escapes in every view, presenter mode on a
-1280×720 projector, 768 px wide pages without clipped formulas, presets landing on their lesson (every download
-opened: test_browser_downloads.py).
+"""In Debian's Chromium: Chinese without byte escapes in every view, presets landing on their lesson (every
+download opened: test_browser_downloads.py; presenter mode on a projector and pages 768 px wide:
+test_browser_layout.py).
 
 Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); `SCREENSHOT_DIR=docs/screenshots` regenerates the
-README's presenter.png and tokens_zh.png (test_browser.py makes attention.png, rope_zh.png, swiglu_zh.png).
+README's tokens_zh.png (test_browser_layout.py makes presenter.png, test_browser.py attention.png, rope_zh.png,
+swiglu_zh.png).
 Every check reads what the browser shows or receives and compares it with the prompt or an independent rule.
 """
 from __future__ import annotations
@@ -13,9 +14,9 @@ import re
 import numpy as np
 import pytest
 
-from browser_util import (CORE_VIEWS, LAYOUT, PROMPT, browser, download, each_view, each_view_drawn,  # noqa: F401
-                          figures, garbled, new_page, open_app, open_expanders, page, query, server, set_prompt,
-                          settle_figures, shots_dir, steady, strings, sync_api, view_errors, wait_idle)
+from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, garbled,  # noqa: F401
+                          open_app, open_expanders, page, query, server, set_prompt, settle_figures, shots_dir,
+                          strings, sync_api, view_errors, wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -69,107 +70,7 @@ def test_chinese_prompt_in_every_view_has_no_byte_escape(server, page):
     assert not problems, "\n".join(problems)
 
 
-# --------------------------------------------------------------------------- 2. presenter mode on a projector
-MIN_TICK_PX = 14
-FIRST_SCREEN = 720
-VISIBLE_PX = 150  # this much of the main figure must show on the first screen
-
-
-# the view's main figure: its first Plotly figure; in the tokens view the token chips (the prompt as the model reads it)
-MAIN_FIGURE = {"tokens": '[data-testid="stMarkdownContainer"] span[title]'}
-
-
-def main_figure_box(pg, view: str) -> dict | None:
-    """Top edge and height (px) of the view's main figure with the page scrolled to the top."""
-    return pg.evaluate("""sel => { window.scrollTo(0, 0);
-        const el = document.querySelector('[data-testid="stMain"] ' + sel);
-        const box = el && (el.matches('span') ? el.parentElement : el).getBoundingClientRect();
-        return box ? {top: box.top, height: box.height} : null; }""", MAIN_FIGURE.get(view, ".js-plotly-plot"))
-
-
-def tick_sizes(pg) -> list[tuple[str, float]]:
-    """(figure title, font size in px) of every tick label of the main area's figures."""
-    return [tuple(v) for v in pg.evaluate("""() => [
-        ...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].flatMap(gd => [
-            ...gd.querySelectorAll(':is(.xtick, .ytick) text')].filter(t => t.textContent.trim())
-            .map(t => [String((gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, ''),
-                       parseFloat(getComputedStyle(t).fontSize)]))""")]
-
-
-@pytest.mark.parametrize("view", CORE_VIEWS)
-def test_presenter_mode_shows_the_main_figure_on_the_first_projector_screen(server, browser, view):
-    pg = new_page(browser, 1280, FIRST_SCREEN)
-    try:
-        open_app(pg, server, lang="en", view=view, presenter="1", prompt=PROMPT)
-        settle_figures(pg)
-        assert query(pg).get("presenter") == "1", f"presenter mode is not kept in the URL: {pg.url}"
-        assert not view_errors(pg), f"the {view} view shows an error: {view_errors(pg)[:1]}"
-        sidebar = pg.locator('[data-testid="stSidebar"]')
-        assert sidebar.get_attribute("data-collapsed") == "true" and sidebar.bounding_box()["width"] < 1, \
-            "presenter mode leaves the sidebar open"
-        box = main_figure_box(pg, view)
-        assert box is not None, f"the {view} view has no main figure"
-        assert box["top"] + min(VISIBLE_PX, box["height"]) <= FIRST_SCREEN, \
-            f"the {view} view's main figure starts at y={box['top']:.0f} px: not on the first 1280×720 screen"
-        sizes = tick_sizes(pg)
-        if view != "tokens":
-            assert sizes, f"the {view} view's figures have no tick labels"
-        small = {}
-        for title, px in sizes:
-            if px < MIN_TICK_PX:
-                small.setdefault(title, set()).add(px)
-        assert not small, f"the {view} view has tick labels below {MIN_TICK_PX} px in presenter mode: " + \
-            "; ".join(f"“{t}”: {sorted(v)} px" for t, v in small.items())
-        if view == "attention":
-            pg.screenshot(path=str(shots_dir() / "presenter.png"))
-    finally:
-        pg.context.close()
-
-
-# --------------------------------------------------------------------------- 3. 768 px wide
-CLIPPED = """() => {
-    const out = [];
-    const W = document.documentElement.clientWidth;
-    for (const el of document.querySelectorAll('[data-testid="stMain"] :is(.katex-display, .katex)')) {
-        const r = el.getBoundingClientRect();
-        if (!r.width || !el.getClientRects().length) continue;  // inside something folded away
-        const p = el.parentElement;
-        const fits = p.scrollWidth <= p.clientWidth + 1;
-        let shown = r.left >= -1 && r.right <= W + 1;
-        for (let a = p; shown && a && a !== document.body; a = a.parentElement) {
-            const s = getComputedStyle(a);
-            if (s.overflowX !== 'visible') {
-                const b = a.getBoundingClientRect();
-                shown = r.left >= b.left - 1 && r.right <= b.right + 1;
-            }
-        }
-        if (!fits && !shown) out.push(el.textContent.slice(0, 60) + ' (' + Math.round(r.width) + ' px in '
-                                      + p.clientWidth + ' px)');
-    }
-    return out;
-}"""
-
-
-def test_every_view_fits_768_pixels_without_clipped_formulas(server, browser):
-    pg = new_page(browser, 768, 1024)
-    try:
-        open_app(pg, server, lang="en", view="tokens", prompt=PROMPT)
-        problems, seen = [], []
-        for label, view in each_view_drawn(pg):
-            seen.append(view)
-            open_expanders(pg)
-            steady(pg, LAYOUT, 300)
-            pg.screenshot(path=str(shots_dir() / f"w768_{view}.png"), full_page=True)
-            clipped = pg.evaluate(CLIPPED)
-            if clipped:
-                problems.append(f"{view}: clipped formulas: {clipped[:3]}")
-        assert len(seen) >= len(CORE_VIEWS), f"the view selector offered only {seen}"
-        assert not problems, "\n".join(problems)
-    finally:
-        pg.context.close()
-
-
-# --------------------------------------------------------------------------- 4. presets land on their lesson
+# --------------------------------------------------------------------------- 2. presets land on their lesson
 def presets():
     from app.presets import PRESETS
 

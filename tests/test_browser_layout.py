@@ -4,16 +4,22 @@ tablet) and 1280×720 in presenter mode (a projector), measured on what the brow
 For each view's main figure: as wide as its column, most of it plot. For every figure of the view: no text (SVG
 text and its spans) under 12 px (14 px on the projector), no two tick labels of an axis overlapping (their boxes),
 no text outside the figure, no title under Plotly's toolbar. The page never scrolls sideways; on the projector
-tables are HTML tables of 14 px text or larger. On the phone one tap on a cell of the attention map selects it
+tables are HTML tables of 14 px text or larger, the sidebar is folded away and each view's first figure starts on
+the first screen (the eight core views; What-if and the lab open with their choices). On the tablet (768 px wide)
+no formula is clipped, with every expander open. On the phone one tap on a cell of the attention map selects it
 (the query/key pair below it changes to that cell), as a click does, and a swipe that starts on it scrolls the page
-and selects nothing. Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots) as layout_<screen>_<view>.png.
+and selects nothing. Screenshots go to $SCREENSHOT_DIR (default
+artifacts/screenshots) as layout_<screen>_<view>.png, w768_<view>.png (the whole tablet page, expanders open) and
+presenter.png (the attention view's first projector screen; `SCREENSHOT_DIR=docs/screenshots` regenerates the
+README's).
 """
 from __future__ import annotations
 
 import pytest
 
-from browser_util import (PROMPT, browser, each_view_drawn, new_page, open_app, server, settle_figures,  # noqa: F401
-                          shots_dir, steady, sync_api, view_errors, wait_idle)
+from browser_util import (CORE_VIEWS, LAYOUT, PROMPT, browser, each_view_drawn, new_page, open_app,  # noqa: F401
+                          open_expanders, query, server, settle_figures, shots_dir, steady, sync_api, view_errors,
+                          wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -68,6 +74,71 @@ PAGE = """() => {
 }"""
 
 
+# the projector's first screen: this much of a view's main figure shows on it, the page scrolled to the top (the
+# first Plotly figure of the view; in the tokens view the token chips, the prompt as the model reads it)
+FIRST_SCREEN, VISIBLE_PX = 720, 150
+FIRST_FIGURE = {"tokens": '[data-testid="stMarkdownContainer"] span[title]'}
+
+
+def first_figure_box(pg, view: str) -> dict | None:
+    """Top edge and height (px) of the view's first figure with the page scrolled to the top."""
+    return pg.evaluate("""sel => { window.scrollTo(0, 0);
+        const el = document.querySelector('[data-testid="stMain"] ' + sel);
+        const box = el && (el.matches('span') ? el.parentElement : el).getBoundingClientRect();
+        return box ? {top: box.top, height: box.height} : null; }""", FIRST_FIGURE.get(view, ".js-plotly-plot"))
+
+
+def projector_problems(pg, view: str) -> list[str]:
+    """Presenter mode kept in the link, the sidebar folded away, the view's first figure on the first screen."""
+    problems = []
+    if query(pg).get("presenter") != "1":
+        problems.append(f"{view}: presenter mode is not kept in the URL: {pg.url}")
+    sidebar = pg.locator('[data-testid="stSidebar"]')
+    if sidebar.get_attribute("data-collapsed") != "true" or sidebar.bounding_box()["width"] >= 1:
+        problems.append(f"{view}: presenter mode leaves the sidebar open")
+    box = first_figure_box(pg, view)
+    if box is None:
+        problems.append(f"{view}: the view has no figure")
+    elif box["top"] + min(VISIBLE_PX, box["height"]) > FIRST_SCREEN:
+        problems.append(f"{view}: the first figure starts at y={box['top']:.0f} px, not on the first screen")
+    if view == "attention":
+        pg.screenshot(path=str(shots_dir() / "presenter.png"))
+    return problems
+
+
+# a formula (KaTeX) wider than its box, and not scrollable into view there
+CLIPPED = """() => {
+    const out = [];
+    const W = document.documentElement.clientWidth;
+    for (const el of document.querySelectorAll('[data-testid="stMain"] :is(.katex-display, .katex)')) {
+        const r = el.getBoundingClientRect();
+        if (!r.width || !el.getClientRects().length) continue;  // inside something folded away
+        const p = el.parentElement;
+        const fits = p.scrollWidth <= p.clientWidth + 1;
+        let shown = r.left >= -1 && r.right <= W + 1;
+        for (let a = p; shown && a && a !== document.body; a = a.parentElement) {
+            const s = getComputedStyle(a);
+            if (s.overflowX !== 'visible') {
+                const b = a.getBoundingClientRect();
+                shown = r.left >= b.left - 1 && r.right <= b.right + 1;
+            }
+        }
+        if (!fits && !shown) out.push(el.textContent.slice(0, 60) + ' (' + Math.round(r.width) + ' px in '
+                                      + p.clientWidth + ' px)');
+    }
+    return out;
+}"""
+
+
+def clipped_formulas(pg, view: str) -> list[str]:
+    """With every expander of the view open (after the figures were measured as a visitor first sees them)."""
+    open_expanders(pg)
+    steady(pg, LAYOUT, 300)
+    pg.screenshot(path=str(shots_dir() / f"w768_{view}.png"), full_page=True)
+    clipped = pg.evaluate(CLIPPED)
+    return [f"{view}: clipped formulas: {clipped[:3]}"] if clipped else []
+
+
 def drawn_for_screen(pg) -> None:
     """Wait until the page has been drawn for this screen: the probe has reported it and the page run again."""
     pg.wait_for_function("document.documentElement.dataset.screen === 'drawn'", timeout=180_000)
@@ -118,10 +189,14 @@ def test_every_view_fits_the_screen(server, browser, screen):
                 problems.append(f"{view}: {page['grids']} tables drawn as a canvas grid in presenter mode")
             if page["table_px"] is not None and page["table_px"] < least:
                 problems.append(f"{view}: table text of {page['table_px']} px")
+            if params.get("presenter") and view in CORE_VIEWS:  # What-if and the lab open with their choices
+                problems += projector_problems(pg, view)
             main = pg.locator(f'.st-key-{MAIN[view]}')
             if main.count():
                 main.first.scroll_into_view_if_needed()
             pg.screenshot(path=str(shots_dir() / f"layout_{screen}_{view}.png"))
+            if screen == "tablet":
+                problems += clipped_formulas(pg, view)
         assert set(seen) == set(MAIN), f"the view selector offered {seen}"
         assert not problems, "\n".join(problems)
     finally:
