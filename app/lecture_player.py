@@ -210,7 +210,9 @@ def go(i: int) -> None:
     if "ids" in step:
         ss["_url_ids"] = ",".join(str(v) for v in step["ids"])  # checked against the vocabulary as a link's are
     ss.pop("my_state", None)
-    state = {"bos": bool(step.get("bos", False)), "cmp": step.get("cmp", "")}
+    # a step shows the same on every page whatever the page showed before (a student rejoining from their own
+    # exploration, a link to the step): the layer and head a step does not name are the first, as a link's
+    state = {"bos": bool(step.get("bos", False)), "cmp": step.get("cmp", ""), "layer": 0, "head": 0}
     for k in ("view", "layer", "head", "token", "presenter", "whatif", "whatif_source", "cmp_prompt", "cmp_model",
               "cmp_iv", "cmp_align"):
         if k in step:

@@ -69,8 +69,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "bos": ("bool", "prepend the model's BOS token"),
         "view": ("view", "the view to open"),
         "section": ("section", "the part of the view to scroll to (the link's section=), e.g. \"lens\""),
-        "layer": ("int", "layer (clamped to the model)"),
-        "head": ("int", "head (clamped to the model)"),
+        "layer": ("int", "layer (clamped to the model; omitted: 0, unless the lesson finds it)"),
+        "head": ("int", "head (clamped to the model; omitted: 0, unless the lesson finds it)"),
         "token": ("int", "token position (clamped to the prompt; omitted: the last)"),
         "lesson": ("lesson", "a preset whose target is found on the loaded model; gives prompt, view, layer, head, token "
                              "and its section (unless the step names one)"),

@@ -440,14 +440,36 @@ def pytest_configure(config):
 def pytest_report_header(config):
     """The machine this run is on: kernels, and a Python speed probe to scale the suite's time by (a slow
     2-vCPU Xeon takes 1.1-1.5 s for it)."""
-    lines = [kernels_header()]
-    if not os.environ.get("LLAMA_EXPLORER_NO_PROBE"):
+    return [kernels_header(), *machine_lines()]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine line again under the results, where `pytest -q` (make test) shows it too."""
+    if not getattr(terminalreporter.config, "workerinput", None):
+        for line in machine_lines():
+            terminalreporter.write_line(line)
+
+
+_MACHINE: list[str] = []
+
+
+def machine_lines() -> list[str]:
+    """CPU model, cores and load, and the Python speed probe (measured once per process)."""
+    if os.environ.get("LLAMA_EXPLORER_NO_PROBE"):
+        return []
+    if not _MACHINE:
+        import platform
         import time
 
+        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo", encoding="utf-8")
+                      if line.startswith("model name")), platform.processor()) if os.path.exists("/proc/cpuinfo") \
+            else platform.processor()
         t0 = time.perf_counter()
         sum(i * i for i in range(10**7))
-        lines.append(f"python speed probe: sum(i*i for i in range(10**7)) took {time.perf_counter() - t0:.2f} s")
-    return lines
+        probe = time.perf_counter() - t0
+        _MACHINE.append(f"machine: {model}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
+                        f"python speed probe: sum(i*i for i in range(10**7)) took {probe:.2f} s")
+    return _MACHINE
 
 
 def pytest_collection_modifyitems(config, items):
@@ -459,12 +481,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if _APP.search(_source(item.module)):
             item.add_marker(pytest.mark.app)
-    # Longest modules first (measured with --durations=0): with `make test`'s two workers, each module runs in
-    # one of them, and a long module picked last would leave the other worker idle at the end.
-    items.sort(key=lambda item: 0 if getattr(item, "module", None) and item.module.__name__.startswith(_LONG_MODULES)
-               else 1)
+    # Longest modules first, longest of all first (measured with --durations=0): each module runs in one of
+    # `make test`'s workers, and a long module picked last would leave the others idle at the end.
+    rank = {name: i for i, name in enumerate(_LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(getattr(getattr(item, "module", None), "__name__", ""), len(rank)))
 
 
-_LONG_MODULES = ("test_browser", "test_hardening_cli", "test_kernel_matrix", "test_load_short", "test_native_cache",
-                 "test_dtype_7b", "test_hardening_processes", "test_bad_input", "test_cli", "test_classroom_check",
-                 "test_app_links", "test_lecture_real")
+_LONG_MODULES = ("test_browser_room", "test_kernel_matrix", "test_browser_classroom", "test_browser_layout",
+                 "test_browser_downloads", "test_load_short", "test_native_cache", "test_hardening_cli",
+                 "test_browser_lecture", "test_browser_balancer", "test_browser", "test_app_links", "test_bad_input",
+                 "test_dtype_7b", "test_cli", "test_app_whatif", "test_gateway", "test_app_main",
+                 "test_app_compare_state", "test_classroom_check", "test_lecture_real", "test_docs",
+                 "test_hardening_processes", "test_decode", "test_browser_compare", "test_browser_attention")

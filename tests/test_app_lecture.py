@@ -36,6 +36,20 @@ def test_a_lecture_link_opens_its_step_and_next_previous_move_through_it():
     assert at.button(key="lecture_prev").disabled is True
 
 
+def test_a_step_without_a_layer_or_head_opens_on_the_first_whatever_the_page_showed():
+    """A student who explored (layer 3, head 2) and rejoins the room at such a step sees what the projector shows."""
+    step = next(i for i, s in enumerate(SHIPPED_000.steps) if i > 0 and s.get("view") and "layer" not in s
+                and "head" not in s and "lesson" not in s)
+    at = run_app(lecture="tutorial-000", step=step + 1)
+    assert not at.exception
+    at.slider(key="layer").set_value(3).run()
+    at.slider(key="head").set_value(2).run()
+    assert (at.session_state["layer"], at.session_state["head"]) == (3, 2)
+    at.button(key="lecture_prev").click().run()
+    at.button(key="lecture_next").click().run()
+    assert (at.session_state["lecture_step"], at.session_state["layer"], at.session_state["head"]) == (step, 0, 0)
+
+
 def test_a_lesson_step_shows_its_caption_with_the_models_numbers():
     at = run_app(lecture="tutorial-000", step=7, lang="zh")
     assert not at.exception and not at.error

@@ -2,9 +2,9 @@
 shipped lecture with the clicker's keys (→, PageDown, space), and after each step five followers (two at phone
 size) show the presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores
 on its own and rejoins at the current step. Nothing a follower does moves the room: a lecture link to another step,
-a wrong key, the clicker's keys, a raw websocket client pressing the presenter's Next button. The same against
-`serve --share --processes 2` with followers on both processes, where a backend killed with SIGKILL is restarted by
-`serve` and its followers follow again.
+a wrong key, the clicker's keys, a raw websocket client pressing the presenter's Next button. The same, over three
+steps, against `serve --share --processes 2` with followers on both processes, where a backend killed with SIGKILL is
+restarted by `serve` and its followers follow again.
 
 Each follower's lag per step is printed: measured, never asserted (bench/bench_load.py --lecture measures it
 under load); every wait is for a condition, with a generous timeout."""
@@ -265,10 +265,10 @@ def open_room(browser, server: SharedServer):
     return presenter, followers
 
 
-def ten_steps(presenter, followers) -> dict:
-    """The presenter presses the clicker's keys ten times; after each step every follower shows what it shows."""
+def steps(presenter, followers, n: int = 10) -> dict:
+    """The presenter presses the clicker's keys n times; after each step every follower shows what it shows."""
     now = None
-    for step in range(2, 12):
+    for step in range(2, 2 + n):
         t0, now = press(presenter, CLICKER[step % len(CLICKER)], step)
         print(f"step {step} ({now['view']}): " + lag_line(follow(now, followers, t0)))
     return now
@@ -328,7 +328,7 @@ def close(pages) -> None:
 def test_five_followers_follow_ten_steps_and_cannot_move_the_room(browser, one_process):
     presenter, followers = open_room(browser, one_process)
     try:
-        now = ten_steps(presenter, followers)
+        now = steps(presenter, followers)
         now = explore_and_rejoin(presenter, followers, now)
         cannot_move_the_room(presenter, followers, one_process, now)
     finally:
@@ -341,7 +341,7 @@ def test_two_processes_followers_on_both_and_a_killed_backend_s_followers_follow
     try:
         where = [process_of(pg) for pg in followers]
         assert set(where) == {"p1", "p2"}, where  # followers on both processes
-        now = ten_steps(presenter, followers)
+        now = steps(presenter, followers, 3)  # each of the clicker's keys once; ten steps are the one-process test's
         now = explore_and_rejoin(presenter, followers, now)
         now = cannot_move_the_room(presenter, followers, server, now)
         victim = next(name for name in ("p1", "p2") if name != process_of(presenter))
