@@ -57,23 +57,42 @@ def tiny_library(tmp_path: Path, out: Path, marker: Path | None = None, entry: b
     subprocess.run([GCC, "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
 
 
-def built(cache: Path) -> tuple[Path, Path]:
+def build(cache: Path) -> tuple[Path, Path]:
+    """A fresh build in `cache`: the library and its record."""
     first = probe(cache)
     assert first["loaded"] and first["failure"] is None, first
     so = Path(first["loaded"])
     return so, so.with_suffix(".sha256")
 
 
+@pytest.fixture(scope="module")
+def one_build(tmp_path_factory) -> tuple[Path, Path]:
+    """One fresh build for the module (its cache folder and library), copied into each test's own cache."""
+    cache = tmp_path_factory.mktemp("native") / "cache"
+    return cache, build(cache)[0]
+
+
+@pytest.fixture
+def built(one_build, tmp_path):
+    """A test's own cache holding a library built here, as a fresh build leaves it (modes kept): its library and
+    record (a test that plants or damages files changes only its copy)."""
+    source, so = one_build
+    cache = tmp_path / "cache"
+    shutil.copytree(source, cache, symlinks=True)
+    mine = cache / so.relative_to(source)
+    return mine, mine.with_suffix(".sha256")
+
+
 def test_build_records_its_hash_in_a_private_folder(tmp_path):
-    so, record = built(tmp_path / "cache")
+    so, record = build(tmp_path / "cache")
     import hashlib
 
     assert record.read_text().strip() == hashlib.sha256(so.read_bytes()).hexdigest()
     assert stat.S_IMODE(so.parent.stat().st_mode) == 0o700
 
 
-def test_truncated_library_is_rebuilt_not_mapped(tmp_path):
-    so, record = built(tmp_path / "cache")
+def test_truncated_library_is_rebuilt_not_mapped(tmp_path, built):
+    so, record = built
     good = so.read_bytes()
     so.write_bytes(good[:1000])  # mapped as is, this dies with SIGBUS
     again = probe(tmp_path / "cache")
@@ -81,9 +100,9 @@ def test_truncated_library_is_rebuilt_not_mapped(tmp_path):
     assert so.read_bytes() == good
 
 
-def test_planted_library_without_a_record_is_never_opened(tmp_path):
+def test_planted_library_without_a_record_is_never_opened(tmp_path, built):
     cache = tmp_path / "cache"
-    so, record = built(cache)
+    so, record = built
     marker = tmp_path / "constructor-ran"
     for with_record in (False, True):  # no record, then a record of other content
         tiny_library(tmp_path, so, marker, entry=True)
@@ -95,11 +114,11 @@ def test_planted_library_without_a_record_is_never_opened(tmp_path):
         assert not marker.exists(), "the planted library's constructor ran"
 
 
-def test_library_without_the_entry_point_falls_back(tmp_path):
+def test_library_without_the_entry_point_falls_back(tmp_path, built):
     import hashlib
 
     cache = tmp_path / "cache"
-    so, record = built(cache)
+    so, record = built
     tiny_library(tmp_path, so)  # recorded as if built here, but without llama_forward
     record.write_text(hashlib.sha256(so.read_bytes()).hexdigest() + "\n")
     again = probe(cache)
@@ -108,9 +127,9 @@ def test_library_without_the_entry_point_falls_back(tmp_path):
     assert probe(cache)["loaded"] == str(so) and b"llama_forward" in so.read_bytes()
 
 
-def test_killed_compiles_are_swept(tmp_path):
+def test_killed_compiles_are_swept(tmp_path, built):
     cache = tmp_path / "cache"
-    so, _ = built(cache)
+    so, _ = built
     dead = subprocess.Popen(["true"])
     dead.wait()
     named = so.parent / f".{so.stem}.{dead.pid}.tmp"
@@ -136,9 +155,9 @@ def test_compiler_without_march_native_gets_mcpu_then_nothing(tmp_path):
         assert got["loaded"] and got["failure"] is None, got
 
 
-def test_folder_others_can_write_is_refused(tmp_path):
+def test_folder_others_can_write_is_refused(tmp_path, built):
     cache = tmp_path / "cache"
-    so, record = built(cache)
+    so, record = built
     marker = tmp_path / "constructor-ran"
     tiny_library(tmp_path, so, marker, entry=True)
     import hashlib
