@@ -435,6 +435,8 @@ def pytest_configure(config):
     wanted = os.environ.get("LLAMA_EXPLORER_TEST_THREADS")
     if wanted:
         torch.set_num_threads(int(wanted))
+    if not hasattr(config, "workerinput"):
+        machine_lines()  # the speed probe and the load before any test runs
 
 
 def pytest_report_header(config):
@@ -467,7 +469,8 @@ def machine_lines() -> list[str]:
         t0 = time.perf_counter()
         sum(i * i for i in range(10**7))
         probe = time.perf_counter() - t0
-        _MACHINE.append(f"machine: {model}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; "
+        _MACHINE.append(f"machine: {model}, {os.cpu_count()} cores, load average at the start "
+                        f"{os.getloadavg()[0]:.2f}; "
                         f"python speed probe: sum(i*i for i in range(10**7)) took {probe:.2f} s")
     return _MACHINE
 
