@@ -19,13 +19,11 @@ info: setup
 	$(PY) -m explorer_model.cli info smollm2
 
 # Three worker processes on two cores: a browser test's worker waits on its browser and server while they compute,
-# and a third keeps both cores busy. Each test module stays in one worker (module fixtures start servers), and the
-# modules run in the order tests/conftest.py gives them, longest first (not xdist's most-tests-first), so no long
-# module is left running alone at the end.
+# and a third keeps both cores busy. Each test module stays in one worker (module fixtures start servers).
 WORKERS ?= 3
 
 test: setup browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
 
 # Everything that needs neither the real model nor the app, a browser or a server (under a minute).
 test-fast: setup

@@ -89,38 +89,121 @@ SET_BY_THE_PAGE = ("prompt", "lang", "presenter", "bos", "max_tokens", "view", "
                    "_w_cmp_align", "whatif_specs", "whatif_source_text", "preset", "lecture_shipped", *VC.CHOICES)
 
 
+PAGE_SET = "_page_set"  # {key: (the value the page set, the browser's report of its widget when it set it)}
+
+
 def run_starts() -> None:
     """At the top of every page run. Streamlit tells the browser a widget's value set from session state only in
     the run that set it, and the browser takes it only if it draws that run's widget. When the next run overtakes
     it first (the screen probe's first report arrives while the link's first run is drawn, the room's push to a
-    follower, st.rerun), the browser never hears the value, shows the widget's default and sends that back with
-    its next click: a link's prompt came back empty on a phone. So every value the page sets is set again, and
-    this run sends it, when the browser has not yet reported the widget (its request carries the other widgets'
-    values but not this one's), and after a run that did not reach its end."""
+    follower, a page reconnecting to a restarted server), the browser never hears the value, keeps showing what it
+    showed and sends that back: a link's prompt came back empty on a phone, a follower's view fell back a step.
+    So the page's value is set again, and this run sends it,
+    - when the browser's request has no value for the widget (it has not drawn it yet),
+    - when it sends the very value it sent before the page set it (it never took the page's; a visitor who
+      moved the widget sends another),
+    - after a run that did not reach its end."""
     ss = st.session_state
-    reported = _reported_widgets()
+    sent = _sent_by_the_browser()
+    cut_short = ss.get(RUN_OPEN)
+    pending = ss.get(PAGE_SET) or {}
+    state = _session_state()
+    set_by_callbacks = set(state._new_session_state)  # a button's callback (the lecture's Next) sets values too
     for key in SET_BY_THE_PAGE:
-        if key in ss and (ss.get(RUN_OPEN) or reported is not None and key not in reported):
+        if key not in ss:
+            continue
+        before = pending.get(key)
+        missed = (sent is not None and before is not None and sent.get(key) is not None and sent.get(key) == before[1]
+                  and key not in set_by_callbacks)
+        if missed and ss[key] != before[0]:
+            ss[key] = before[0]
+        elif cut_short or sent is not None and key not in sent:
             ss[key] = ss[key]
+    ss["_sent_at_start"] = sent
+    ss["_browser_at_start"] = _browser_values(state)
+    if sent is not None:
+        ss[PAGE_SET] = {}  # answered: the browser's next report tells again
     ss[RUN_OPEN] = True
 
 
-def _reported_widgets() -> set[str] | None:
-    """The keys (of SET_BY_THE_PAGE) whose widget values came with this run's request from the browser; None when
-    the request carried none (a run the server started, or the page's first). Streamlit keeps the browser's
-    values by widget id until the page's widgets are drawn again."""
+def note_page_values() -> None:
+    """What this run has set so far, with what the browser had sent, for the next run's check (at the end of the
+    page's head, where a link, a lecture step and the room set their values, and again at the run's end)."""
+    ss = st.session_state
+    set_now = _session_state()._new_session_state
+    sent = ss.get("_sent_at_start") or {}
+    browser = ss.get("_browser_at_start") or {}
+    pending = dict(ss.get(PAGE_SET) or {})
+    for key in SET_BY_THE_PAGE:  # set, and not to what the browser shows (the sliders' clamp sets every run)
+        if key in set_now and key in ss and (key not in browser or browser[key] != ss[key]):
+            pending[key] = (ss[key], sent.get(key))
+    ss[PAGE_SET] = pending
+
+
+def _session_state():
     from streamlit.runtime.state.session_state_proxy import get_session_state
 
-    state = get_session_state()._state
-    sent = state._new_widget_state.states
-    if not sent:
-        return None
-    return {key for key in SET_BY_THE_PAGE if state._key_id_mapper.get_id_from_key(key) in sent}
+    return get_session_state()._state
+
+
+def _browser_values(state) -> dict:
+    """The values of SET_BY_THE_PAGE's widgets as the browser sent them this run, where Streamlit can read them
+    (it knows the widget from an earlier run of this session)."""
+    values = {}
+    for key in SET_BY_THE_PAGE:
+        widget_id = state._key_id_mapper.get_id_from_key(key)
+        if widget_id is None or widget_id not in state._new_widget_state.states:
+            continue
+        try:
+            values[key] = state._new_widget_state[widget_id]
+        except KeyError:
+            pass
+    return values
 
 
 def run_ends() -> None:
     """The page run reached its last line."""
+    note_page_values()
     st.session_state[RUN_OPEN] = False
+
+
+def _sent_by_the_browser() -> dict[str, bytes] | None:
+    """The widget values (of SET_BY_THE_PAGE) the browser sent with this run's request, as it sent them (bytes of
+    its message, comparable across runs and sessions); None when the request carried none (a run the server
+    started, or the page's first)."""
+    raw = _SENT.pop(id(_session_state()), None)
+    if not raw:
+        return None
+    by_key = {}
+    for widget_id, data in raw.items():
+        key = widget_id.rsplit("-", 1)[-1] if "-" in widget_id else widget_id
+        if key in SET_BY_THE_PAGE:
+            by_key[key] = data
+    return by_key
+
+
+# {id of a session's state: its request's widget values}, taken by the run the request starts (Streamlit's
+# session state has slots: nothing can be kept on it)
+_SENT: dict[int, dict | None] = {}
+
+
+def keep_what_the_browser_sent() -> None:
+    """Each request's widget values as the browser sent them, kept on the session's state before Streamlit reads
+    them (it turns them into values, and forgets those of widgets it does not know yet). Installed once per
+    process."""
+    from streamlit.runtime.state import session_state
+
+    cls = session_state.SessionState
+    if getattr(cls.on_script_will_rerun, "_keeps", False):
+        return
+    plain = cls.on_script_will_rerun
+
+    def on_script_will_rerun(self, fresh_widget_states, *args, **kwargs):
+        _SENT[id(self)] = None if fresh_widget_states is None else {
+            w.id: w.SerializeToString(deterministic=True) for w in fresh_widget_states.widgets}
+        return plain(self, fresh_widget_states, *args, **kwargs)
+    on_script_will_rerun._keeps = True
+    cls.on_script_will_rerun = on_script_will_rerun
 
 
 def guard_widget_values() -> None:
@@ -148,3 +231,4 @@ def guard_widget_values() -> None:
 
 
 guard_widget_values()
+keep_what_the_browser_sent()

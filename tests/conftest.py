@@ -484,15 +484,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if _APP.search(_source(item.module)):
             item.add_marker(pytest.mark.app)
-    # Longest modules first, longest of all first (measured with --durations=0): each module runs in one of
-    # `make test`'s workers, and a long module picked last would leave the others idle at the end.
-    rank = {name: i for i, name in enumerate(_LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(getattr(getattr(item, "module", None), "__name__", ""), len(rank)))
 
 
-_LONG_MODULES = ("test_browser_room", "test_kernel_matrix", "test_browser_classroom", "test_browser_layout",
-                 "test_browser_downloads", "test_load_short", "test_native_cache", "test_hardening_cli",
-                 "test_browser_lecture", "test_browser_balancer", "test_browser", "test_app_links", "test_bad_input",
-                 "test_dtype_7b", "test_cli", "test_app_whatif", "test_gateway", "test_app_main",
-                 "test_app_compare_state", "test_classroom_check", "test_lecture_real", "test_docs",
-                 "test_hardening_processes", "test_decode", "test_browser_compare", "test_browser_attention")

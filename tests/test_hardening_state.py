@@ -120,6 +120,32 @@ def test_a_widget_the_browser_has_not_reported_gets_the_page_s_value_again():
     assert {k: w.proto.set_value for k, w in boxes().items()} == dict.fromkeys(boxes(), False)
 
 
+def test_a_value_the_browser_never_took_is_sent_again_when_it_reports_what_it_had():
+    """The browser's next request carries the values it showed before the page moved on (the run that moved the
+    page was overtaken before the browser drew it, or the page reconnected to a restarted server): the page keeps
+    and sends its own values again; a value the visitor changes afterwards is theirs."""
+    at = run_app(lecture="tutorial-000", step=5, model="tiny-pre")
+    assert not at.exception and at.session_state["view"] == "normlab"
+    tree = type(at._tree)
+    full = tree.get_widget_states
+    before = full(at._tree)  # what the browser showed at step 5
+    at.button(key="lecture_next").click().run()
+    assert (at.session_state["lecture_step"], at.session_state["view"]) == (5, "norm")
+
+    def as_before(self):
+        return before
+    tree.get_widget_states = as_before
+    try:
+        at.run()
+    finally:
+        tree.get_widget_states = full
+    view = at.button_group(key="view")
+    assert (at.session_state["view"], view.value, view.proto.set_value) == ("norm", "norm", True)
+    at.button_group(key="view").set_value("attention").run()  # the visitor's own choice stays theirs
+    at.run()
+    assert at.session_state["view"] == "attention"
+
+
 SETTABLE = {"Radio", "NumberInput", "Slider", "SelectSlider", "Toggle", "Checkbox", "TextArea", "TextInput",
             "Selectbox", "Multiselect", "ButtonGroup", "DateInput", "TimeInput", "ColorPicker"}
 
