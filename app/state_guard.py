@@ -148,7 +148,7 @@ def _session_state():
 
 def _browser_values(state) -> dict:
     """The values of SET_BY_THE_PAGE's widgets as the browser sent them this run, where Streamlit can read them
-    (it knows the widget from an earlier run of this session)."""
+    (it knows the widget from a page run before this one, for this visitor)."""
     values = {}
     for key in SET_BY_THE_PAGE:
         widget_id = state._key_id_mapper.get_id_from_key(key)
