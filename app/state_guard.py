@@ -109,14 +109,16 @@ def run_starts() -> None:
     pending = ss.get(PAGE_SET) or {}
     state = _session_state()
     set_by_callbacks = set(state._new_session_state)  # a button's callback (the lecture's Next) sets values too
+    reported = {key: had for key, (_, had) in pending.items() if sent is not None and sent.get(key) is not None}
+    # the browser took none of the page's values (had it drawn the run, those it did not touch would have changed):
+    # a value equal to the old one is stale, not a visitor's move back to it
+    took_none = all(sent[key] == had for key, had in reported.items())
     for key in SET_BY_THE_PAGE:
         if key not in ss:
             continue
-        before = pending.get(key)
-        missed = (sent is not None and before is not None and sent.get(key) is not None and sent.get(key) == before[1]
-                  and key not in set_by_callbacks)
-        if missed and ss[key] != before[0]:
-            ss[key] = before[0]
+        missed = took_none and key in reported and key not in set_by_callbacks
+        if missed and ss[key] != pending[key][0]:
+            ss[key] = pending[key][0]
         elif cut_short or sent is not None and key not in sent:
             ss[key] = ss[key]
     ss["_sent_at_start"] = sent

@@ -141,9 +141,9 @@ def test_a_value_the_browser_never_took_is_sent_again_when_it_reports_what_it_ha
         tree.get_widget_states = full
     view = at.button_group(key="view")
     assert (at.session_state["view"], view.value, view.proto.set_value) == ("norm", "norm", True)
-    at.button_group(key="view").set_value("attention").run()  # the visitor's own choice stays theirs
+    at.button_group(key="view").set_value("normlab").run()  # the visitor's own choice, back to the old view, stays
     at.run()
-    assert at.session_state["view"] == "attention"
+    assert at.session_state["view"] == "normlab"
 
 
 SETTABLE = {"Radio", "NumberInput", "Slider", "SelectSlider", "Toggle", "Checkbox", "TextArea", "TextInput",
