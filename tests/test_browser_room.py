@@ -2,9 +2,9 @@
 shipped lecture with the clicker's keys (→, PageDown, space), and after each step five followers (two at phone
 size) show the presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores
 on its own and rejoins at the current step. Nothing a follower does moves the room: a lecture link to another step,
-a wrong key, the clicker's keys, a raw websocket client pressing the presenter's Next button. The same, over three
-steps, against `serve --share --processes 2` with followers on both processes, where a backend killed with SIGKILL is
-restarted by `serve` and its followers follow again.
+a wrong key, the clicker's keys, a raw websocket client pressing the presenter's Next button. The same against
+`serve --share --processes 2` with followers on both processes, where a backend killed with SIGKILL is restarted by
+`serve` and its followers follow again.
 
 Each follower's lag per step is printed: measured, never asserted (bench/bench_load.py --lecture measures it
 under load); every wait is for a condition, with a generous timeout."""
@@ -342,7 +342,7 @@ def test_two_processes_followers_on_both_and_a_killed_backend_s_followers_follow
     try:
         where = [process_of(pg) for pg in followers]
         assert set(where) == {"p1", "p2"}, where  # followers on both processes
-        now = steps(presenter, followers, 3)  # each of the clicker's keys once; ten steps are the one-process test's
+        now = steps(presenter, followers)
         now = explore_and_rejoin(presenter, followers, now)
         now = cannot_move_the_room(presenter, followers, server, now)
         victim = next(name for name in ("p1", "p2") if name != process_of(presenter))
