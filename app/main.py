@@ -112,7 +112,6 @@ def head():
         st.info(tr("app.state_reset"))
     lecture_slot = lecture_player.bar()
     room_follow.controls()
-    state_guard.note_page_values()
     return places, lecture_slot
 
 

@@ -113,6 +113,13 @@ def run_starts() -> None:
     # the browser took none of the page's values (had it drawn the run, those it did not touch would have changed):
     # a value equal to the old one is stale, not a visitor's move back to it
     took_none = all(sent[key] == had for key, had in reported.items())
+    ss["_sent_at_start"] = sent
+    ss["_browser_at_start"] = _browser_values(state)
+    if sent is not None:
+        ss[PAGE_SET] = {}  # answered: the browser's next report tells again
+    ss[RUN_OPEN] = True  # from here on, every value the page sets is noted (the ones below too)
+    for key in set_by_callbacks.intersection(SET_BY_THE_PAGE):  # set before this run began
+        _note_page_value(state, key, ss[key])
     for key in SET_BY_THE_PAGE:
         if key not in ss:
             continue
@@ -121,25 +128,29 @@ def run_starts() -> None:
             ss[key] = pending[key][0]
         elif cut_short or sent is not None and key not in sent:
             ss[key] = ss[key]
-    ss["_sent_at_start"] = sent
-    ss["_browser_at_start"] = _browser_values(state)
-    if sent is not None:
-        ss[PAGE_SET] = {}  # answered: the browser's next report tells again
-    ss[RUN_OPEN] = True
 
 
-def note_page_values() -> None:
-    """What this run has set so far, with what the browser had sent, for the next run's check (at the end of the
-    page's head, where a link, a lecture step and the room set their values, and again at the run's end)."""
-    ss = st.session_state
-    set_now = _session_state()._new_session_state
-    sent = ss.get("_sent_at_start") or {}
-    browser = ss.get("_browser_at_start") or {}
-    pending = dict(ss.get(PAGE_SET) or {})
-    for key in SET_BY_THE_PAGE:  # set, and not to what the browser shows (the sliders' clamp sets every run)
-        if key in set_now and key in ss and (key not in browser or browser[key] != ss[key]):
-            pending[key] = (ss[key], sent.get(key))
-    ss[PAGE_SET] = pending
+def _note_page_value(state, key: str, value) -> None:
+    """The page set widget `key` to `value` during its run (a link, a lecture step, the room, a lesson's target):
+    kept with what the browser had sent, for the next run's check, as it is set, so that a run overtaken before
+    its end has noted every value it set. A value equal to what the browser shows is not noted (the sliders'
+    clamp sets theirs every run)."""
+    if not _get(state, RUN_OPEN):
+        return
+    browser = _get(state, "_browser_at_start") or {}
+    if key in browser and browser[key] == value:
+        return
+    sent = _get(state, "_sent_at_start") or {}
+    pending = dict(_get(state, PAGE_SET) or {})
+    pending[key] = (value, sent.get(key))
+    state[PAGE_SET] = pending
+
+
+def _get(state, key):
+    try:
+        return state[key]
+    except KeyError:
+        return None
 
 
 def _session_state():
@@ -165,7 +176,6 @@ def _browser_values(state) -> dict:
 
 def run_ends() -> None:
     """The page run reached its last line."""
-    note_page_values()
     st.session_state[RUN_OPEN] = False
 
 
@@ -208,6 +218,24 @@ def keep_what_the_browser_sent() -> None:
     cls.on_script_will_rerun = on_script_will_rerun
 
 
+def note_what_the_page_sets() -> None:
+    """Every value the page sets for a widget of SET_BY_THE_PAGE is noted as it is set (see _note_page_value).
+    Installed once per process."""
+    from streamlit.runtime.state import session_state
+
+    cls = session_state.SessionState
+    if getattr(cls.__setitem__, "_notes", False):
+        return
+    plain = cls.__setitem__
+
+    def setitem(self, user_key, value):
+        plain(self, user_key, value)
+        if user_key in SET_BY_THE_PAGE:
+            _note_page_value(self, user_key, value)
+    setitem._notes = True
+    cls.__setitem__ = setitem
+
+
 def guard_widget_values() -> None:
     """A widget's value arrives from the browser as a protobuf field, and Streamlit converts it with the widget's
     own rule before any line of the page runs (WStates.__getitem__ -> the widget's deserializer): a NaN for an
@@ -234,3 +262,4 @@ def guard_widget_values() -> None:
 
 guard_widget_values()
 keep_what_the_browser_sent()
+note_what_the_page_sets()

@@ -170,3 +170,32 @@ def test_every_widget_whose_value_the_page_can_set_is_sent_again_after_a_run_cut
         walk(at._tree)
     assert {"prompt", "model_pick", "view", "_w_cmp", "_w_cmp_prompt", "whatif_specs", "lab_norm"} <= set(found)
     assert {k: kind for k, kind in found.items() if k not in SET_BY_THE_PAGE} == {}
+
+
+def test_a_value_set_late_in_a_run_overtaken_before_its_end_is_sent_again(monkeypatch):
+    """A preset's lesson puts the layer, head and token where its point is once the model has run, late in the page
+    run. When that run is overtaken before its end (a follower's page reconnecting to a restarted server) and the
+    browser reports what it showed before, the lesson's values come back, not the browser's old ones."""
+    import app.state_guard as guard
+
+    at = run_app(prompt=PROMPT, view="attention", model="tiny-pre")
+    tree = type(at._tree)
+    full = tree.get_widget_states
+    monkeypatch.setattr(guard, "run_ends", lambda: None)  # the run never reaches its last line
+    at.selectbox(key="preset").set_value("sink")
+    before = full(at._tree)  # the browser's request: the preset picked, layer 0, head 0
+    at.run()
+    assert not at.exception
+    target = {k: at.session_state[k] for k in ("layer", "head")}
+    assert at.session_state["view"] == "attention" and target != {"layer": 0, "head": 0}, target
+    noted = {k: value for k, (value, _) in at.session_state["_page_set"].items() if k in target}
+    assert noted == target  # noted as they were set, though the run did not reach its end
+    monkeypatch.undo()
+    tree.get_widget_states = lambda self: before
+    try:
+        at.run()
+    finally:
+        tree.get_widget_states = full
+    assert not at.exception
+    assert {k: at.session_state[k] for k in target} == target
+    assert [at.slider(key=k).value for k in target] == list(target.values())
