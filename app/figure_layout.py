@@ -9,7 +9,7 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
   ticks as labels fit;
 - its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
 
-Every function here is pure: a figure and sizes in, the figure changed in place.
+Every function here is pure: a figure (its spec, app/figure_spec.py) and sizes in, the figure changed in place.
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-import plotly.graph_objects as go
-
+from app.figure_spec import Figure
 from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, axes, cut, place_title, presenter_fonts,
                              raise_fonts, text_px, wrap_subplot_titles)
 
@@ -34,11 +33,13 @@ COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colou
 
 
 # --------------------------------------------------------------------------- heatmaps
-def is_heatmap(fig: go.Figure) -> bool:
+def is_heatmap(fig: Figure) -> bool:
     """One heatmap on one pair of category axes (plots.heatmap and its kind): sized here as a whole."""
-    return (bool(fig.data) and fig.data[0].type == "heatmap" and len(axes(fig, "x")) == 1 and
-            fig.data[0].x is not None and fig.data[0].y is not None and
-            all(isinstance(v, str) for v in (fig.data[0].x[0], fig.data[0].y[0])))
+    if not fig.data or fig.data[0].type != "heatmap" or len(axes(fig, "x")) != 1:
+        return False
+    x, y = fig.data[0].x, fig.data[0].y  # labels are lists of text; numbers come base64-typed (a dict)
+    return isinstance(x, list) and isinstance(y, list) and bool(x and y) and isinstance(x[0], str) and \
+        isinstance(y[0], str)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def heat_frame(width: float, x_labels: Sequence, y_labels: Sequence, sizes: Size
     return HeatFrame(left, right, top, bottom, under, chars)
 
 
-def size_heatmap(fig: go.Figure, width: float, sizes: Sizes, max_height: float | None = None,
+def size_heatmap(fig: Figure, width: float, sizes: Sizes, max_height: float | None = None,
                  touch: bool = False) -> None:
     """Height, margins, colour bar and tick labels of a one-heatmap figure `width` px wide. Rows about as tall as
     cells are wide (at most CELL_MAX; a token × token map stays square), tall enough for every row's label when
@@ -142,7 +143,7 @@ def _thin(axis, cats: list[str], px_each: float, font: int, chars: int, rotate: 
 
 
 # --------------------------------------------------------------------------- every figure
-def fit_figure(fig: go.Figure, width: float, *, presenter: bool, touch: bool, height: int | None = None) -> None:
+def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, height: int | None = None) -> None:
     """The figure as a column `width` px wide shows it: heights, fonts, titles, tick labels (see the module)."""
     sizes = Sizes.for_screen(presenter)
     if presenter:
@@ -171,7 +172,7 @@ def fit_figure(fig: go.Figure, width: float, *, presenter: bool, touch: bool, he
         fig.update_layout(dragmode=False)
 
 
-def _colorbars(fig: go.Figure) -> list:
+def _colorbars(fig: Figure) -> list:
     """The colour bars the figure shows: its traces' own, and a shared colour axis's."""
     bars = [tr.colorbar for tr in fig.data if tr.type in COLOR_TRACES and tr.showscale is not False
             and not tr.coloraxis]
@@ -186,7 +187,7 @@ def _lay_under(bar, height: float) -> None:
                yref="container", len=1, lenmode="fraction", ypad=0, thickness=COLORBAR_PX, title_side="top")
 
 
-def _colorbar_under(fig: go.Figure, sizes: Sizes) -> None:
+def _colorbar_under(fig: Figure, sizes: Sizes) -> None:
     """A narrow figure's upright colour bars laid under the plot, the figure made taller for them."""
     bars = [b for b in _colorbars(fig) if b.orientation != "h"]
     if not bars:
@@ -199,8 +200,8 @@ def _colorbar_under(fig: go.Figure, sizes: Sizes) -> None:
         _lay_under(bar, height)
 
 
-def _axis_categories(fig: go.Figure, axis, letter: str) -> list[str]:
-    if axis.categoryarray is not None and len(axis.categoryarray):
+def _axis_categories(fig: Figure, axis, letter: str) -> list[str]:
+    if isinstance(axis.categoryarray, list) and axis.categoryarray:
         return [str(c) for c in axis.categoryarray]
     name = axis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
     cats: list[str] = []
@@ -208,13 +209,13 @@ def _axis_categories(fig: go.Figure, axis, letter: str) -> list[str]:
         if (getattr(tr, letter + "axis", None) or letter) != name:
             continue
         values = getattr(tr, letter, None)
-        if values is None or not len(values) or not isinstance(values[0], str):
+        if not isinstance(values, list) or not values or not isinstance(values[0], str):
             continue
         cats += [str(v) for v in values if str(v) not in cats]
     return cats
 
 
-def _colorbar_px(fig: go.Figure, sizes: Sizes) -> float:
+def _colorbar_px(fig: Figure, sizes: Sizes) -> float:
     """Width of an upright colour bar at the figure's right, 0 when it has none."""
     bars = [b for b in _colorbars(fig) if b.orientation != "h"]
     if not bars:
@@ -222,7 +223,7 @@ def _colorbar_px(fig: go.Figure, sizes: Sizes) -> float:
     return 16 + 32 + 5 * CHAR_EM * sizes.tick + (sizes.tick * LINE if bars[0].title.text else 0)
 
 
-def _label_px(fig: go.Figure, axis, letter: str, font: float) -> float:
+def _label_px(fig: Figure, axis, letter: str, font: float) -> float:
     """How far an axis's tick labels and title reach out from the plot (px)."""
     if axis.showticklabels is False:
         labels = 0.0
@@ -234,7 +235,7 @@ def _label_px(fig: go.Figure, axis, letter: str, font: float) -> float:
     return labels + title + 8
 
 
-def plot_area(fig: go.Figure, width: float, sizes: Sizes) -> tuple[float, float]:
+def plot_area(fig: Figure, width: float, sizes: Sizes) -> tuple[float, float]:
     """(width, height) px of the plot area: the figure less its margins, which Plotly widens (automargin) for the
     tick labels and titles at the left and bottom and a colour bar at the right."""
     lay, m = fig.layout, fig.layout.margin
@@ -247,7 +248,7 @@ def plot_area(fig: go.Figure, width: float, sizes: Sizes) -> tuple[float, float]
     return max(plot_w, 40.0), max(plot_h, 40.0)
 
 
-def thin_ticks(fig: go.Figure, width: float, sizes: Sizes) -> None:
+def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
     """Tick labels that never overlap. An axis of categories: horizontal when all fit side by side, otherwise
     upright, every k-th. A numeric x axis: at most as many ticks as labels of five characters fit."""
     plot_w, plot_h = plot_area(fig, width, sizes)
@@ -283,7 +284,7 @@ def _thin_categories(axis, cats: list[str], letter: str, length: float, font: fl
 
 def _panel_step(axis, cats: list[str]) -> int:
     """The step of a panel's own choice of tick labels (every k-th category), 1 when it made none."""
-    vals = list(axis.tickvals) if axis.tickvals is not None else []
+    vals = axis.tickvals if isinstance(axis.tickvals, list) else []
     if len(vals) < 2 or vals[0] not in cats or vals[1] not in cats:
         return 1
     return max(1, cats.index(vals[1]) - cats.index(vals[0]))

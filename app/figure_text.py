@@ -1,7 +1,7 @@
 """The text of a figure on this screen: its font sizes, titles wrapped to the width (short of Plotly's toolbar),
 and no text smaller than a phone or a projector can show (app/figure_layout.py sizes the rest).
 
-Widths are estimated from the characters: CHAR_EM font sizes a Latin character (with room to spare), WIDE_EM a
+A figure here is its spec (app/figure_spec.py). Widths are estimated from the characters: CHAR_EM font sizes a Latin character (with room to spare), WIDE_EM a
 Chinese one. Every function here is pure.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-import plotly.graph_objects as go
+from app.figure_spec import Figure, axis_list
 
 FONT, PRESENTER_FONT = 12, 16  # tick labels (px)
 MIN_TEXT, PRESENTER_MIN_TEXT = 12, 14  # no text of a figure is smaller (px)
@@ -30,12 +30,10 @@ TOUCH_TOOLBAR_DROPPED = TOOLBAR_DROPPED + ("zoom2d", "pan2d", "resetScale2d")
 
 
 
-def axes(fig: go.Figure, letter: str) -> list:
-    """The figure's x (letter "x") or y axes in subplot order: axes(fig, "x") without its cost (it sorts every
-    layout key on each call, about 1 ms; a figure is sized with a dozen such calls)."""
-    lay = fig.layout
-    extra = sorted((k for k in lay._subplotid_props if k.startswith(letter + "axis")), key=lambda k: int(k[5:]))
-    return [lay[letter + "axis"]] + [lay[k] for k in extra]
+def axes(fig: Figure, letter: str) -> list:
+    """The figure's x (letter "x") or y axes in subplot order."""
+    return axis_list(fig.layout, letter)
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -99,12 +97,12 @@ def _words(text: str) -> list[str]:
     return out + [word] if word else out
 
 
-def title_text(fig: go.Figure) -> str:
+def title_text(fig: Figure) -> str:
     t = fig.layout.title
     return (t.text or "") if t is not None else ""
 
 
-def presenter_fonts(fig: go.Figure, sizes: Sizes) -> None:
+def presenter_fonts(fig: Figure, sizes: Sizes) -> None:
     big = sizes.tick
     fig.update_layout(font=dict(size=big + 2), title_font=dict(size=sizes.title), legend_font=dict(size=big),
                       hoverlabel_font=dict(size=big))
@@ -112,7 +110,7 @@ def presenter_fonts(fig: go.Figure, sizes: Sizes) -> None:
     fig.update_yaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
 
 
-def place_title(fig: go.Figure, width: float, sizes: Sizes, touch: bool) -> list[str]:
+def place_title(fig: Figure, width: float, sizes: Sizes, touch: bool) -> list[str]:
     """The title at the top left, its lines wrapped short of the toolbar (which would cover their end); its lines."""
     title = title_text(fig)
     if not title:
@@ -126,7 +124,7 @@ def place_title(fig: go.Figure, width: float, sizes: Sizes, touch: bool) -> list
     return lines
 
 
-def wrap_subplot_titles(fig: go.Figure, plot_w: float, sizes: Sizes) -> None:
+def wrap_subplot_titles(fig: Figure, plot_w: float, sizes: Sizes) -> None:
     """Subplot titles (annotations centred over an x axis's domain) wrapped to their subplot's share of the plot
     area's plot_w px; the figure grows at the top for a first row's added lines (its titles grow upwards)."""
     centres = [((a.domain or (0, 1))[0] + (a.domain or (0, 1))[1]) / 2 for a in axes(fig, "x")]
@@ -148,7 +146,7 @@ def wrap_subplot_titles(fig: go.Figure, plot_w: float, sizes: Sizes) -> None:
         fig.update_layout(margin_t=(t if t is not None else 100) + added, height=(fig.layout.height or 450) + added)
 
 
-def raise_fonts(fig: go.Figure, least: int) -> None:
+def raise_fonts(fig: Figure, least: int) -> None:
     """Every font size the figure sets, at least `least` px; those it leaves unset follow the layout's font, but a
     shared colour axis's bar follows Streamlit's theme (12 px), so its size is always set."""
     def up(font) -> None:
@@ -167,9 +165,5 @@ def raise_fonts(fig: go.Figure, least: int) -> None:
         bar.tickfont.size = max(bar.tickfont.size or 0, least)
         up(bar.title.font)
     for tr in fig.data:
-        for name in ("textfont", "insidetextfont", "outsidetextfont"):
-            if name in tr:
-                up(getattr(tr, name))
-        if "colorbar" in tr:
-            up(tr.colorbar.tickfont)
-            up(tr.colorbar.title.font)
+        for font in (tr.textfont, tr.insidetextfont, tr.outsidetextfont, tr.colorbar.tickfont, tr.colorbar.title.font):
+            up(font)

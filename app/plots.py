@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 from typing import Sequence
 
 import numpy as np
@@ -19,6 +18,7 @@ from app import gateway
 
 from .context import ViewContext
 from .figure_layout import fit_figure
+from .figure_spec import Figure, spec
 from .figure_text import axes, toolbar_dropped
 
 
@@ -86,22 +86,18 @@ def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: i
     asks for it again builds nothing. chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
     width = ctx.screen.column(share)
     if callable(fig):
-        fig = ServedFigure(gateway.figure(fig, lambda built: spec(finish(built, ctx, height, width)),
-                                           (key, ctx.presenter, height, width, ctx.screen.touch)))
+        done = gateway.figure(fig, lambda built: finish(built, ctx, height, width),
+                              (key, ctx.presenter, height, width, ctx.screen.touch))
     else:
-        finish(fig, ctx, height, width)
-    return st.plotly_chart(fig, key=key, config=chart_config(ctx, filename or key), width="stretch", **chart_args)
+        done = finish(fig, ctx, height, width)
+    return st.plotly_chart(ServedFigure(done), key=key, config=chart_config(ctx, filename or key), width="stretch",
+                           **chart_args)
 
 
 def chart_config(ctx: ViewContext, filename: str) -> dict:
     """Plotly's options for a figure of this page: its PNG download, and the toolbar buttons for this screen."""
     return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": 2},
             "modeBarButtonsToRemove": toolbar_dropped(ctx.screen.touch)}
-
-
-def spec(fig: go.Figure) -> dict:
-    """The figure as the browser receives it (Plotly's JSON, arrays base64-typed), read back into plain dicts."""
-    return json.loads(plotly.io.to_json(fig, validate=False))
 
 
 class ServedFigure(plotly.basedatatypes.BaseFigure):
@@ -118,15 +114,17 @@ class ServedFigure(plotly.basedatatypes.BaseFigure):
         return self._spec
 
 
-def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | None = None) -> go.Figure:
-    """The figure as shown in a column `width` px wide (the main column's when None): its height, log axes' ticks,
-    sizes and fonts for the visitor's screen and presenter mode (see `show`)."""
+def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | None = None) -> dict:
+    """The figure's spec as shown in a column `width` px wide (the main column's when None): its height, log axes'
+    ticks, sizes and fonts for the visitor's screen and presenter mode (see `show`). Sized on the spec, not on
+    Plotly's graph objects, whose every read and write is validated (app/figure_spec.py)."""
+    done = Figure(spec(fig))
     # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
-    for axis in (*axes(fig, "x"), *axes(fig, "y")):
+    for axis in (*axes(done, "x"), *axes(done, "y")):
         if axis.type == "log" and axis.dtick is None:
             axis.update(dtick=1)
-    fit_figure(fig, width or ctx.screen.main, presenter=ctx.presenter, touch=ctx.screen.touch, height=height)
-    return fig
+    fit_figure(done, width or ctx.screen.main, presenter=ctx.presenter, touch=ctx.screen.touch, height=height)
+    return done.spec
 
 
 def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None = None,

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from app import plots
+from app.figure_spec import Figure, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PRESENTER_MAX_H, fit_figure, plot_area
 from app.figure_text import CHAR_EM, MIN_TEXT, PRESENTER_MIN_TEXT, Sizes, text_px, toolbar_px, wrap
 from app.screen import DESKTOP, PHONE, TABLET, Screen, from_report, guess
@@ -17,6 +18,13 @@ TOKENS = [f"{i}:{w}" for i, w in enumerate(
     "The animal didn't cross the street because it was too tired . And then it slept all day long".split())]
 CHINESE = [f"{i}:{c}·{i % 3 + 1}/3" for i, c in enumerate("深度学习很有意思我们一起学习吧今天天气很好我们出去走走")]
 WIDTHS = (358, 434, 736, 1120)
+
+
+def fit(fig: go.Figure, width: float, **sizes) -> Figure:
+    """The figure's spec, sized as the page sizes it (app/plots.finish without a page)."""
+    done = Figure(spec(fig))
+    fit_figure(done, width, **sizes)
+    return done
 
 
 def heat(labels: list[str], rows: list[str] | None = None) -> go.Figure:
@@ -30,7 +38,7 @@ def heat(labels: list[str], rows: list[str] | None = None) -> go.Figure:
 @pytest.mark.parametrize("labels", [TOKENS, CHINESE], ids=["english", "chinese"])
 def test_a_heatmap_fills_its_width_with_labels_that_never_overlap(width, presenter, labels):
     fig = heat(labels)
-    fit_figure(fig, width, presenter=presenter, touch=False)
+    fig = fit(fig, width, presenter=presenter, touch=False)
     lay = fig.layout
     assert lay.width is None and not lay.yaxis.scaleanchor  # as wide as its column
     assert lay.margin.autoexpand is False  # the cells are as wide as computed here
@@ -52,8 +60,8 @@ def test_a_heatmap_fills_its_width_with_labels_that_never_overlap(width, present
 
 def test_a_phone_heatmap_has_its_colour_bar_under_the_plot_and_a_desktop_one_beside_it():
     narrow, wide = heat(TOKENS), heat(TOKENS)
-    fit_figure(narrow, PHONE.main, presenter=False, touch=True)
-    fit_figure(wide, DESKTOP.main, presenter=False, touch=False)
+    narrow = fit(narrow, PHONE.main, presenter=False, touch=True)
+    wide = fit(wide, DESKTOP.main, presenter=False, touch=False)
     assert narrow.data[0].colorbar.orientation == "h" and narrow.layout.margin.r < 20
     assert wide.data[0].colorbar.orientation == "v" and wide.layout.margin.r > 60
     assert narrow.layout.dragmode is False  # a finger on the figure scrolls the page
@@ -63,7 +71,7 @@ def test_a_phone_heatmap_has_its_colour_bar_under_the_plot_and_a_desktop_one_bes
 def test_cells_with_text_get_rows_for_it_and_margins_for_text_wider_than_a_cell():
     fig = heat(TOKENS[:6], ["loss"])
     fig.update_traces(text=[["␣because"] * 6], texttemplate="%{text}", textfont=dict(size=10))
-    fit_figure(fig, PHONE.main, presenter=False, touch=True)
+    fig = fit(fig, PHONE.main, presenter=False, touch=True)
     tr, m = fig.data[0], fig.layout.margin
     assert tr.textfont.size == MIN_TEXT
     assert fig.layout.height - m.t - m.b >= 1.6 * MIN_TEXT
@@ -76,7 +84,7 @@ def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its
     for touch in (False, True):
         fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout=dict(
             title="Next-token probabilities at the last position, before and after the change", height=300))
-        fit_figure(fig, PHONE.main, presenter=False, touch=touch)
+        fig = fit(fig, PHONE.main, presenter=False, touch=touch)
         lines = fig.layout.title.text.split("<br>")
         assert len(lines) > 1 and fig.layout.title.yanchor == "top" and fig.layout.title.xanchor == "left"
         assert all(text_px(line, 16) <= PHONE.main - toolbar_px(touch) - 16 for line in lines)
@@ -95,7 +103,7 @@ def test_no_font_is_smaller_than_the_screen_allows(presenter):
                     layout=plots.grid_layout(1, 2, ["left", "right"]))
     fig.update_layout(xaxis_tickfont_size=9, legend_font_size=10, title=dict(text="t", font=dict(size=11)))
     fig.layout.annotations[0].font.size = 8
-    fit_figure(fig, 800, presenter=presenter, touch=False, height=400)
+    fig = fit(fig, 800, presenter=presenter, touch=False, height=400)
     sizes = [fig.layout.xaxis.tickfont.size, fig.layout.legend.font.size, fig.layout.title.font.size,
              fig.layout.annotations[0].font.size, fig.data[1].textfont.size, fig.layout.coloraxis.colorbar.tickfont.size]
     assert min(sizes) >= least
@@ -105,19 +113,19 @@ def test_a_bar_chart_of_many_categories_turns_and_thins_its_labels_for_a_phone()
     cats = [f"{i}:token{i}" for i in range(40)]
     fig = go.Figure(go.Bar(x=cats, y=np.arange(40.0)), layout=dict(height=380, margin=dict(l=10, r=10, t=50, b=10)))
     fig.add_vline(x=39, annotation_text="selected", annotation_position="top right")
-    fit_figure(fig, PHONE.main, presenter=False, touch=True)
+    fig = fit(fig, PHONE.main, presenter=False, touch=True)
     axis = fig.layout.xaxis
     step = cats.index(axis.tickvals[1])
     assert axis.tickangle == -90 and list(axis.range) == [-0.5, 39.5]  # the categories span the axis
     assert plot_area(fig, PHONE.main, Sizes.for_screen(False))[0] / 40 * step >= LABEL_ROOM * 12
     few = go.Figure(go.Bar(x=["a", "b", "c"], y=[1, 2, 3]), layout=dict(height=300))
-    fit_figure(few, DESKTOP.main, presenter=False, touch=False)
+    few = fit(few, DESKTOP.main, presenter=False, touch=False)
     assert few.layout.xaxis.tickangle == 0 and list(few.layout.xaxis.tickvals) == ["a", "b", "c"]
 
 
 def test_a_numeric_axis_gets_no_more_ticks_than_labels_fit():
     fig = go.Figure(go.Scatter(x=np.arange(600), y=np.arange(600)), layout=dict(height=300))
-    fit_figure(fig, 300, presenter=True, touch=False)
+    fig = fit(fig, 300, presenter=True, touch=False)
     label = 5 * CHAR_EM * 16  # five characters at the projector's tick size
     assert fig.layout.xaxis.nticks * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
 
@@ -135,6 +143,7 @@ def test_the_screen_from_the_browser_or_a_guess():
 
 
 def test_the_axes_helper_lists_what_plotly_selects_in_the_same_order():
+    """On the spec, as Plotly lists the graph objects' axes."""
     from plotly.subplots import make_subplots
 
     from app.figure_text import axes
@@ -144,6 +153,30 @@ def test_the_axes_helper_lists_what_plotly_selects_in_the_same_order():
         for c in range(4):
             fig.add_trace(go.Heatmap(z=[[r, c]]), row=r + 1, col=c + 1)
     for letter, select in (("x", fig.select_xaxes), ("y", fig.select_yaxes)):
-        assert [a.plotly_name for a in axes(fig, letter)] == [a.plotly_name for a in select()]
-        assert len(axes(fig, letter)) == 12
-    assert [a.plotly_name for a in axes(go.Figure(go.Bar(y=[1])), "x")] == ["xaxis"]
+        assert [a.plotly_name for a in axes(Figure(spec(fig)), letter)] == [a.plotly_name for a in select()]
+        assert len(axes(Figure(spec(fig)), letter)) == 12
+    assert [a.plotly_name for a in axes(Figure(spec(go.Figure(go.Bar(y=[1])))), "x")] == ["xaxis"]
+
+
+def test_a_spec_reads_and_updates_as_plotly_s_graph_objects_do():
+    """What the sizing reads and writes on a spec (app/figure_spec.py) gives what Plotly's graph objects give: an
+    unset property reads None, an unset object reads empty and appears in the spec only when written, updates merge
+    objects, `title_standoff` names title.standoff, None removes."""
+    graph = go.Figure(go.Heatmap(z=[[1, 2]], x=["a", "b"], y=["r"], colorbar=dict(title=dict(text="p"))))
+    graph.update_layout(title="T", margin=dict(l=5))
+    fig = Figure(spec(graph))
+    assert fig.layout.title.text == graph.layout.title.text == "T"
+    assert fig.layout.title.font.size is None and fig.layout.xaxis.tickfont.size is None
+    assert fig.data[0].colorbar.title.text == "p" and fig.data[0].x == ["a", "b"]
+    assert "xaxis" not in fig.spec["layout"] and fig.data[0].coloraxis is None
+    fig.layout.xaxis.update(title_standoff=8, tickfont=dict(size=12))
+    fig.layout.xaxis.update(tickfont=dict(color="red"))
+    fig.update_layout(margin_t=30, width=None, title=dict(x=0))
+    graph.layout.xaxis.update(title_standoff=8, tickfont=dict(size=12))
+    graph.layout.xaxis.update(tickfont=dict(color="red"))
+    graph.update_layout(margin_t=30, width=None, title=dict(x=0))
+    assert fig.spec["layout"]["xaxis"] == graph.to_plotly_json()["layout"]["xaxis"] == {
+        "title": {"standoff": 8}, "tickfont": {"size": 12, "color": "red"}}
+    assert fig.spec["layout"]["margin"] == {"l": 5, "t": 30} and fig.spec["layout"]["title"] == {"text": "T", "x": 0}
+    fig.layout.margin.update(l=None)
+    assert fig.spec["layout"]["margin"] == {"t": 30}

@@ -76,7 +76,8 @@ def draw_race(ctx: ViewContext) -> dict | None:
 
     def chart(result, key: str) -> None:
         fig = plots.finish(race_figure(result, t, shipped), ctx, None)
-        slot.plotly_chart(fig, key=key, config=plots.chart_config(ctx, "normlab_race"), width="stretch")
+        slot.plotly_chart(plots.ServedFigure(fig), key=key, config=plots.chart_config(ctx, "normlab_race"),
+                          width="stretch")
     chart(r, "normlab_race_fig")
     start = st.button(t("normlab.start_the_race_s", race_time_limit=RACE_TIME_LIMIT), key="lab_race_start")
     if start:

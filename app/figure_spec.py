@@ -1,0 +1,123 @@
+"""A finished figure's spec (Plotly's JSON read back into dicts), read and changed the way Plotly's graph objects are:
+`fig.layout.xaxis.tickfont.size`, `axis.update(tickangle=-90, title_standoff=8)`, `tr.colorbar.title.text`.
+
+The sizing of app/figure_layout.py and app/figure_text.py runs on every figure a page draws for a new selection.
+On Plotly's graph objects each read and write goes through a validator (tens of µs); here it is a dict lookup.
+
+As in Plotly, reading a property nobody set gives None, and reading an object nobody set (a title, a font, an axis)
+gives an empty one that is created in the spec only when something is written into it. Which names are objects is
+listed below: only those this app's sizing reads.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import plotly.io
+
+OBJECTS = {"title", "font", "tickfont", "colorbar", "margin", "legend", "hoverlabel", "textfont", "insidetextfont",
+           "outsidetextfont", "pad"}
+LAYOUT_OBJECTS = OBJECTS | {"coloraxis"}  # on a trace, `coloraxis` names the layout's; in the layout it is one
+AXIS = re.compile(r"^[xy]axis\d*$")
+
+
+def spec(fig) -> dict:
+    """A Plotly figure as the browser receives it (Plotly's JSON, arrays base64-typed), read back into plain dicts."""
+    return json.loads(plotly.io.to_json(fig, validate=False))
+
+
+class Node:
+    """One object of a spec: its dict, or (not yet created) the parent and the name it will have there."""
+    __slots__ = ("_d", "_parent", "_name")
+
+    def __init__(self, d: dict | None, parent: "Node | None" = None, name: str = ""):
+        object.__setattr__(self, "_d", d)
+        object.__setattr__(self, "_parent", parent)
+        object.__setattr__(self, "_name", name)
+
+    def _is_object(self, name: str) -> bool:
+        return name in OBJECTS
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = None if self._d is None else self._d.get(name)
+        if self._is_object(name):
+            return Node(value if isinstance(value, dict) else None, self, name)
+        return value
+
+    def __setattr__(self, name: str, value) -> None:
+        self._set(name, value)
+
+    @property
+    def plotly_name(self) -> str:
+        return self._name
+
+    def _made(self) -> dict:
+        """This object's dict, created in its parent (and theirs) on the first write."""
+        if self._d is None:
+            object.__setattr__(self, "_d", self._parent._made().setdefault(self._name, {}))
+        return self._d
+
+    def _set(self, name: str, value) -> None:
+        d = self._made()
+        if value is None:
+            d.pop(name, None)
+        elif isinstance(value, dict):  # as Plotly's update: an object's dict is merged into what it has
+            if not isinstance(d.get(name), dict):
+                d[name] = {}
+            Node(d[name]).update(**value)
+        else:
+            d[name] = value
+
+    def update(self, **props) -> "Node":
+        """Plotly's `update`: nested objects merged, `title_standoff` meaning title.standoff, None removing."""
+        for key, value in props.items():
+            *path, last = key.split("_")
+            target = self
+            for part in path:
+                child = getattr(target, part)
+                target = child if isinstance(child, Node) else Node(None, target, part)
+            target._set(last, value)
+        return self
+
+
+class Layout(Node):
+    __slots__ = ()
+
+    def _is_object(self, name: str) -> bool:
+        return name in LAYOUT_OBJECTS or AXIS.match(name) is not None
+
+    @property
+    def annotations(self) -> list[Node]:
+        return [Node(a) for a in (self._d or {}).get("annotations") or []]
+
+
+class Figure:
+    """A spec as a figure: `data` (its traces), `layout`, and the update helpers the sizing uses."""
+    __slots__ = ("spec", "data", "layout")
+
+    def __init__(self, spec_dict: dict):
+        self.spec = spec_dict
+        root = Node(spec_dict)
+        self.data = [Node(tr) for tr in spec_dict.setdefault("data", [])]
+        self.layout = Layout(spec_dict.get("layout"), root, "layout")
+
+    def update_layout(self, **props) -> None:
+        self.layout.update(**props)
+
+    def update_xaxes(self, **props) -> None:
+        for axis in axis_list(self.layout, "x"):
+            axis.update(**props)
+
+    def update_yaxes(self, **props) -> None:
+        for axis in axis_list(self.layout, "y"):
+            axis.update(**props)
+
+
+def axis_list(layout: Layout, letter: str) -> list[Node]:
+    """The layout's x (letter "x") or y axes in subplot order (xaxis, xaxis2, …, xaxis10: by number, not by text)."""
+    d = layout._d or {}
+    extra = sorted((k for k in d if AXIS.match(k) and k[0] == letter and k != letter + "axis"),
+                   key=lambda k: int(k[5:]))
+    return [getattr(layout, letter + "axis")] + [getattr(layout, k) for k in extra]
