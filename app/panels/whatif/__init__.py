@@ -112,7 +112,7 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
     c[1].button(t("whatif.no_rope"), key="whatif_q_rope", on_click=_set_specs, args=("no-rope",))
     c[2].button(t("whatif.no_rope_no_mask"), key="whatif_q_both", on_click=_set_specs, args=("no-rope,no-mask",))
     c[3].button(t("whatif.bank_river_patch"), key="whatif_q_bank", on_click=whatif_bank.apply,
-                args=(ctx.source, ctx.extras["replace_prompt"]), disabled="replace_prompt" not in ctx.extras)
+                args=(ctx.source, ctx.extras.get("replace_prompt")), disabled="replace_prompt" not in ctx.extras)
     c[4].button(t("whatif.clear"), key="whatif_clear", on_click=_set_specs, args=("",))
     left, right = st.columns([2, 3])
     with left:
