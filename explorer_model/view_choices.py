@@ -66,6 +66,7 @@ CHOICES: dict[str, Choice] = {
     "swiglu_quantity": _one("swiglu", ("pre", "act", "up", "post", "all"), "post"),
     "swiglu_topk": Choice("swiglu", "int", lo=1, hi=256, default=32),
     "swiglu_threshold": Choice("swiglu", "float", lo=0.0, hi=10.0, default=0.1),
+    "swiglu_pw_go": Choice("swiglu", "bool", default=False),  # the position-wise comparison shown (its button)
     "swiglu_pw_pos": Choice("swiglu", "int", lo=0, hi=BIG),
     "swiglu_pw_word": Choice("swiglu", "text"),
     "swiglu_prompt_a": Choice("swiglu", "text"),

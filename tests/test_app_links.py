@@ -16,8 +16,9 @@ pytestmark = pytest.mark.real  # the pages open SmolLM2, the app's default model
 SHORT = "The capital of France is Paris."
 LONG = "The capital of France is Paris, and the capital of Italy is Rome. The capital of Spain is"  # > 16 tokens
 WIDGETS = ("radio", "selectbox", "select_slider", "slider", "number_input", "text_input", "toggle", "multiselect")
+# a button whose result stays on the page, and the choice it sets
 BUTTON_FLAGS = {"tokens_bos_go": "tokens_bos_compare", "whatif_sweep_run": "whatif_sweep_shown",
-                "lab_init_run": "lab_init_go"}  # a button whose result stays on the page, and the choice it sets
+                "lab_init_run": "lab_init_go", "swiglu_pw_run": "swiglu_pw_go"}
 WHATIF = ("whatif", SHORT)
 # (view, prompt, what the visitor does: (widget key, value), or (button key, None)), in order
 SCENARIOS = {
@@ -29,7 +30,7 @@ SCENARIOS = {
     "rope": ("rope", SHORT, [("rope_pairs", [1, 5]), ("rope_key_token", 2), ("rope_decay_src", "ones"),
                              ("rope_clock_pos", 100)]),
     "swiglu": ("swiglu", SHORT, [("swiglu_quantity", "act"), ("swiglu_topk", 16), ("swiglu_threshold", 0.5),
-                                 ("swiglu_pw_pos", 1), ("swiglu_pw_word", " cat"),
+                                 ("swiglu_pw_run", None), ("swiglu_pw_pos", 1), ("swiglu_pw_word", " cat"),
                                  ("swiglu_prompt_a", "The bank was closed."), ("swiglu_prompt_b", "A wet river bank."),
                                  ("swiglu_word", "nowhere"), ("swiglu_tok_a", 1), ("swiglu_tok_b", 2)]),
     "residual": ("residual", LONG, [("residual_log", True), ("lens_positions", 20)]),

@@ -155,6 +155,8 @@ def _ffn(loaded, rec, layer):
 @pytest.mark.parametrize("pos, word", [(9, " dog"), (2, " cat"), (0, " A")])
 def test_ffn_is_position_wise(page, loaded, pos, word):
     ids, _ = record_prompt(loaded, PROMPT)
+    if "swiglu_pw_run" in [b.key for b in page.button]:  # the page's first comparison (the page is shared)
+        page.button(key="swiglu_pw_run").click().run()
     page.selectbox(key="swiglu_pw_pos").set_value(pos).run()
     page.text_input(key="swiglu_pw_word").set_value(word).run()
     assert not page.exception and not page.error
@@ -189,3 +191,15 @@ def test_swiglu_new_parts_chinese():
     text = all_text(at)
     assert "部分保留" in text and "FFN 对每个位置单独计算" in text
     assert "每个神经元的门控" in title(by_id(at, "swiglu_gate_kinds"))
+
+
+def test_the_position_wise_comparison_runs_when_asked_for_or_when_a_step_or_link_is_about_it():
+    """Its changed prompt is a second recording: the view runs it when the visitor asks (or a step or link lands
+    on the section), not on every first visit to the view."""
+    pw = lambda at: [f for f in figures(at) if (f["layout"].get("meta") or {}).get("id") == "swiglu_positionwise"]  # noqa: E731
+    at = run_app(view="swiglu", prompt=PROMPT, layer=LAYER, token=TOKEN)
+    assert not at.exception and not pw(at) and "swiglu_pw_run" in [b.key for b in at.button]
+    at.button(key="swiglu_pw_run").click().run()
+    assert len(pw(at)) == 1 and at.session_state["swiglu_pw_go"] is True
+    linked = run_app(view="swiglu", prompt=PROMPT, layer=LAYER, token=TOKEN, section="positionwise")
+    assert not linked.exception and len(pw(linked)) == 1 and "swiglu_pw_run" not in [b.key for b in linked.button]

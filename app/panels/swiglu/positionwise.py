@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import choice_state, gateway, plots
+from app import choice_state, gateway, plots, sections
 from app.context import ViewContext, display_piece, plain
 from explorer_model.analysis import ffn as F
 
@@ -64,6 +64,11 @@ def draw(ctx: ViewContext) -> None:
     st.subheader(t("swiglu.pw_heading"))
     if len(ctx.ids) < 2:
         st.info(t("swiglu.pw_short"))
+        return
+    # a second recording (the prompt with a word replaced): run when asked for, or when a step or link is about it
+    if not choice_state.start("swiglu_pw_go") and sections.current("swiglu") != "positionwise":
+        st.button(t("swiglu.pw_go"), key="swiglu_pw_run",
+                  on_click=lambda: st.session_state.update(swiglu_pw_go=True))
         return
     pos, new_id, word = _choose(ctx)
     if new_id is None:
