@@ -101,30 +101,58 @@ def chart_config(ctx: ViewContext, filename: str) -> dict:
 
 
 class ServedFigure(plotly.basedatatypes.BaseFigure):
-    """A finished figure's spec, handed to st.plotly_chart as a figure. Streamlit turns a figure into JSON through
-    `to_dict()` and re-encodes what that returns; a plain dict it would first rebuild into a Figure, validating
-    every property (tens of ms a chart). This hands over the cached spec as it is: no graph objects are built, and
-    encoding plain dicts is a third of encoding a figure. Plotly's own constructor is not run: nothing but
-    `to_dict` is ever asked of it."""
+    """A finished figure (`finish`), handed to st.plotly_chart as the JSON the browser receives. Streamlit asks a
+    figure for `to_dict()` and encodes what it returns with `plotly.io.to_json`; handed a dict it would first
+    rebuild it into a Figure, validating every property, and a dict of the spec it would encode again at every
+    page run. Here `to_dict()` gives a ServedSpec, which carries the JSON made once, and `plotly.io.to_json`
+    returns that JSON as it is (serve_json_as_is). Plotly's own constructor is not run: nothing but `to_dict` is
+    ever asked of it."""
 
-    def __init__(self, spec_dict: dict):  # noqa: D107  (BaseFigure.__init__ deliberately not called)
-        object.__setattr__(self, "_spec", spec_dict)
+    def __init__(self, finished: tuple[str, dict]):  # noqa: D107  (BaseFigure.__init__ deliberately not called)
+        object.__setattr__(self, "_finished", finished)
 
     def to_dict(self) -> dict:
-        return self._spec
+        return ServedSpec(*self._finished)
 
 
-def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | None = None) -> dict:
-    """The figure's spec as shown in a column `width` px wide (the main column's when None): its height, log axes'
-    ticks, sizes and fonts for the visitor's screen and presenter mode (see `show`). Sized on the spec, not on
-    Plotly's graph objects, whose every read and write is validated (app/figure_spec.py)."""
+class ServedSpec(dict):
+    """What ServedFigure.to_dict gives: the figure's width and height (Streamlit reads them to size the chart's
+    frame), carrying its finished JSON for plotly.io.to_json."""
+
+    def __init__(self, spec_json: str, size: dict):
+        super().__init__(layout=dict(size))
+        self.json = spec_json
+
+
+def serve_json_as_is() -> None:
+    """plotly.io.to_json returns a ServedSpec's JSON as it is; any other figure is encoded as before. Installed
+    once per process (Streamlit looks the function up on plotly.io at each chart)."""
+    plain = plotly.io.to_json
+    if getattr(plain, "_serves", False):
+        return
+
+    def to_json(fig, *args, **kwargs):
+        return fig.json if isinstance(fig, ServedSpec) else plain(fig, *args, **kwargs)
+    to_json._serves = True
+    plotly.io.to_json = to_json
+
+
+serve_json_as_is()
+
+
+def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | None = None) -> tuple[str, dict]:
+    """The figure as the browser receives it (Plotly's JSON) and its layout's width and height, shown in a column
+    `width` px wide (the main column's when None): its height, log axes' ticks, sizes and fonts for the visitor's screen and presenter mode (see
+    `show`). Sized on the spec, not on Plotly's graph objects, whose every read and write is validated
+    (app/figure_spec.py)."""
     done = Figure(spec(fig))
     # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
     for axis in (*axes(done, "x"), *axes(done, "y")):
         if axis.type == "log" and axis.dtick is None:
             axis.update(dtick=1)
     fit_figure(done, width or ctx.screen.main, presenter=ctx.presenter, touch=ctx.screen.touch, height=height)
-    return done.spec
+    size = {k: v for k, v in (done.spec.get("layout") or {}).items() if k in ("width", "height")}
+    return plotly.io.to_json(done.spec, validate=False), size  # encoded as Streamlit encodes a figure's dict
 
 
 def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None = None,

@@ -1,6 +1,7 @@
 """The gateway's figure cache (app/gateway/figures.py through plots.show): a figure asked for again is not built
 again, the browser receives exactly the spec of the figure built directly, and a figure is never served for a
 selection, language, prompt or screen other than its own."""
+import json
 import logging
 from dataclasses import dataclass
 
@@ -8,6 +9,7 @@ import numpy as np
 import plotly.io
 import plotly.tools
 import pytest
+from streamlit.elements.plotly_chart import _resolve_content_height
 
 from app import gateway, plots
 from app.gateway.figures import digest
@@ -33,7 +35,10 @@ def sent(monkeypatch):
     specs = []
 
     def chart(fig, **kw):
-        specs.append(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
+        figure = plotly.tools.return_figure_from_figure_or_data(fig, True)
+        specs.append(plotly.io.to_json(figure, validate=False))
+        # the frame Streamlit gives the chart is as tall as the figure's layout says
+        assert _resolve_content_height("content", figure) == json.loads(specs[-1])["layout"]["height"]
     monkeypatch.setattr(plots.st, "plotly_chart", chart)
     gateway.result_cache().discard("figure")
     return specs

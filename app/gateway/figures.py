@@ -77,7 +77,8 @@ def digest(build: Callable) -> str | None:
 def figure(build: Callable, finish: Callable, tag: tuple = ()):
     """finish(build()), cached under the digest of `build` and `tag` (what `finish` adds: presenter mode, a height);
     built every time when `build` closes over something the digest cannot name. What `finish` returns is what is
-    kept: for a figure, its serialized form (plain dicts, lists and strings, measured by the cache like any result),
+    kept: for a figure, the JSON the browser receives and its size (a string and a small dict, measured by the cache
+    like any result),
     not Plotly's graph objects."""
     name = digest(build)
     if name is None:
