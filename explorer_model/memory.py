@@ -72,8 +72,14 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
 
     Counted on models of one and two layers (blocks are identical), so a config that claims 10^9 layers is
     estimated at once instead of building 10^9 modules."""
+    return dict(_param_counts(cfg))
+
+
+@functools.lru_cache(maxsize=32)
+def _param_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
+    """(a page run asks at each recording's cost estimate: two meta models built once per configuration)"""
     one, two = (meta_model(cfg.with_(n_layers=n)).param_counts() for n in (1, 2))
-    return {k: one[k] + (cfg.n_layers - 1) * (two[k] - one[k]) for k in one}
+    return tuple((k, one[k] + (cfg.n_layers - 1) * (two[k] - one[k])) for k in one)
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -30,9 +30,16 @@ def init_pair(ctx: ViewContext) -> None:
         ss.pop(Q_KEY, None)
         ss.pop(K_KEY, None)
     ss[FOR_KEY] = tuple(ctx.ids)
-    row = ctx.rec.pattern(ctx.layer)[0, ctx.head, q, : q + 1].double().numpy()
     choice_state.start(Q_KEY, q, hi=n - 1)
-    choice_state.start(K_KEY, int(np.argmax(row[1:]) + 1) if q >= 1 else 0, hi=n - 1)
+    # the default is needed at every run (a link leaves out a value equal to it): computed once per selection
+    strongest = gateway.derived("attn_link_strongest", ctx.source, ctx.ids, strongest_key, ctx.layer, ctx.head, q)
+    choice_state.start(K_KEY, strongest, hi=n - 1)
+
+
+def strongest_key(rec, layer: int, head: int, q: int) -> int:
+    """The key query q of this head reads most from, apart from the first token (0 for the first query)."""
+    row = rec.pattern(layer)[0, head, q, : q + 1].double().numpy()
+    return int(np.argmax(row[1:]) + 1) if q >= 1 else 0
 
 
 def pair() -> tuple[int, int] | None:
