@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from app.figure_spec import Figure
-from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, axes, cut, place_title, presenter_fonts,
-                             raise_fonts, text_px, wrap_subplot_titles)
+from app.figure_spec import Figure, axes
+from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, cut, place_title, presenter_fonts, raise_fonts, text_px,
+                             wrap_subplot_titles)
 
 LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
 LABEL_CHARS, NARROW_LABEL_CHARS = 14, 9  # longer tick labels are cut, with "…" (the hover names them whole)

@@ -107,16 +107,17 @@ class Figure:
         self.layout.update(**props)
 
     def update_xaxes(self, **props) -> None:
-        for axis in axis_list(self.layout, "x"):
+        for axis in axes(self, "x"):
             axis.update(**props)
 
     def update_yaxes(self, **props) -> None:
-        for axis in axis_list(self.layout, "y"):
+        for axis in axes(self, "y"):
             axis.update(**props)
 
 
-def axis_list(layout: Layout, letter: str) -> list[Node]:
-    """The layout's x (letter "x") or y axes in subplot order (xaxis, xaxis2, …, xaxis10: by number, not by text)."""
+def axes(fig: Figure, letter: str) -> list[Node]:
+    """The figure's x (letter "x") or y axes in subplot order (xaxis, xaxis2, …, xaxis10: by number, not by text)."""
+    layout = fig.layout
     d = layout._d or {}
     extra = sorted((k for k in d if AXIS.match(k) and k[0] == letter and k != letter + "axis"),
                    key=lambda k: int(k[5:]))

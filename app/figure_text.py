@@ -1,8 +1,8 @@
 """The text of a figure on this screen: its font sizes, titles wrapped to the width (short of Plotly's toolbar),
 and no text smaller than a phone or a projector can show (app/figure_layout.py sizes the rest).
 
-A figure here is its spec (app/figure_spec.py). Widths are estimated from the characters: CHAR_EM font sizes a Latin character (with room to spare), WIDE_EM a
-Chinese one. Every function here is pure.
+A figure here is its spec (app/figure_spec.py). Widths are estimated from the characters: CHAR_EM font sizes a
+Latin character (with room to spare), WIDE_EM a Chinese one. Every function here is pure.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from app.figure_spec import Figure, axis_list
+from app.figure_spec import Figure, axes
 
 FONT, PRESENTER_FONT = 12, 16  # tick labels (px)
 MIN_TEXT, PRESENTER_MIN_TEXT = 12, 14  # no text of a figure is smaller (px)
@@ -27,12 +27,6 @@ TOOLBAR_PX, TOUCH_TOOLBAR_PX = 160, 88
 # scrolls the page instead (dragmode off), so a touch screen gets no zoom buttons
 TOOLBAR_DROPPED = ("select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d")
 TOUCH_TOOLBAR_DROPPED = TOOLBAR_DROPPED + ("zoom2d", "pan2d", "resetScale2d")
-
-
-
-def axes(fig: Figure, letter: str) -> list:
-    """The figure's x (letter "x") or y axes in subplot order."""
-    return axis_list(fig.layout, letter)
 
 
 @dataclass(frozen=True)

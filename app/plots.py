@@ -18,8 +18,8 @@ from app import gateway
 
 from .context import ViewContext
 from .figure_layout import fit_figure
-from .figure_spec import Figure, spec
-from .figure_text import axes, toolbar_dropped
+from .figure_spec import Figure, axes, spec
+from .figure_text import toolbar_dropped
 
 
 def memoize_plotly_paths() -> None:

@@ -146,7 +146,7 @@ def test_the_axes_helper_lists_what_plotly_selects_in_the_same_order():
     """On the spec, as Plotly lists the graph objects' axes."""
     from plotly.subplots import make_subplots
 
-    from app.figure_text import axes
+    from app.figure_spec import axes
 
     fig = make_subplots(rows=3, cols=4)  # xaxis … xaxis12: a numeric order, not the keys' text order
     for r in range(3):
