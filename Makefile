@@ -25,9 +25,10 @@ WORKERS ?= 3
 test: setup browser
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
 
-# Everything that needs neither the real model nor the app, a browser or a server (under a minute).
+# Everything that needs neither the real model nor the app, a browser or a server, nor compilers and child
+# processes (under a minute), on both cores.
 test-fast: setup
-	$(PY) -m pytest -q -m "not real and not app and not browser and not slow"
+	$(PY) -m pytest -q -n 2 -m "not real and not app and not browser and not slow"
 
 setup: $(STAMP)
 

@@ -308,6 +308,7 @@ def test_serve_on_a_port_in_use():
 
 
 # --------------------------------------------------------------------------- outside text is printed escaped
+@pytest.mark.slow  # a dozen CLI processes
 def test_control_characters_from_files_and_arguments_are_escaped(tmp_path):
     import gguf
 

@@ -95,6 +95,7 @@ def test_the_header_pattern_reads_what_conftest_prints():
     assert match.group(3) == mkl_branch()
 
 
+@pytest.mark.slow  # child pytest processes
 def test_the_header_reads_the_branch_mkl_cbwr_asks_for():
     """The baseline configuration's MKL setting is checked through the header: it must read what MKL took."""
     def branch(value: str | None) -> str:

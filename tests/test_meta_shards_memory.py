@@ -72,6 +72,7 @@ def peak(folder: Path, how: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a child process measuring its memory
 def test_sharded_meta_is_merged_once_into_the_running_dtype(sharded):
     folder, state = sharded
     model_bytes = sum(v.numel() for v in state.values()) * 4  # float32

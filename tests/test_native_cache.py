@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GCC = shutil.which("gcc") or shutil.which("cc")
-pytestmark = pytest.mark.skipif(GCC is None, reason="no C compiler")
+pytestmark = [pytest.mark.skipif(GCC is None, reason="no C compiler"),
+              pytest.mark.slow]  # each test compiles or loads a library in a child process
 
 PROBE = textwrap.dedent("""
     import json, sys

@@ -107,6 +107,7 @@ def test_shipped_race_curves():
                 assert all(len(ys) == len(entry["steps"]) for ys in runs.values())
 
 
+@pytest.mark.slow  # training the race's seeds again
 def test_shipped_curves_are_what_race_produces():
     shipped = lab.load_race_curves()
     if shipped is None:
