@@ -245,3 +245,26 @@ def test_the_metrics_endpoint_reports_the_result_caches_real_bytes():
     assert (kinds["rec"], kinds["lens"]) == (6000, 8000)  # the arrays' own bytes, not a handle's
     assert lines == {f'cache_memory_bytes{{cache_type="llama_explorer_results",cache="{k}"}} {b}'
                      for k, b in kinds.items()}
+
+
+def test_the_metrics_provider_does_not_keep_a_replaced_cache_alive():
+    """Streamlit keeps a registered provider for the runtime's life; a result cache built anew must free the old
+    one's recordings, not leave them to the metrics endpoint."""
+    import gc
+    import weakref
+
+    import numpy as np
+    from streamlit.runtime.stats import CACHE_MEMORY_FAMILY, StatsManager
+
+    from app.gateway.result_cache import ResultCache
+    from app.gateway.state import CacheMetrics
+
+    cache = ResultCache(10 * 2**20)
+    cache.put(("rec", "a"), np.zeros(1000, dtype=np.float32))
+    manager = StatsManager()
+    manager.register_provider(CacheMetrics(cache))
+    gone = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert gone() is None
+    assert manager.get_stats([CACHE_MEMORY_FAMILY])[CACHE_MEMORY_FAMILY] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 
 import numpy as np
 import torch
@@ -162,10 +163,12 @@ def result_cache() -> ResultCache:
 class CacheMetrics:
     """The result cache as Streamlit's /_stcore/metrics reports caches: one `cache_memory_bytes` line per kind of
     result, with the bytes it really holds. Streamlit sees only its own st.cache_* caches, and this one is kept by
-    the process (room_memo) so that a visitor's "clear cache" message cannot empty it."""
+    the process (room_memo) so that a visitor's "clear cache" message cannot empty it. The registered provider
+    holds the cache weakly: Streamlit keeps providers for the runtime's life, and a cache built anew (its memo
+    cleared) must take its recordings with it."""
 
     def __init__(self, cache: ResultCache):
-        self.cache = cache
+        self._cache = weakref.ref(cache)
 
     @property
     def stats_families(self):
@@ -176,8 +179,9 @@ class CacheMetrics:
     def get_stats(self, family_names=None):
         from streamlit.runtime.stats import CACHE_MEMORY_FAMILY, CacheStat
 
-        stats = [CacheStat("llama_explorer_results", str(kind), int(size))
-                 for kind, size in sorted(self.cache.kinds().items())]
+        cache = self._cache()
+        kinds = cache.kinds() if cache is not None else {}
+        stats = [CacheStat("llama_explorer_results", str(kind), int(size)) for kind, size in sorted(kinds.items())]
         return {CACHE_MEMORY_FAMILY: stats}
 
 
