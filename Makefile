@@ -23,7 +23,7 @@ info: setup
 WORKERS ?= 3
 
 test: setup browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --durations=30
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # Everything that needs neither the real model nor the app, a browser or a server, nor compilers and child
 # processes (under a minute), on both cores.

@@ -1,6 +1,7 @@
 """In Debian's Chromium: every download button of every view (the sidebar's recording, each
-view's CSVs, every figure's PNG camera) delivers a file that opens, and its contents agree with the page: the
-recording's arrays and the CSVs' token axis with the prompt's tokens, a PNG with its signature and size."""
+view's CSVs, the PNG camera of each view's first and last figure) delivers a file that opens, and its contents
+agree with the page: the recording's arrays and the CSVs' token axis with the prompt's tokens, a PNG with its
+signature and size."""
 from __future__ import annotations
 
 import csv
@@ -139,8 +140,10 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             b = buttons.nth(i)
             b.scroll_into_view_if_needed()
             attempt(view, b.click, f"“{b.inner_text().strip()}” in the {label} view", "")
+        # The camera is Plotly's own button with the file name and scale the app sets in one place (plots.py):
+        # the first and last figure of each view stand for the rest.
         plots = page.locator('[data-testid="stMain"] .js-plotly-plot')
-        for i in range(plots.count()):
+        for i in sorted({0, plots.count() - 1} if plots.count() else set()):
             fig = plots.nth(i)
             fig.scroll_into_view_if_needed()
             fig.hover()
