@@ -23,12 +23,12 @@ info: setup
 WORKERS ?= 3
 
 test: setup browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --durations=30
 
-# Everything that needs neither the real model nor the app, a browser or a server, nor compilers and child
-# processes (under a minute), on both cores.
+# Everything that needs neither the real model nor the app, a browser or a server, nor compilers, child
+# processes or training (under a minute), on both cores.
 test-fast: setup
-	$(PY) -m pytest -q -n 2 -m "not real and not app and not browser and not slow"
+	$(PY) -m pytest -q -n 2 -m "not real and not app and not browser and not slow and not trains"
 
 setup: $(STAMP)
 

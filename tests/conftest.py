@@ -387,7 +387,7 @@ def no_hang(seconds: int):
 
 # --------------------------------------------------------------------------- test tiers
 # `make test-fast` runs what needs neither the real model nor the app, a browser or a server:
-#   -m "not real and not app and not browser and not slow"
+#   -m "not real and not app and not browser and not slow and not trains"
 # A test is marked `real` when it (or a fixture it uses) loads the default SmolLM2 GGUF, and `app` when its module
 # drives the Streamlit app (AppTest, a server, the load bench). Marks can also be set by hand.
 _REAL = re.compile(r"smollm2|default_gguf_path|DEFAULT_SOURCE")
@@ -484,22 +484,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if _APP.search(_source(item.module)):
             item.add_marker(pytest.mark.app)
-    items[:] = scheduled(items)
-
-
-# The module that runs longest (minutes of Chromium pages following a lecture) starts first: picked by xdist's
-# default order (most tests first) it started last and ran alone at the end. The rest keep that default order;
-# starting every long browser module at once was slower (three Chromiums on two cores).
-FIRST = ("test_browser_room",)
-
-
-def scheduled(items: list) -> list:
-    """Items grouped by module: FIRST, then modules with more tests before modules with fewer (make test passes
-    --no-loadscope-reorder, so xdist sends the modules in this order)."""
-    modules: dict[str, list] = {}
-    for item in items:
-        modules.setdefault(getattr(getattr(item, "module", None), "__name__", ""), []).append(item)
-    order = sorted(modules, key=lambda m: (m not in FIRST, -len(modules[m])))
-    return [item for m in order for item in modules[m]]
-
-

@@ -15,6 +15,7 @@ def _strip(r: dict) -> dict:
     return {k: v for k, v in r.items() if k != "seconds"}
 
 
+@pytest.mark.trains
 def test_init_gradients_deterministic_and_shaped():
     a = lab.init_gradients(SMALL, depth=4, depths=(2, 4), sweep_seeds=1)
     b = lab.init_gradients(SMALL, depth=4, depths=(2, 4), sweep_seeds=1)
@@ -28,6 +29,7 @@ def test_init_gradients_deterministic_and_shaped():
     assert a["sweep"]["pre"]["last_grad"][1] == a["profile"]["pre"]["grad_down_seeds"][0][-1]
 
 
+@pytest.mark.trains
 def test_thread_count_restored():
     before = torch.get_num_threads()
     lab.init_gradients(SMALL, depth=2, depths=(2,), sweep_seeds=1)
@@ -37,6 +39,7 @@ def test_thread_count_restored():
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("norm,seed0", [("layer", 0), ("layer", 10), ("rms", 5), ("rms", 15)])
 def test_post_gradients_grow_toward_output_pre_shrink(norm, seed0):
     """Xiong et al. 2020, Fig. 3 at small scale: 12 layers, ReLU, Xavier; averaged over 5 inits."""
@@ -76,6 +79,7 @@ def test_deepnorm_is_scaled_post_norm():
         torch.testing.assert_close(a, post(x))
 
 
+@pytest.mark.trains
 def test_race_short_curves_and_time_limit():
     rc = lab.RaceConfig(depth=2, steps=6, log_every=2, seq=16, batch=2)
     r = lab.race(rc)

@@ -101,6 +101,7 @@ def test_twins_load_by_name(twins):
 
 @pytest.mark.parametrize("name", TWINS)
 @pytest.mark.kernels
+@pytest.mark.trains
 def test_twin_reproduces_its_recorded_heldout_loss(twins, name):
     lm = twins[name]
     log = read_json(ASSETS / name / "train_log.json")
@@ -127,6 +128,7 @@ TINY = ["--layers", "2", "--d-model", "32", "--heads", "4", "--kv-heads", "2", "
 
 
 @pytest.mark.kernels
+@pytest.mark.trains
 def test_train_tiny_is_deterministic_and_writes_a_loadable_folder(tmp_path, capsys):
     logs = []
     for run in ("a", "b"):
