@@ -170,6 +170,7 @@ def main(places: controls.Places, lecture_slot) -> None:
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
         ctx.rec = gateway.RecordingRef(source, tuple(ids))
     lecture_editor.note_state(url_state.write(side.url_ids(source, prompt, body), view))  # with the view's choices
+    room_follow.step_drawn()
 
 
 def _view_chosen() -> None:

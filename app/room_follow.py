@@ -5,7 +5,8 @@ own" ("back to the lecture" rejoins at the current step).
 The key is checked here, on the server, against the one the server was started with: a follower's page never
 writes the room, whatever its URL or messages say. The room's state is explorer_model/room.py (SQLite, shared by the
 server's processes); the server reruns a following page when it changes (app/room_push.py). Session state:
-room_presenter (the key matched), room_following, room_detached, room_seen (the room version this page shows),
+room_presenter (the key matched), room_following, room_detached, room_seen (the room version this page shows,
+once a run that took it drew its view), _room_taking (the version this run took),
 _room_sent (what the presenter last wrote).
 """
 from __future__ import annotations
@@ -66,7 +67,10 @@ def sync() -> None:
     if not ss["room_following"] or version == ss.get("room_seen"):
         return
     current = r.current()
-    ss["room_seen"] = current["version"]
+    # Seen once this run has drawn the step's view (step_drawn): a run cut short (overtaken, its server process
+    # killed) or one that stopped before the view (a run refused for now, an error) left part of the step unset or
+    # unshown, and the next run, a push's or the page's own catch-up, takes the whole step again.
+    ss["_room_taking"] = current["version"]
     lecture = room_lecture(current["lecture"])
     if lecture is None:  # the presenter's page validated it: nothing else is ever written
         return
@@ -74,6 +78,13 @@ def sync() -> None:
         ss["lecture"] = {"title": lecture.title, "steps": copy.deepcopy(lecture.steps)}
     ss["lecture_name"] = current["name"] or None
     P.go(current["step"])
+
+
+def step_drawn() -> None:
+    """The page run drew its view: the room's step it took is on the page."""
+    taken = st.session_state.pop("_room_taking", None)
+    if taken is not None:
+        st.session_state["room_seen"] = taken
 
 
 @functools.lru_cache(maxsize=4)
@@ -91,7 +102,14 @@ def _rejoin() -> None:
 
 
 def _ask() -> None:
-    """A follower's page asks the room for its version and reruns when the presenter moved."""
+    """A follower's page asks the room for its version and reruns when the presenter moved (or the run that took
+    the current step did not reach its end). Only in the fragment's own runs: in a page run, sync() has just
+    asked, and that run's step is seen only at its end."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is None or not ctx.fragment_ids_this_run:
+        return
     r = room()
     if r is not None and st.session_state.get("room_following") and r.version() != st.session_state.get("room_seen"):
         st.rerun(scope="app")

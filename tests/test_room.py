@@ -123,3 +123,27 @@ def test_the_presenter_s_edit_reaches_the_room(shared_room):
     edit_box(presenter, "title_en").set_value("A title of my own")
     presenter.button(key="lecture_save").click().run()
     assert shared_room.version() == before + 1 and "A title of my own" in shared_room.current()["lecture"]
+
+
+def test_a_follower_whose_run_was_cut_short_takes_the_whole_step_on_its_next_run(shared_room, monkeypatch):
+    """A follower's run that takes a new step and stops before drawing its view (overtaken, its server process
+    killed, a run refused for now) has not shown the step: the next run, the push's or the page's own catch-up,
+    takes it again, even when the browser reports what it showed before."""
+    from app import room_follow
+
+    presenter = run_app(timeout=600, lecture="tutorial-000", step=6, room_key="the-secret-key")
+    student = run_app(timeout=600)
+    assert step_of(student) == step_of(presenter) == 5
+    seen = student.session_state["room_seen"]
+    old_view = student.session_state["view"]
+    presenter.button(key="lecture_next").click().run()
+    with monkeypatch.context() as m:
+        m.setattr(room_follow, "step_drawn", lambda: None)  # the run stops before its view is drawn
+        student.run()
+    assert step_of(student) == 6 and student.session_state["room_seen"] == seen  # taken, not yet seen
+    student.segmented_control(key="view").set_value(old_view)  # the browser shows the step before
+    student.run()
+    assert not student.exception
+    shown = {k: student.session_state[k] for k in ("view", "layer", "head")}
+    assert shown == {k: presenter.session_state[k] for k in ("view", "layer", "head")} and shown["view"] != old_view
+    assert student.session_state["room_seen"] == shared_room.version()
