@@ -103,8 +103,8 @@ def _rejoin() -> None:
 
 def _ask() -> None:
     """A follower's page asks the room for its version and reruns when the presenter moved (or the run that took
-    the current step did not reach its end). Only in the fragment's own runs: in a page run, sync() has just
-    asked, and that run's step is seen only at its end."""
+    the current step did not draw its view). Only in the fragment's own runs: in a page run, sync() has just
+    asked, and that run's step is seen only once its view is drawn."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
