@@ -6,8 +6,13 @@ The key is checked here, on the server, against the one the server was started w
 writes the room, whatever its URL or messages say. The room's state is explorer_model/room.py (SQLite, shared by the
 server's processes); the server reruns a following page when it changes (app/room_push.py). Session state:
 room_presenter (the key matched), room_following, room_detached, room_seen (the room version this page shows,
-once a run that took it drew its view), _room_taking (the version this run took),
-_room_sent (what the presenter last wrote).
+once a run that took it drew its view), _room_taking (the version this run took), _room_url (the URL the last
+drawn run gave the page), _room_sent (what the presenter last wrote).
+
+The browser holds a page's widget values: a run it asks for carries them, with its URL. A run the server asks for
+(a step) can cross one the browser asked for before that step reached it (the catch-up's, a reconnecting page's),
+whose values are the previous step's and would then stand. Such a run is recognised by its URL, which is not the
+one the last drawn run wrote: a following page then takes the room's step again.
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ def sync() -> None:
         return
     version = r.version()
     ss["room_following"] = version != 0 and not ss.get("room_detached")
-    if not ss["room_following"] or version == ss.get("room_seen"):
+    if not ss["room_following"] or (version == ss.get("room_seen") and not _behind()):
         return
     current = r.current()
     # Seen once this run has drawn the step's view (step_drawn): a run cut short (overtaken, its server process
@@ -81,10 +86,27 @@ def sync() -> None:
 
 
 def step_drawn() -> None:
-    """The page run drew its view: the room's step it took is on the page."""
-    taken = st.session_state.pop("_room_taking", None)
+    """The page run drew its view and wrote its URL: the room's step it took is on the page, and the server's
+    next rerun of the page (app/room_push.py) comes with that URL, as the browser's own would."""
+    ss = st.session_state
+    taken = ss.pop("_room_taking", None)
     if taken is not None:
-        st.session_state["room_seen"] = taken
+        ss["room_seen"] = taken
+    ss["_room_url"] = st.query_params.to_dict()
+    r = room()
+    if r is not None and ss.get("room_following") and room_push.available():
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx()
+        if ctx is not None:
+            room_push.watcher(r).follow(ctx.session_id, urlencode(ss["_room_url"]))
+
+
+def _behind() -> bool:
+    """Whether this run was asked for by a page that had not yet received the last drawn run (its URL is older):
+    the widget values it carried are older too."""
+    shown = st.session_state.get("_room_url")
+    return shown is not None and st.query_params.to_dict() != shown
 
 
 @functools.lru_cache(maxsize=4)
@@ -102,16 +124,17 @@ def _rejoin() -> None:
 
 
 def _ask() -> None:
-    """A follower's page asks the room for its version and reruns when the presenter moved (or the run that took
-    the current step did not draw its view). Only in the fragment's own runs: in a page run, sync() has just
+    """A follower's page asks the room for its version and reruns when the presenter moved, when the run that took
+    the current step did not draw its view, or when this run came from a page that had not received it (its
+    widget values are the previous step's). Only in the fragment's own runs: in a page run, sync() has just
     asked, and that run's step is seen only once its view is drawn."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
     if ctx is None or not ctx.fragment_ids_this_run:
         return
-    r = room()
-    if r is not None and st.session_state.get("room_following") and r.version() != st.session_state.get("room_seen"):
+    r, ss = room(), st.session_state
+    if r is not None and ss.get("room_following") and (r.version() != ss.get("room_seen") or _behind()):
         st.rerun(scope="app")
 
 
@@ -132,7 +155,7 @@ def _listen(r: Room, following: bool) -> None:
     if ctx is None:
         return
     watcher = room_push.watcher(r)
-    if following:  # the page's URL as this run found it: the rerun reads it as the browser would send it
+    if following:  # the page's URL as this run found it, until step_drawn() gives the one this run writes
         watcher.follow(ctx.session_id, urlencode(st.query_params.to_dict()))
         _ask_now_and_then()
     else:

@@ -147,3 +147,25 @@ def test_a_follower_whose_run_was_cut_short_takes_the_whole_step_on_its_next_run
     shown = {k: student.session_state[k] for k in ("view", "layer", "head")}
     assert shown == {k: presenter.session_state[k] for k in ("view", "layer", "head")} and shown["view"] != old_view
     assert student.session_state["room_seen"] == shared_room.version()
+
+
+def test_a_run_the_browser_asked_for_before_the_step_reached_it_takes_the_step_again(shared_room):
+    """The server's rerun for a step and a run the browser asked for earlier (its catch-up, a reconnecting page)
+    cross: the browser's run carries the previous step's URL and widget values. The page takes the room's step
+    again instead of keeping them."""
+    presenter = run_app(timeout=600, lecture="tutorial-000", step=6, room_key="the-secret-key")
+    student = run_app(timeout=600)
+    assert step_of(student) == step_of(presenter) == 5
+    before = dict(student.query_params)  # the URL the browser had before the step
+    old_view = student.session_state["view"]
+    presenter.button(key="lecture_next").click().run()
+    student.run()  # the server's rerun: the new step, drawn and seen
+    assert step_of(student) == 6 and student.session_state["room_seen"] == shared_room.version()
+    assert student.session_state["view"] != old_view
+    student.query_params = before  # then the run the browser asked for before that step reached it
+    student.segmented_control(key="view").set_value(old_view)
+    student.run()
+    assert not student.exception
+    shown = {k: student.session_state[k] for k in ("view", "layer", "head")}
+    assert shown == {k: presenter.session_state[k] for k in ("view", "layer", "head")}
+    assert dict(student.query_params)["view"] == shown["view"]  # and the URL it then writes is the step's
