@@ -1,10 +1,10 @@
-"""A shared server's room in Chromium: the presenter (projector size, presenter mode) steps through four steps of a
-shipped lecture with the clicker's keys (→, PageDown, space), and after each step five followers (two at phone
-size) show the presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores
-on its own and rejoins at the current step. Nothing a follower does moves the room: a lecture link to another step,
-a wrong key, the clicker's keys, a raw websocket client pressing the presenter's Next button. The same against
-`serve --share --processes 2` with followers on both processes, where a backend killed with SIGKILL is restarted by
-`serve` and its followers follow again.
+"""A shared server's room in Chromium: the presenter (projector size, presenter mode) steps through a shipped lecture
+with the clicker's keys (→, PageDown, space), and after each step five followers (two at phone size) show the
+presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores on its own and
+rejoins at the current step. Against `serve --share --processes 2`, with followers on both processes: nothing a
+follower does moves the room (a lecture link to another step, a wrong key, the clicker's keys, a raw websocket
+client pressing the presenter's Next button), and a backend killed with SIGKILL is restarted by `serve` and its
+followers follow again.
 
 Each follower's lag per step is printed: measured, never asserted (bench/bench_load.py --lecture measures it
 under load); every wait is for a condition, with a generous timeout."""
@@ -299,15 +299,22 @@ def explore_and_rejoin(presenter, followers, now: dict) -> dict:
     return now
 
 
+def keys_do_not_move_the_room(page, followers, server: SharedServer, now: dict) -> None:
+    """The clicker's keys on a following page move neither the room nor any page."""
+    before = server.room.current()
+    assert (before["name"], before["step"]) == room_of(now)
+    page.locator('[data-testid="stMain"] h1').first.click()
+    for key in CLICKER:
+        page.keyboard.press(key)
+    follow(now, followers, 0)
+    assert server.room.current() == before
+
+
 def cannot_move_the_room(presenter, followers, server: SharedServer, now: dict) -> dict:
     """A follower's keys, a lecture link, a wrong key and crafted websocket messages leave the room where it is: the
     presenter's next press then moves every page exactly one step."""
-    before = server.room.current()
-    assert (before["name"], before["step"]) == room_of(now)
-    keys, linker = followers[2], followers[1]  # the keys on the page that had the clicker's script while exploring
-    keys.locator('[data-testid="stMain"] h1').first.click()
-    for key in CLICKER:
-        keys.keyboard.press(key)
+    keys_do_not_move_the_room(followers[2], followers, server, now)
+    before, linker = server.room.current(), followers[1]
     open_app(linker, server.url, lecture=LECTURE, step=9)
     wrong = server.key[:-1] + ("y" if server.key.endswith("x") else "x")  # one character off, never the key itself
     open_app(linker, server.url, lecture=LECTURE, step=9, room_key=wrong, presenter=1)
@@ -327,26 +334,27 @@ def close(pages) -> None:
         pg.context.close()
 
 
-def test_five_followers_follow_the_steps_and_cannot_move_the_room(browser, one_process):
-    # From step 7: three Attention steps (their own heads and queries) and What-if; the follower who explores
-    # rejoins on What-if, and the last press opens RoPE. The two-process test below walks the first steps.
+def test_five_followers_follow_the_steps_and_one_explores_and_rejoins(browser, one_process):
+    # From step 7: three Attention steps (their own heads and queries) and What-if, where a follower leaves to
+    # explore; it rejoins on RoPE, where the next press went, and the clicker's keys on its page (which had the
+    # player's key script while it explored) move nothing. The two-process test below walks earlier steps.
     presenter, followers = open_room(browser, one_process, step=7)
     try:
         now = steps(presenter, followers, 4, start=7)
         now = explore_and_rejoin(presenter, followers, now)
-        cannot_move_the_room(presenter, followers, one_process, now)
+        keys_do_not_move_the_room(followers[2], followers, one_process, now)
     finally:
         close([presenter, *followers])
 
 
-def test_two_processes_followers_on_both_and_a_killed_backend_s_followers_follow_again(browser, two_processes):
+def test_two_processes_followers_on_both_cannot_move_the_room_and_a_killed_backend_s_follow_again(browser,
+                                                                                                  two_processes):
     server = two_processes
-    presenter, followers = open_room(browser, server)
+    presenter, followers = open_room(browser, server, step=3)
     try:
         where = [process_of(pg) for pg in followers]
         assert set(where) == {"p1", "p2"}, where  # followers on both processes
-        now = steps(presenter, followers, 3)  # (the restart then lands on a step whose lesson finds its head)
-        now = explore_and_rejoin(presenter, followers, now)
+        now = steps(presenter, followers, 2, start=3)  # (the restart then lands on a step whose lesson finds its head)
         now = cannot_move_the_room(presenter, followers, server, now)
         victim = next(name for name in ("p1", "p2") if name != process_of(presenter))
         assert victim in [process_of(pg) for pg in followers]
