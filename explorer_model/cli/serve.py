@@ -47,6 +47,9 @@ def streamlit_command(port: int = 8501, address: str = "127.0.0.1", url_host: st
         # loaded, two thirds of the server's Python time with 30 visitors (py-spy, bench/bench_load.py). Python's
         # own generational collection still runs; the gateway freezes the objects that live as long as the model.
         "--runner.postScriptGC", "false",
+        # The app sets a widget's starting value in session state before the widget (app/choice_state.py) and
+        # gives the same value as the widget's default; Streamlit logs that, with a stack, as if it were an error.
+        "--global.disableWidgetStateDuplicationWarning", "true",
     ]
 
 
