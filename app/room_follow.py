@@ -95,11 +95,7 @@ def step_drawn() -> None:
     ss["_room_url"] = st.query_params.to_dict()
     r = room()
     if r is not None and ss.get("room_following") and room_push.available():
-        from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-        ctx = get_script_run_ctx()
-        if ctx is not None:
-            room_push.watcher(r).follow(ctx.session_id, urlencode(ss["_room_url"]))
+        _pushed_with(r, ss["_room_url"])
 
 
 def _behind() -> bool:
@@ -149,17 +145,24 @@ def _listen(r: Room, following: bool) -> None:
         if following:
             _ask_often()
         return
+    if following:  # the page's URL as this run found it, until step_drawn() gives the one this run writes
+        _pushed_with(r, st.query_params.to_dict())
+        _ask_now_and_then()
+    else:
+        _pushed_with(r, None)
+
+
+def _pushed_with(r: Room, url: dict | None) -> None:
+    """The server reruns this page with this URL when the room changes (app/room_push.py); None: never."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
     if ctx is None:
         return
-    watcher = room_push.watcher(r)
-    if following:  # the page's URL as this run found it, until step_drawn() gives the one this run writes
-        watcher.follow(ctx.session_id, urlencode(st.query_params.to_dict()))
-        _ask_now_and_then()
+    if url is None:
+        room_push.watcher(r).leave(ctx.session_id)
     else:
-        watcher.leave(ctx.session_id)
+        room_push.watcher(r).follow(ctx.session_id, urlencode(url))
 
 
 def controls() -> None:
