@@ -44,6 +44,11 @@ class ViewContext:
         return (self.source, id(self.facts), tuple(self.ids), tuple(self.pieces), self.layer, self.head, self.token,
                 self.lang, self.presenter)
 
+    def method_reads(self, name: str) -> tuple:
+        """What the method `name` reads of this context, for a figure that closes over it: `t` only the language (a
+        figure that names its axes in the visitor's language is the same figure for every prompt and selection)."""
+        return (self.lang,) if name == "t" else self.figure_digest()
+
     @property
     def cfg(self):
         return self.facts.cfg

@@ -77,20 +77,22 @@ def heatmap(z, x: Sequence[str], y: Sequence[str], *, title: str = "", colorscal
 
 
 def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: int | None = None,
-         share: float = 1.0, **chart_args):
+         share: float = 1.0, into=None, **chart_args):
     """Render with Plotly's own PNG download button, as wide as its column: `share` is the column's part of the main
     column's width (1 when the figure is not in columns). The figure is sized for that width and the visitor's
     screen (app/figure_layout.py); presenter mode enlarges every font (tick labels PRESENTER_FONT px).
     `fig` is a figure, or a function of no arguments that builds one: then the finished figure is kept in the
     gateway's cache under what the function closes over and the sizes (app/gateway/figures.py), and a page run that
-    asks for it again builds nothing. chart_args go to st.plotly_chart (e.g. on_select); its return value is returned."""
+    asks for it again builds nothing. `into`: the container to draw in (an st.empty() slot redrawn as a run goes
+    on); the page where it is called when None. chart_args go to st.plotly_chart (e.g. on_select); its return value
+    is returned."""
     width = ctx.screen.column(share)
     if callable(fig):
         done = gateway.figure(fig, lambda built: finish(built, ctx, height, width),
                               (key, ctx.presenter, height, width, ctx.screen.touch))
     else:
         done = finish(fig, ctx, height, width)
-    return st.plotly_chart(ServedFigure(done), key=key, config=chart_config(ctx, filename or key), width="stretch",
+    return (into or st).plotly_chart(ServedFigure(done), key=key, config=chart_config(ctx, filename or key), width="stretch",
                            **chart_args)
 
 

@@ -94,3 +94,54 @@ def test_a_closure_the_digest_cannot_name_is_built_every_time(sent):
     for _ in range(2):
         plots.show(figure, Ctx(), key="test_plain")
     assert len(builds) == 2 and sent[0] == sent[1]
+
+
+def test_a_figure_named_in_the_visitor_s_language_is_one_figure_for_every_selection_and_one_per_language(sent):
+    """A build that closes over ctx.t (the catalog in the visitor's language) is named by the language alone: a
+    model-only figure is not built again for another prompt, layer or token, and is for another language."""
+    from types import SimpleNamespace
+
+    from app.context import ViewContext
+    facts = SimpleNamespace(source="m")
+
+    def ctx(lang="en", **sel):
+        return ViewContext(facts=facts, rec=None, ids=sel.pop("ids", [1, 2]), pieces=["a", "b"],
+                           **dict(dict(layer=0, head=0, token=0), **sel), lang=lang)
+    start = len(BUILDS)
+
+    def draw_named(c):
+        t = c.t
+
+        def figure():
+            BUILDS.append(t("app.title"))
+            return plots.heatmap(np.zeros((2, 2)), ["a", "b"], ["a", "b"], title=t("view.tokens"))
+        plots.show(figure, c, key="test_named")
+    for c in [ctx(), ctx(layer=3), ctx(ids=[5, 6, 7], token=2), ctx("zh"), ctx("zh", head=1)]:
+        draw_named(c)
+    assert BUILDS[start:] == [ctx().t("app.title"), ctx("zh").t("app.title")]
+    assert json.loads(sent[0])["layout"]["title"]["text"] != json.loads(sent[3])["layout"]["title"]["text"]
+    assert digest(ctx(layer=1).figure_digest) != digest(ctx(layer=2).figure_digest)  # other methods: the selection
+
+
+def labelled_heatmap(labels, t):
+    BUILDS.append(1)
+    return plots.heatmap(np.zeros((1, len(labels))), labels, ["a"], title=t("app.title"))
+
+
+def test_a_partial_is_named_by_the_values_it_was_given(sent):
+    """partial(build, ctx.labels, ctx.t) takes the labels when it is made: another layer, head or token of the same
+    prompt is the same figure; other labels are another."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from app.context import ViewContext
+    facts = SimpleNamespace(source="m")
+
+    def ctx(pieces=("a", "b"), **sel):
+        return ViewContext(facts=facts, rec=None, ids=[1] * len(pieces), pieces=list(pieces),
+                           **dict(dict(layer=0, head=0, token=0), **sel))
+    start = len(BUILDS)
+    for c in [ctx(), ctx(layer=2, head=1, token=1), ctx(pieces=("a", "c"))]:
+        plots.show(partial(labelled_heatmap, c.labels, c.t), c, key="test_partial")
+    assert len(BUILDS) - start == 2
+    assert json.loads(sent[0])["data"][0]["x"] == ["0:a", "1:b"] and json.loads(sent[2])["data"][0]["x"] == ["0:a", "1:c"]

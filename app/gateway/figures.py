@@ -2,8 +2,10 @@
 in the one result cache, counted by its bytes, so a view switch back to a recording already seen, or a rerun that
 changes nothing the figure shows, costs no figure building.
 
-A figure is named by what it is built from: the build function (module and name) and the values it closes over,
-digested (arrays by dtype, shape and bytes; a ViewContext by its recording and selection; functions by name). A
+A figure is named by what it is built from: the build function (module and name) and the values it closes over
+or is given as `functools.partial(build, *values)`, digested (arrays by dtype, shape and bytes; a ViewContext by
+its recording and selection, its method `t` by the language alone; functions by name). A partial takes its values
+when it is made: a figure given `ctx.labels` is named by the labels, one that closes over `ctx` by all of it. A
 build function reads nothing else: no widget state, no session state (the panel reads those and the closure
 captures them), so equal digests mean equal figures. A value of a kind the digest does not know makes the figure
 uncached (built every time) rather than risk showing another selection's figure.
@@ -11,6 +13,7 @@ uncached (built every time) rather than risk showing another selection's figure.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import types
 from typing import Callable
@@ -46,9 +49,16 @@ def _feed(h, value, depth: int = 0) -> None:
             _feed(h, k, depth + 1)
             _feed(h, value[k], depth + 1)
         h.update(b")")
-    elif isinstance(value, types.MethodType):  # e.g. ctx.t: its object decides what it says (the language)
+    elif isinstance(value, types.MethodType):  # e.g. ctx.t: named by what the method reads of its object
         h.update(f"method:{value.__func__.__qualname__};".encode())
-        _feed(h, value.__self__, depth + 1)
+        reads = getattr(value.__self__, "method_reads", None)
+        _feed(h, reads(value.__func__.__name__) if reads else value.__self__, depth + 1)
+    elif isinstance(value, functools.partial):  # partial(build, *values): named by the function and the values
+        h.update(b"partial(")
+        _feed(h, value.func, depth + 1)
+        _feed(h, value.args, depth + 1)
+        _feed(h, value.keywords, depth + 1)
+        h.update(b")")
     elif isinstance(value, types.FunctionType):
         h.update(f"fn:{value.__module__}.{value.__qualname__};".encode())
         for cell in value.__closure__ or ():

@@ -9,6 +9,8 @@ character, so a split character never reaches the prompt box or the link.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -135,7 +137,7 @@ def draw_loss_strip(ctx: ViewContext) -> None:
     fit = token_window.fitting(ctx, [], y_title=False,
                                min_cell=token_window.text_cell(ctx.labels[1:], ctx.presenter))
     lo, hi = token_window.span("residual_loss_strip", n, fit, min(ctx.token, n - 1))
-    plots.show(lambda: loss_strip_figure(pl, ctx.labels, t, lo, hi), ctx, key="residual_loss_strip")
+    plots.show(partial(loss_strip_figure, pl, ctx.labels, t, lo, hi), ctx, key="residual_loss_strip")
     token_window.controls(ctx, "residual_loss_strip", n, lo, hi)
     worst = int(np.argmax(pl.losses))
     st.caption(t("residual.loss_caption", mean=pl.mean, n=len(pl.losses), worst=ctx.labels[worst + 1],

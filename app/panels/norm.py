@@ -6,6 +6,8 @@ weights; nothing here runs the model.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -168,7 +170,7 @@ def draw_divisors(ctx: ViewContext, which: str) -> np.ndarray:
     n = z.shape[1]
     lo, hi = token_window.span("norm_divisor_fig", n, token_window.fitting(ctx, [f"L{i}" for i in range(len(z))]),
                                ctx.token)
-    plots.show(lambda: divisor_figure(z, ctx.labels, ctx.t, norm_name(ctx, which), lo, hi), ctx,
+    plots.show(partial(divisor_figure, z, ctx.labels, ctx.t, norm_name(ctx, which), lo, hi), ctx,
                key="norm_divisor_fig", filename=f"rms_divisor_{which}")
     token_window.controls(ctx, "norm_divisor_fig", n, lo, hi)
     st.caption(ctx.t("norm.divisor_caption"))
@@ -180,14 +182,14 @@ def draw_final(ctx: ViewContext) -> None:
     if d is None:
         st.info(ctx.t("norm.no_final"))
     else:
-        plots.show(lambda: final_figure(d, ctx.labels, ctx.t), ctx, key="norm_final_fig", filename="rms_divisor_final")
+        plots.show(partial(final_figure, d, ctx.labels, ctx.t), ctx, key="norm_final_fig", filename="rms_divisor_final")
 
 
 def draw_vectors(ctx: ViewContext, which: str) -> dict:
     v = norm_vectors(ctx.rec, ctx.cfg, ctx.facts.gammas[f"blocks.{ctx.layer}.{which}"], ctx.layer, ctx.token, which)
     st.subheader(ctx.t("norm.vectors_heading", token=plain(ctx.labels[ctx.token]), layer=ctx.layer,
                        norm=norm_name(ctx, which)))
-    plots.show(lambda: vectors_figure(v, ctx.t), ctx, key="norm_vectors_fig", filename=f"rmsnorm_{which}_L{ctx.layer}")
+    plots.show(partial(vectors_figure, v, ctx.t), ctx, key="norm_vectors_fig", filename=f"rmsnorm_{which}_L{ctx.layer}")
     top = outlier_dims(v["x"])
     share = float(np.sum(v["x"][top] ** 2) / max(np.sum(v["x"] ** 2), 1e-30))
     st.caption(ctx.t("norm.vectors_caption", scale=v["scale"], rms_x=rms(v["x"]), rms_n=rms(v["normalized"]),
@@ -198,7 +200,7 @@ def draw_vectors(ctx: ViewContext, which: str) -> dict:
 
 def draw_gamma(ctx: ViewContext, v: dict, which: str) -> None:
     g = v["gamma"]
-    plots.show(lambda: gamma_figure(g, ctx.t, norm_name(ctx, which)), ctx, key="norm_gamma_fig",
+    plots.show(partial(gamma_figure, g, ctx.t, norm_name(ctx, which)), ctx, key="norm_gamma_fig",
                filename=f"gamma_{which}_L{ctx.layer}")
     st.caption(ctx.t("norm.gamma_caption", lo=g.min(), med=np.median(g), hi=g.max(), neg=int((g < 0).sum()),
                      d=len(g), at_dims=", ".join(f"{d}: {g[d]:.3g}" for d in outlier_dims(v["x"]))))
@@ -209,7 +211,7 @@ def draw_layernorm(ctx: ViewContext, v: dict) -> dict:
     st.subheader(ctx.t("norm.vs_heading"))
     st.markdown(ctx.t("norm.vs_text", mean=c["mean"], std=c["std"], rms=c["rms"],
                       ratio=abs(c["mean"]) / max(c["std"], 1e-30), diff=np.abs(c["diff"]).max()))
-    plots.show(lambda: layernorm_figure(c, ctx.t), ctx, key="norm_layernorm_fig", filename=f"layernorm_vs_rmsnorm_L{ctx.layer}")
+    plots.show(partial(layernorm_figure, c, ctx.t), ctx, key="norm_layernorm_fig", filename=f"layernorm_vs_rmsnorm_L{ctx.layer}")
     return c
 
 

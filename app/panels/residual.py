@@ -5,6 +5,8 @@ Drawing reads only the recording; the logit lens is asked of the gateway (cached
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -103,8 +105,9 @@ def draw_norms(ctx: ViewContext) -> None:
     zmin, zmax = (0.0, cap) if cap is not None and not log else (float(shown.min()), float(shown.max()))
     n = norms.shape[1]
     lo, hi = token_window.span("residual_norms", n, token_window.fitting(ctx, rows), ctx.token)
+    labels = ctx.labels[lo:hi]  # the figure is named by the labels, not by the whole context's selection
     fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
-        shown[:, lo:hi], ctx.labels[lo:hi], rows, colorscale="Viridis", zmin=zmin, zmax=zmax,
+        shown[:, lo:hi], labels, rows, colorscale="Viridis", zmin=zmin, zmax=zmax,
         title=t("residual.x_per_layer_and_token"), x_title=t("residual.token"),
         y_title=t("residual.residual_stream_entering_layer"),
         value_name="log10 ‖x‖₂" if log else "‖x‖₂", fmt=".3f" if log else ".2f")
@@ -119,7 +122,7 @@ def draw_norms(ctx: ViewContext) -> None:
 
 def draw_contributions(ctx: ViewContext) -> None:
     attn, mlp = contributions_data(ctx.rec)
-    plots.show(lambda: contributions_figure(attn, mlp, ctx.token, ctx.pieces[ctx.token], ctx.t), ctx, key="residual_contrib", height=420)
+    plots.show(partial(contributions_figure, attn, mlp, ctx.token, ctx.pieces[ctx.token], ctx.t), ctx, key="residual_contrib", height=420)
 
 
 def lens_positions(ctx: ViewContext) -> int:
@@ -145,7 +148,7 @@ def draw_lens(ctx: ViewContext) -> None:
     fit = token_window.fitting(ctx, [f"L{l}" for l in range(len(text))],
                                min_cell=token_window.text_cell([s for row in text for s in row], ctx.presenter))
     lo, hi = token_window.span("residual_lens", n, fit, ctx.token - start)
-    plots.show(lambda: logit_lens_figure(top_probs, text, ctx.labels[start:], t, lo, hi), ctx, key="residual_lens")
+    plots.show(partial(logit_lens_figure, top_probs, text, ctx.labels[start:], t, lo, hi), ctx, key="residual_lens")
     token_window.controls(ctx, "residual_lens", n, lo, hi)
     st.caption(t("residual.lens_caption") + (t("residual.lens_window", n=T - start) if start else ""))
 

@@ -7,6 +7,7 @@ gateway); nothing here runs the model itself.
 """
 from __future__ import annotations
 
+from functools import partial
 import html
 
 import numpy as np
@@ -174,11 +175,12 @@ def draw_embedding(ctx: ViewContext) -> None:
     n_dims = st.select_slider(t("tokens.embed.dims"), choices, key="tokens_embed_dims")
     left, right = st.columns(2)
     with left:
-        plots.show(lambda: embedding_bar_figure(emb[ctx.token], ctx.labels[ctx.token], n_dims, t), ctx,
+        plots.show(partial(embedding_bar_figure, emb[ctx.token], ctx.labels[ctx.token], n_dims, t), ctx,
                    key="tokens_embed_bar", filename="embedding_row", share=0.5)
     with right:
+        labels = ctx.labels  # the figure is named by the labels, not by the whole context's selection
         fig = lambda: plots.heatmap(  # noqa: E731  (built only when not cached: plots.show)
-            emb[:, :n_dims], [str(d) for d in range(n_dims)], ctx.labels, colorscale="RdBu",
+            emb[:, :n_dims], [str(d) for d in range(n_dims)], labels, colorscale="RdBu",
             zmid=0.0, title=t("tokens.embed.heat_title", n=n_dims),
             x_title=t("tokens.axis.dimension"), y_title="token", value_name=t("tokens.axis.value"))
         plots.show(fig, ctx, key="tokens_embed_heat", filename="embedding_rows", share=0.5)

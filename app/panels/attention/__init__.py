@@ -164,16 +164,17 @@ def draw_overview(ctx: ViewContext) -> None:
     heads = [head_label(ctx, h) for h in range(ctx.cfg.n_heads)]
     layers = [ctx.t("attention.layer_label", layer=layer) for layer in shown]
     head_t, layer_t = ctx.t("attention.axis.head"), ctx.t("attention.axis.layer")
+    t = ctx.t  # the figures are named by the language, not by the whole context (app/gateway/figures.py)
     c1, c2 = st.columns(2)
     with c1:
         plots.show(lambda: plots.heatmap(
-            entropy, heads, layers, colorscale="Viridis", value_name=ctx.t("attention.entropy_nats"),
-            title=ctx.t("attention.overview.entropy"), x_title=head_t, y_title=layer_t,
+            entropy, heads, layers, colorscale="Viridis", value_name=t("attention.entropy_nats"),
+            title=t("attention.overview.entropy"), x_title=head_t, y_title=layer_t,
         ).update_layout(meta=dict(id="attn_entropy")), ctx, key="attn_entropy", filename="attention_entropy", share=0.5)
     with c2:
         plots.show(lambda: plots.heatmap(
-            sink, heads, layers, colorscale="Reds", zmin=0, zmax=1, value_name=ctx.t("attention.overview.sink_value"),
-            title=ctx.t("attention.overview.sink"), x_title=head_t, y_title=layer_t,
+            sink, heads, layers, colorscale="Reds", zmin=0, zmax=1, value_name=t("attention.overview.sink_value"),
+            title=t("attention.overview.sink"), x_title=head_t, y_title=layer_t,
         ).update_layout(meta=dict(id="attn_sink")), ctx, key="attn_sink", filename="attention_sink", share=0.5)
     st.caption(ctx.t("attention.overview.caption"))
     rows = [(layer, h, h // ctx.cfg.n_rep, entropy[i, h], sink[i, h])

@@ -7,6 +7,8 @@ the raw q·k beside √d_k and after the division, and the mean attention entrop
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -31,35 +33,35 @@ def random_table(d_k: int) -> dict:
 
 
 def draw_study(ctx: ViewContext, s: A.ScaleStudy) -> None:
-    plots.show(lambda: study_figure(ctx, s), ctx, key="attn_scale", filename="attention_sqrt_dk", height=460)
+    plots.show(partial(study_figure, ctx.t, s), ctx, key="attn_scale", filename="attention_sqrt_dk", height=460)
 
 
-def study_figure(ctx: ViewContext, s: A.ScaleStudy) -> go.Figure:
+def study_figure(t, s: A.ScaleStudy) -> go.Figure:
     layers = np.array(s.layers)
-    layer_t = ctx.t("attention.axis.layer")
-    layout = plots.grid_layout(1, 2, [ctx.t("attention.scale.spread_title", d_k=s.d_k),
-                                      ctx.t("attention.scale.entropy_title")], hspace=0.1)
-    raw, scaled = ctx.t("attention.scale.raw"), ctx.t("attention.scale.scaled")
+    layer_t = t("attention.axis.layer")
+    layout = plots.grid_layout(1, 2, [t("attention.scale.spread_title", d_k=s.d_k),
+                                      t("attention.scale.entropy_title")], hspace=0.1)
+    raw, scaled = t("attention.scale.raw"), t("attention.scale.scaled")
     ent_s, ent_u = s.entropy_scaled.mean(-1), s.entropy_unscaled.mean(-1)
     traces = [
         go.Scatter(x=layers, y=s.raw_std, name=raw, meta="raw_std", mode="lines+markers", legendgroup="a"),
         go.Scatter(x=layers, y=s.scaled_std, name=scaled, meta="scaled_std", mode="lines+markers", legendgroup="a"),
         go.Scatter(x=layers, y=np.full(layers.size, np.sqrt(s.d_k)), meta="sqrt_dk", mode="lines",
-                   name=ctx.t("attention.scale.sqrt_dk", d_k=s.d_k, root=float(np.sqrt(s.d_k))),
+                   name=t("attention.scale.sqrt_dk", d_k=s.d_k, root=float(np.sqrt(s.d_k))),
                    line=dict(dash="dash", color="#555")),
-        go.Scatter(x=layers, y=ent_s, name=ctx.t("attention.scale.ent_scaled"), meta="entropy_scaled",
+        go.Scatter(x=layers, y=ent_s, name=t("attention.scale.ent_scaled"), meta="entropy_scaled",
                    mode="lines+markers", xaxis="x2", yaxis="y2"),
-        go.Scatter(x=layers, y=ent_u, name=ctx.t("attention.scale.ent_unscaled"), meta="entropy_unscaled",
+        go.Scatter(x=layers, y=ent_u, name=t("attention.scale.ent_unscaled"), meta="entropy_unscaled",
                    mode="lines+markers", xaxis="x2", yaxis="y2"),
-        go.Scatter(x=layers, y=np.full(layers.size, s.uniform_entropy), name=ctx.t("attention.scale.uniform"),
+        go.Scatter(x=layers, y=np.full(layers.size, s.uniform_entropy), name=t("attention.scale.uniform"),
                    meta="uniform", mode="lines", line=dict(dash="dot", color="#555"), xaxis="x2", yaxis="y2"),
     ]
-    for t in traces:
-        t.hovertemplate = f"{layer_t} %{{x}}: %{{y:.3f}}<extra>{t.name}</extra>"
+    for trace in traces:
+        trace.hovertemplate = f"{layer_t} %{{x}}: %{{y:.3f}}<extra>{trace.name}</extra>"
     fig = go.Figure(traces, layout)
     fig.update_layout(xaxis=dict(title=layer_t), xaxis2=dict(title=layer_t),
-                      yaxis=dict(title=ctx.t("attention.scale.std_axis"), rangemode="tozero"),
-                      yaxis2=dict(title=ctx.t("attention.entropy_nats"), rangemode="tozero"),
+                      yaxis=dict(title=t("attention.scale.std_axis"), rangemode="tozero"),
+                      yaxis2=dict(title=t("attention.entropy_nats"), rangemode="tozero"),
                       meta=dict(id="attn_scale", queries=s.queries), legend=dict(orientation="h", y=-0.2),
                       margin=dict(l=10, r=10, t=60, b=10))
     return fig

@@ -7,6 +7,7 @@ sized to their text, at a font chosen so the whole chain fits a 700 px wide figu
 """
 from __future__ import annotations
 
+from functools import partial
 import math
 import unicodedata
 
@@ -244,7 +245,7 @@ def draw_diagrams(ctx: ViewContext) -> None:
         else:
             st.latex(r"h = x + \mathrm{Attn}\big(\mathrm{RMSNorm}(x)\big)")
             st.latex(r"y = h + W_{down}\big(\mathrm{SiLU}(W_{gate}\,n) \odot W_{up}\,n\big),\qquad n = \mathrm{RMSNorm}(h)")
-    plots.show(lambda: model_figure(cfg, T, t, ctx.screen.main, font), ctx, key="block_model_diagram", filename="model")
+    plots.show(partial(model_figure, cfg, T, t, ctx.screen.main, font), ctx, key="block_model_diagram", filename="model")
 
 
 def draw_flow(ctx: ViewContext) -> None:
@@ -260,7 +261,7 @@ def draw_flow(ctx: ViewContext) -> None:
                          f"block_{L}_numbers.csv", "block_csv_flow")
     with right:
         data = layer_norms_data(ctx.rec, ctx.token)
-        plots.show(lambda: layer_norms_figure(data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
+        plots.show(partial(layer_norms_figure, data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
                    filename="block_norms_by_layer", share=0.6)
     with plots.explainer(ctx, t("block.flow.more")):
         st.markdown(t("block.flow.explain", label=plain(ctx.labels[ctx.token]), n=len(ctx.ids)))

@@ -74,10 +74,9 @@ def draw_race(ctx: ViewContext) -> dict | None:
     slot = st.empty()  # ONE chart: the shipped seeds, and the live run drawn over them as it trains
     bar = st.empty()
 
-    def chart(result, key: str) -> None:
-        fig = plots.finish(race_figure(result, t, shipped), ctx, None)
-        slot.plotly_chart(plots.ServedFigure(fig), key=key, config=plots.chart_config(ctx, "normlab_race"),
-                          width="stretch")
+    def chart(result, key: str, live: bool = False) -> None:  # a finished chart is kept; a live one changes
+        build = lambda: race_figure(result, t, shipped)  # noqa: E731
+        plots.show(build() if live else build, ctx, key=key, filename="normlab_race", into=slot)
     chart(r, "normlab_race_fig")
     start = st.button(t("normlab.start_the_race_s", race_time_limit=RACE_TIME_LIMIT), key="lab_race_start")
     if start:
@@ -90,7 +89,7 @@ def draw_race(ctx: ViewContext) -> dict | None:
         except gateway.LabBusy as e:  # this visitor's experiment is still queued, or the room's queue is full
             st.warning(error_text(e, ctx.lang))
         else:
-            r = wait_for(job, t, bar, lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}"), label)
+            r = wait_for(job, t, bar, lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}", live=True), label)
             st.session_state["lab_race_result"] = r
             chart(r, "normlab_race_done")
     if r and not r["completed"]:

@@ -6,6 +6,7 @@ rotates the recorded vectors again with the model's own `apply_rope`; nothing ru
 """
 from __future__ import annotations
 
+from functools import partial
 import math
 
 import numpy as np
@@ -225,14 +226,14 @@ def draw_intro(ctx: ViewContext) -> None:
 
 def draw_theta(ctx: ViewContext, plain: np.ndarray, used: np.ndarray) -> None:
     scaled = ctx.cfg.rope_scaling is not None
-    plots.show(lambda: theta_figure(plain, used, ctx.t, scaled), ctx, key="rope_theta_fig", filename="rope_theta")
+    plots.show(partial(theta_figure, plain, used, ctx.t, scaled), ctx, key="rope_theta_fig", filename="rope_theta")
     st.caption(sentences(ctx, ctx.t("rope.theta_caption", fast=used[0], fast_turn=TWO_PI / used[0], last=len(used) - 1,
                                     slow=used[-1], slow_turn=TWO_PI / used[-1]),
                          ctx.t("rope.theta_scaled") if scaled else ""))
 
 
 def draw_angles(ctx: ViewContext, ang: np.ndarray) -> None:
-    plots.show(lambda: angle_figure(ang, ctx.labels, ctx.t), ctx, key="rope_angle_fig", filename="rope_angles")
+    plots.show(partial(angle_figure, ang, ctx.labels, ctx.t), ctx, key="rope_angle_fig", filename="rope_angles")
 
 
 def draw_arrows(ctx: ViewContext) -> None:
@@ -246,7 +247,7 @@ def draw_arrows(ctx: ViewContext) -> None:
         st.info(ctx.t("rope.pick_one"))
         return
     p = qk_pairs(ctx.rec, ctx.layer, ctx.head, ctx.token)
-    plots.show(lambda: arrows_figure(p, sorted(pairs), ctx.t), ctx, key="rope_arrows_fig", filename="rope_pairs")
+    plots.show(partial(arrows_figure, p, sorted(pairs), ctx.t), ctx, key="rope_arrows_fig", filename="rope_pairs")
     ratio = np.linalg.norm(p["rot_q"], axis=1) / np.maximum(np.linalg.norm(p["q"], axis=1), 1e-30)
     st.caption(ctx.t("rope.arrows_caption", n=n_pairs, lo=f"{ratio.min():.6f}", hi=f"{ratio.max():.6f}"))
 
@@ -293,7 +294,7 @@ def draw_decay(ctx: ViewContext, theta: np.ndarray) -> None:
     delta, y = decay_curve(q, k, theta, max_delta)
     env = envelope(y, max(4, max_delta // 64))
     mark = (m - n, float(y[m - n])) if src == "recorded" and 0 <= m - n <= max_delta else None
-    plots.show(lambda: decay_figure(delta, y, env, ctx.t, mark), ctx, key="rope_decay_fig", filename="rope_decay")
+    plots.show(partial(decay_figure, delta, y, env, ctx.t, mark), ctx, key="rope_decay_fig", filename="rope_decay")
     st.caption(ctx.t("rope.decay_caption"))
 
 
@@ -304,7 +305,7 @@ def draw_clock(ctx: ViewContext, theta: np.ndarray) -> None:
     choice_state.start("rope_clock_pos", ctx.token, hi=hi)
     m = st.slider(ctx.t("rope.position_slider"), 0, hi, key="rope_clock_pos")
     pairs = sorted({int(round(x)) for x in np.linspace(0, len(theta) - 1, N_CLOCKS)})
-    plots.show(lambda: clock_figure(theta, pairs, m, ctx.t), ctx, key="rope_clock_fig", filename=f"rope_clock_{m}")
+    plots.show(partial(clock_figure, theta, pairs, m, ctx.t), ctx, key="rope_clock_fig", filename=f"rope_clock_{m}")
     period = TWO_PI / theta.min()
     sweep = (n_ctx - 1) * theta.min()
     values = dict(m=m, fast_turns=f"{m * theta.max() / TWO_PI:,.1f}", period=f"{period:,.0f}", n_ctx=f"{n_ctx:,}",

@@ -3,6 +3,8 @@ RoPE, which turns only Q and K. Data from explorer_model/analysis/encodings.py o
 recording; W_v (to show what an added position vector does to V) comes from the gateway."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -82,8 +84,8 @@ def draw(ctx: ViewContext) -> None:
         st.latex(r"PE_{pos,2i}=\sin\frac{pos}{10000^{2i/d}},\quad PE_{pos,2i+1}=\cos\frac{pos}{10000^{2i/d}},\quad"
                  r"x'_{pos}=E[\text{token}]+PE_{pos}")
         st.latex(r"V=W_v\,(x+PE)=W_v\,x+W_v\,PE\qquad\text{vs. RoPE:}\quad q'=R_m q,\;k'=R_n k,\;V=W_v\,x")
-    plots.show(lambda: pe_figure(data["pe"], ctx.labels, t), ctx, key="rope_pe_fig", filename="sinusoidal_encoding")
-    plots.show(lambda: compare_figure(data, foot, ctx.labels, ctx.layer, t), ctx, key="rope_vs_abs_fig",
+    plots.show(partial(pe_figure, data["pe"], ctx.labels, t), ctx, key="rope_pe_fig", filename="sinusoidal_encoding")
+    plots.show(partial(compare_figure, data, foot, ctx.labels, ctx.layer, t), ctx, key="rope_vs_abs_fig",
                filename="rope_vs_absolute")
     st.caption(t("rope.abs_caption", pe_norm=float(data["pe_norm"][0]), d=data["pe"].shape[1],
                  e_lo=float(data["embed_norm"].min()), e_hi=float(data["embed_norm"].max()),

@@ -5,6 +5,8 @@ the position-wise demonstration live in swiglu_gates.py and swiglu_positionwise.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -241,7 +243,7 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
 
 def draw_silu(ctx: ViewContext, vals: dict) -> None:
     gates = vals["pre"].ravel()
-    plots.show(lambda: silu_figure(gates, ctx.t), ctx, key="swiglu_silu", height=420, share=0.5)
+    plots.show(partial(silu_figure, gates, ctx.t), ctx, key="swiglu_silu", height=420, share=0.5)
     z = np.linspace(-6, 0, 60001)  # the minimum of SiLU, found numerically rather than typed in
     y = silu(z)
     st.caption(ctx.t("swiglu.silu_caption", neg=float((gates < 0).mean()), lowest=f"{y.min():.3f}",
@@ -253,7 +255,7 @@ def draw_sparsity(ctx: ViewContext) -> None:
     choice_state.start("swiglu_threshold")
     thr = float(st.number_input(t("swiglu.threshold"), 0.0, 10.0, step=0.01, key="swiglu_threshold"))
     act_frac, post_frac = sparsity_data(ctx.rec, thr)
-    plots.show(lambda: sparsity_figure(act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380,
+    plots.show(partial(sparsity_figure, act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380,
                share=0.5)
     st.caption(t("swiglu.sparsity_caption"))
 
@@ -323,7 +325,7 @@ def draw_compare(ctx: ViewContext) -> None:
     sim_pre = similarity_data(rec_a, rec_b, i, j, "mlp.hook_pre")
     c1, c2 = st.columns([3, 2])
     with c1:
-        plots.show(lambda: similarity_figure(sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400,
+        plots.show(partial(similarity_figure, sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400,
                    share=0.6)
     label = t("swiglu.csv_similarity")
     plots.csv_button(ctx, label, label,

@@ -3,6 +3,8 @@ prompt is recorded through the gateway); per position, the FFN input and output 
 the selected token's FFN output is recomputed from its recorded input alone with the layer's weights."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -82,7 +84,7 @@ def draw(ctx: ViewContext) -> None:
     new_piece = display_piece(ctx.facts.piece(new_id))
     st.caption(t("swiglu.pw_used", pos=pos, old=plain(ctx.pieces[pos]), new=plain(new_piece), word=plain(word)))
     cmp = F.position_wise_comparison(ctx.rec, rec_b, ctx.layer)
-    plots.show(lambda: diff_figure(cmp, ctx.labels, pos, ctx.token, ctx.layer, t), ctx, key="swiglu_pw_fig",
+    plots.show(partial(diff_figure, cmp, ctx.labels, pos, ctx.token, ctx.layer, t), ctx, key="swiglu_pw_fig",
                filename=f"ffn_position_wise_L{ctx.layer}")
     same = ~cmp["input_changed"]
     if same.any():

@@ -6,6 +6,8 @@ same experiment.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import streamlit as st
 
@@ -200,7 +202,7 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     own0 = M.next_token_logprobs(ctx.rec.logits, ids).exp().numpy()
     own1 = run["own"]
     if len(ids) > 1:
-        plots.show(lambda: own_token_figure(own0, own1, ctx.labels, t), ctx, key="whatif_own", height=360)
+        plots.show(partial(own_token_figure, own0, own1, ctx.labels, t), ctx, key="whatif_own", height=360)
         if any(isinstance(iv, I.NoMask) for iv in ivs):
             key, values = no_mask_lesson(loss0, loss1, own0, own1)
             st.caption(t(key, **values))
