@@ -92,8 +92,9 @@ def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: i
                               (key, ctx.presenter, height, width, ctx.screen.touch))
     else:
         done = finish(fig, ctx, height, width)
-    return (into or st).plotly_chart(ServedFigure(done), key=key, config=chart_config(ctx, filename or key), width="stretch",
-                           **chart_args)
+    place = st if into is None else into
+    return place.plotly_chart(ServedFigure(done), key=key, config=chart_config(ctx, filename or key), width="stretch",
+                              **chart_args)
 
 
 def chart_config(ctx: ViewContext, filename: str) -> dict:

@@ -89,7 +89,8 @@ def draw_race(ctx: ViewContext) -> dict | None:
         except gateway.LabBusy as e:  # this visitor's experiment is still queued, or the room's queue is full
             st.warning(error_text(e, ctx.lang))
         else:
-            r = wait_for(job, t, bar, lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}", live=True), label)
+            r = wait_for(job, t, bar, lambda part: chart(part, f"normlab_race_live_{len(part['steps'])}", live=True),
+                         label)
             st.session_state["lab_race_result"] = r
             chart(r, "normlab_race_done")
     if r and not r["completed"]:
