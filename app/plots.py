@@ -2,6 +2,7 @@
 explanations' expander and the view title."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import io
@@ -46,6 +47,12 @@ def blank_future(m: np.ndarray) -> np.ndarray:
 def explainer(ctx: ViewContext, label: str, expanded: bool = True):
     """The expander holding a view's explanations: open, but collapsed in presenter mode (the room sees figures)."""
     return st.expander(label, expanded=expanded and not ctx.presenter)
+
+
+def waiting(text: str, needed: bool = True):
+    """A spinner around work that will take time; nothing when the answer is already there. Each spinner costs a
+    thread and two messages, so a page run that only redraws shows none."""
+    return st.spinner(text) if needed else contextlib.nullcontext()
 
 
 def titled(ctx: ViewContext, title: str, too_short: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import gateway
+from app.plots import waiting
 from app.sidebar import tr
 from explorer_model.memory import gb
 
@@ -36,7 +37,7 @@ def recording_or_refusal(source: str, ids: list[int]):
         return None
     if not cost["progress"]:
         ahead = 0 if cost["cached"] else gateway.forwards_ahead()
-        with st.spinner(tr("app.running_queue", n=ahead) if ahead else tr("app.running")):
+        with waiting(tr("app.running_queue", n=ahead) if ahead else tr("app.running"), not cost["cached"]):
             return gateway.recording(source, tuple(ids))
     bar = st.progress(0.0, text=tr("big.progress", done=0, total=cost["layers"]))
 

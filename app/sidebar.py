@@ -20,6 +20,7 @@ from app.context import plain
 from app.controls import Places
 from app.facts import ModelFacts
 from app.i18n import error_text, t
+from app.plots import waiting
 from app.presets import BY_KEY, PRESETS, opened
 
 OTHER = "__other__"
@@ -71,7 +72,7 @@ def choose_model() -> ModelFacts | None:
         bad, err = st.session_state.load_error
         sb.error(tr("sidebar.load_error", source=plain(bad), error=plain(load_reason(err)),
                     now=plain(st.session_state.active_model)))  # user input: never markdown
-    with st.spinner(tr("sidebar.loading")):
+    with waiting(tr("sidebar.loading"), not gateway.model_ready(st.session_state.active_model)):
         facts, err = gateway.try_load(st.session_state.active_model)
     if facts is None:
         st.error(tr("sidebar.load_failed", source=plain(st.session_state.active_model), error=plain(load_reason(err))))

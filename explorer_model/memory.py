@@ -84,7 +84,13 @@ def _param_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Canonical checkpoint key -> shape (a tied model has no separate unembed.weight)."""
-    return meta_model(cfg).expected_shapes()
+    return dict(_weight_shapes(cfg))
+
+
+@functools.lru_cache(maxsize=32)
+def _weight_shapes(cfg: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(the shapes table asks at every page run of its view: read off the meta model once per configuration)"""
+    return tuple(meta_model(cfg).expected_shapes().items())
 
 
 @functools.lru_cache(maxsize=32)

@@ -269,3 +269,25 @@ def test_continue_by_sampling_is_reproducible_and_draws_with_the_views_settings(
     at.button(key="pred_continue_sampled").click().run()
     assert at.session_state["prompt"] == first != prompt
     assert at.session_state["pred_history"][-1]["how"] == "sampled"
+
+
+def test_a_page_run_that_only_redraws_shows_no_spinner(loaded, monkeypatch):
+    """A spinner costs a thread and two messages per page run: only work that will take time shows one (the model's
+    load, the prompt's forward, the lens), so a redraw of what is cached shows none."""
+    import streamlit as st
+
+    at = run_app(prompt="The capital of France is", view="residual")
+    assert not at.exception
+    shown, real = [], st.spinner
+
+    def counted(text, *args, **kwargs):
+        shown.append(text)
+        return real(text, *args, **kwargs)
+    monkeypatch.setattr(st, "spinner", counted)
+    at.run()
+    assert not at.exception
+    assert shown == []
+    at.query_params["prompt"] = "The capital of Italy is"  # a new prompt: its forward and its lens say so
+    at.session_state["prompt"] = "The capital of Italy is"
+    at.run()
+    assert len(shown) == 2

@@ -32,12 +32,12 @@ from app.gateway.costs import (BIG_LAYERS, BIG_WIDTH, admit, intervention_second
 from app.gateway.exports import check_export, export_cap_bytes, npz_bytes, npz_file
 from app.gateway.figures import figure
 from app.gateway.runs import (RecordingRef, cached_head_sweep, continuation, derived, derived_cached, extend,  # noqa: F401
-                              head_sweep, layer_weights, logit_lens, recording, recording_npz,
+                              head_sweep, layer_weights, lens_cached, logit_lens, recording, recording_npz,
                               sweep_seconds, twin_recordings, whatif_kl, whatif_run)
 from app.gateway.state import (_FORWARD, FORWARDS, KL_MAX_POS, WHATIF_NAMES,  # noqa: F401
                                PromptTooBig, RunRefused, _encode, _ident, _model, check_interventions,
-                               aside, embedding_rows, encode_prompt, facts, forwards_ahead, page_run, pages_ahead,
-                               result_cache, stored_bytes, try_load, visitor_message)
+                               aside, embedding_rows, encode_prompt, facts, forwards_ahead, model_ready, page_run,
+                               pages_ahead, result_cache, stored_bytes, try_load, visitor_message)
 from app.gateway.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,
                           lab_worker_threads)
 from app.gateway.lessons import lesson_target, patch_lesson

@@ -156,6 +156,11 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
     return result_cache().get(key, run, _FORWARD)
 
 
+def lens_cached(source: str, ids, start: int = 0) -> bool:
+    """Whether logit_lens(source, ids, start) would be answered from the cache."""
+    return result_cache().peek(("lens", _ident(source), tuple(ids), int(start))) is not None
+
+
 def whatif_run(source: str, ids, specs: str, source_ids=()) -> dict:
     """The changed run, reduced to what the What-if view draws: last-position logits, p(own next token) per
     position, the loss, rotated Q/K per layer (for patterns) and resid_post at the last KL_MAX_POS positions.

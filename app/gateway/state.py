@@ -72,6 +72,15 @@ def _load(source: str, version: tuple | None) -> LoadedModel:
 _READY: set = set()  # (path, version) of the models this process has loaded
 
 
+def model_ready(source: str) -> bool:
+    """Whether this process holds the model already (asking for it costs nothing); False for a bad source too."""
+    try:
+        path = resolve_source(source)
+        return (path, source_version(path)) in _READY
+    except (LoadError, OSError, ValueError):
+        return False
+
+
 def _model(source: str) -> LoadedModel:
     path = resolve_source(source)
     key = (path, source_version(path))

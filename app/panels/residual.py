@@ -139,7 +139,7 @@ def draw_lens(ctx: ViewContext) -> None:
     t, T = ctx.t, len(ctx.ids)
     st.subheader(t("residual.logit_lens"))
     start = T - lens_positions(ctx)
-    with st.spinner(t("residual.applying_the_output_layer_to")):
+    with plots.waiting(t("residual.applying_the_output_layer_to"), not gateway.lens_cached(ctx.source, ctx.ids, start)):
         top_ids, top_probs = gateway.logit_lens(ctx.source, ctx.ids, start)
     ids = [int(i) for i in ctx.ids]
     text = [[generation.candidate_label(ctx.facts, ids[:start + p + 1], int(i)) for p, i in enumerate(row)]
