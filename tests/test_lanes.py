@@ -230,3 +230,36 @@ def test_pages_asking_for_the_same_result_at_once_compute_it_once_without_deadlo
         assert not th.is_alive()
     assert computed == [1] and first_out == second_out == [[1]] and second_out[0] is first_out[0]
     assert flights._keys == {} and lane_is_free(lane)
+
+
+def test_threads_switch_quickly_only_while_a_forward_pass_or_array_work_runs(monkeypatch):
+    """While work that gives the GIL up at every torch call runs (a forward pass, a view's array work), the
+    interpreter hands the GIL over every 0.1 ms; with only Python running (page runs), at Python's own 5 ms."""
+    import sys
+
+    import pytest
+
+    from app.gateway import lanes, runs
+
+    monkeypatch.setattr(runs, "recording", lambda source, ids: "the recording")
+    monkeypatch.setattr(runs, "_ident", lambda source: source)
+    seen = []
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(lanes.PYTHON_SWITCH_INTERVAL_S)
+        lane = DrawingLane()
+        forward = ForwardLock(lane)
+        with lane.held():
+            seen.append(sys.getswitchinterval())
+            with forward:
+                seen.append(sys.getswitchinterval())
+                with forward:  # re-entrant: quick until the outer exit
+                    pass
+                seen.append(sys.getswitchinterval())
+            seen.append(sys.getswitchinterval())
+            seen.append(runs.derived("switch-probe", "a source", (1, 2), lambda rec: sys.getswitchinterval()))
+            seen.append(sys.getswitchinterval())
+        assert seen == pytest.approx([0.005, 0.0001, 0.0001, 0.005, 0.0001, 0.005])
+        assert lanes.SWITCHES.running() == 0
+    finally:
+        sys.setswitchinterval(before)

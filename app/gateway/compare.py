@@ -9,7 +9,7 @@ from app.gateway import costs
 from app.gateway import runs
 from app.gateway import state as gw
 from app.gateway.exports import npz_file
-from app.gateway.lanes import FLIGHTS
+from app.gateway.lanes import FLIGHTS, SWITCHES
 from app.gateway.settings import DEFAULT_MAX_TOKENS
 from explorer_model.recording import record
 from explorer_model.recording import Recording
@@ -44,7 +44,7 @@ def pair_derived(name: str, sides, fn, *args):
     keys = tuple((gw._ident(s), tuple(int(i) for i in ids), (sp or "").strip()) for s, ids, sp in sides)
     def compute():
         recs = [changed_recording(*side) for side in sides]
-        with gw.LANE.released():  # array work, as explorer.derived
+        with gw.LANE.released(), SWITCHES.during():  # array work, as runs.derived
             return fn(*recs, *args)
     key = (f"pair:{name}", keys, args)
     return gw.result_cache().get(key, compute, FLIGHTS.one(key))

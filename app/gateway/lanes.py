@@ -15,8 +15,11 @@ prompts queued behind each other for seconds. So:
     four runs to 1.14-1.36 s in three, a view switch's from 1.42-1.87 s to 1.17-1.59 s);
     it then takes the lane back ahead of the pages that arrived meanwhile (it had waited its turn already:
     at the back of the line, a page whose view runs the model paid the whole queue twice);
-  - the interpreter switches threads every 0.1 ms instead of every 5 ms: beside one drawing thread that
-    recording took 0.39 s instead of 8.7 s (at 1 ms: 1.6 s), and the drawing thread lost 12 % of its speed.
+  - while a thread runs such work (a forward pass, a view's array work), the interpreter switches threads every
+    0.1 ms instead of every 5 ms: beside one drawing thread that recording took 0.39 s instead of 8.7 s (at 1 ms:
+    1.6 s), and the drawing thread lost 12 % of its speed. When none does, Python's own 5 ms stands: thirty
+    followers' pages reaching a lecture step together are all Python, and forced switches among them every
+    0.1 ms only cost (bench_load.py --lecture: the server's CPU per step, see docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from collections import deque
 from contextlib import contextmanager
 
 SWITCH_INTERVAL_S = 0.0001
+PYTHON_SWITCH_INTERVAL_S = 0.005  # Python's default
 
 
 class FifoLock:
@@ -128,9 +132,13 @@ class ForwardLock:
             self._local.released.__enter__()
         self._lock.acquire()
         self._local.depth = getattr(self._local, "depth", 0) + 1
+        if self._local.depth == 1:
+            SWITCHES.enter()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._local.depth == 1:
+            SWITCHES.leave()
         self._lock.release()
         self._local.depth -= 1
         if self._local.depth == 0:
@@ -171,11 +179,39 @@ class Flights:
                     del self._keys[key]
 
 
-def quick_thread_switches() -> None:
-    """Process-wide, harmless to repeat (unlike a torch thread count): see the module docstring."""
-    if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+class QuickSwitches:
+    """Threads switch every SWITCH_INTERVAL_S while at least one thread runs work that gives the GIL up at every
+    torch or numpy call (see the module docstring), every PYTHON_SWITCH_INTERVAL_S otherwise. The interval is
+    process-wide and cheap to set (unlike a torch thread count)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._running = 0
+
+    def enter(self) -> None:
+        with self._mutex:
+            self._running += 1
+            if self._running == 1:
+                sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+    def leave(self) -> None:
+        with self._mutex:
+            self._running -= 1
+            if self._running == 0:
+                sys.setswitchinterval(PYTHON_SWITCH_INTERVAL_S)
+
+    def running(self) -> int:
+        return self._running
+
+    @contextmanager
+    def during(self):
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
 
 
+SWITCHES = QuickSwitches()
 LANE = DrawingLane()
 FLIGHTS = Flights(LANE)

@@ -10,7 +10,7 @@ import torch
 
 from app.gateway.costs import _admit_unless_cached, _record_measured, intervention_seconds, pass_seconds
 from app.gateway.exports import npz_file
-from app.gateway.lanes import FLIGHTS
+from app.gateway.lanes import FLIGHTS, SWITCHES
 from app.gateway.state import (_FORWARD, KL_MAX_POS, SMALL_FORWARD_FLOPS, WHATIF_NAMES, LANE, _forward, _ident, _model,
                                check_interventions, encode_prompt, result_cache, try_load)
 from explorer_model import memory as _memory
@@ -92,7 +92,7 @@ def derived(name: str, source: str, ids, fn, *args):
 
     def compute():
         rec = recording(source, ids)
-        with LANE.released():  # array work, mostly outside the GIL: other pages draw meanwhile (app/gateway/lanes.py)
+        with LANE.released(), SWITCHES.during():  # array work, mostly outside the GIL: other pages draw meanwhile
             return fn(rec, *args)
     key = (f"view:{name}", _ident(source), ids, args)
     return result_cache().get(key, compute, FLIGHTS.one(key))

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from app.facts import ModelFacts, facts_of
-from app.gateway.lanes import LANE, ForwardLock, quick_thread_switches
+from app.gateway.lanes import LANE, ForwardLock
 from app.gateway.result_cache import ResultCache
 from app.gateway.room_memo import room_memo
 from app.gateway.settings import (cache_budget_bytes, offered_models, prompt_char_limit, resolve_source, shared,
@@ -29,7 +29,6 @@ log = logging.getLogger("llama_explorer.gateway")
 # re-entrant (a what-if's KL reads the clean recording, recorded under the same lock); a page run gives up the
 # drawing lane while it waits for it and runs (app/gateway/lanes.py)
 _FORWARD = ForwardLock(LANE)
-quick_thread_switches()
 
 
 def page_run():
