@@ -89,7 +89,7 @@ def page_top() -> controls.Places:
                     unsafe_allow_html=True)  # the main area only: larger sidebar labels would wrap
     sections.landing()
     places = controls.top_row(presenter, gateway.shared())
-    if places.share is not None:
+    if places.share is not None and not st.session_state.get("room_following"):  # a follower is in the room already
         share.box(places.share, gateway.public_port() or int(st.get_option("server.port")))
     return places
 

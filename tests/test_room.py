@@ -117,6 +117,18 @@ def test_a_following_page_has_no_lecture_box_and_gets_it_back_when_it_explores(s
     assert [b.key for b in student.button if b.key == "lecture_add"] == ["lecture_add"]
 
 
+def test_the_room_s_address_is_on_the_presenter_s_page_not_on_a_following_one(shared_room, monkeypatch):
+    from explorer_model.cli import serve as launch
+
+    monkeypatch.setattr(launch, "lan_addresses", lambda: ["192.168.1.20"])
+    presenter = run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
+    assert "192.168.1.20" in presenter.get("image")[0].proto.imgs[0].caption  # the QR code for the projector
+    student = run_app()
+    assert student.session_state["room_following"] and student.get("image") == []  # in the room already
+    student.button(key="room_detach").click().run()
+    assert "192.168.1.20" in student.get("image")[0].proto.imgs[0].caption  # exploring: the address to pass on
+
+
 def test_the_presenter_s_edit_reaches_the_room(shared_room):
     presenter = run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
     before = shared_room.version()
