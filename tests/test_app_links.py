@@ -224,6 +224,8 @@ def test_the_room_addresses_carry_the_lecture_and_the_language(monkeypatch, tmp_
     monkeypatch.setenv(ROOM_DB_ENV, str(room))
     Room(str(room)).publish((P.SHIPPED / "tutorial-001.toml").read_text(encoding="utf-8"), "tutorial-001", 8)
     student = run_app(lang="en")
+    assert addresses(student) == []  # following: the projector shows the address
+    student.button(key="room_detach").click().run()  # exploring on their own, to pass the address on
     first = addresses(student)[0]
     assert first.startswith("http://192.168.1.20:") and first.endswith("/?lang=en&lecture=tutorial-001&step=9")
 
