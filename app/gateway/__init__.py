@@ -70,7 +70,7 @@ def warm_up() -> None:
 __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "facts", "encode_prompt",
            "embedding_rows", "check_interventions", "recording", "extend", "continuation", "recording_npz", "derived",
            "derived_cached", "aside",
-           "logit_lens", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
+           "logit_lens", "lens_cached", "model_ready", "whatif_run", "whatif_kl", "head_sweep", "cached_head_sweep", "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
