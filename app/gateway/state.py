@@ -76,7 +76,7 @@ def model_ready(source: str) -> bool:
     try:
         path = resolve_source(source)
         return (path, source_version(path)) in _READY
-    except (LoadError, OSError, ValueError):
+    except (LoadError, OSError, ValueError, RuntimeError):  # RuntimeError: "~nosuchuser/…" has no home to expand
         return False
 
 
