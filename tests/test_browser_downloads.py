@@ -1,7 +1,11 @@
-"""In Debian's Chromium: every download button of every view (the sidebar's recording, each
-view's CSVs, the PNG camera of each view's first and last figure) delivers a file that opens, and its contents
-agree with the page: the recording's arrays and the CSVs' token axis with the prompt's tokens, a PNG with its
-signature and size."""
+"""In Debian's Chromium, on a Chinese prompt typed into the 中文 page: every download button of every view (the
+sidebar's recording, each view's CSVs, the PNG camera of each view's first and last figure) delivers a file that
+opens, and its contents agree with the page: the recording's arrays and the CSVs' token axis with the prompt's
+tokens, a PNG with its signature and size. No view's text, figure or CSV shows a byte escape or U+FFFD (SmolLM2
+splits most Chinese characters into byte fragments: the app names them like 深·1/3).
+
+Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots): `SCREENSHOT_DIR=docs/screenshots` regenerates the
+README's tokens_zh.png."""
 from __future__ import annotations
 
 import csv
@@ -12,8 +16,9 @@ import struct
 import numpy as np
 import pytest
 
-from browser_util import (CORE_VIEWS, PROMPT, browser, download, each_view_drawn, figures, garbled,  # noqa: F401
-                          open_app, open_expanders, page, server, settle_figures, view_errors)
+from app.i18n import t
+from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, garbled, open_app,  # noqa: F401
+                          open_expanders, page, server, set_prompt, settle_figures, shots_dir, strings, view_errors)
 
 pytestmark = pytest.mark.browser
 
@@ -23,6 +28,8 @@ NPZ_NAMES = ("token_ids", "logits", "hook_embed")
 NPZ_LAYER_NAMES = ("blocks.{L}.hook_resid_pre", "blocks.{L}.attn.hook_pattern", "blocks.{L}.hook_attn_out",
                    "blocks.{L}.hook_resid_mid", "blocks.{L}.hook_resid_post")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+LANG, ZH_PROMPT = "zh", "\u6df1\u5ea6\u5b66\u4e60\u5f88"  # 深度学习很: 10 SmolLM2 tokens, 9 of them parts of a character
+FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as the token labels name it
 
 
 def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
@@ -38,8 +45,9 @@ def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
 
 # layers/queries × the prompt's tokens: one column per token, named like the figures' axes ("8:␣it")
 TOKEN_MATRIX = re.compile(r"attention_L\d+_H\d+_pattern\.csv|rms_divisor_\w+\.csv|residual_norms\.csv")
-FIRST_COLUMNS = {  # file name → the columns its header starts with
-    r"tokens\.csv": ("position", "piece", "id"),
+# file name → the columns its header starts with (a dotted name is the catalog's, in the page's language)
+FIRST_COLUMNS = {
+    r"tokens\.csv": ("tokens.col.position", "tokens.col.piece", "id"),
     r"attention_overview\.csv": ("layer", "head", "kv_head", "entropy_nats"),
     r"logit_lens\.csv": ("layer", "position", "token", "top_id", "top_token", "probability"),
     r"rope_theta\.csv": ("pair",),
@@ -48,7 +56,7 @@ FIRST_COLUMNS = {  # file name → the columns its header starts with
 }
 
 
-def check_csv(name: str, data: bytes, labels: list[str]) -> None:
+def check_csv(name: str, data: bytes, labels: list[str], lang: str) -> None:
     text = data.decode("utf-8-sig")  # a CSV must be UTF-8 (Excel's BOM allowed)
     rows = list(csv.reader(io.StringIO(text)))
     assert len(rows) >= 2, f"{name}: no data rows"
@@ -65,7 +73,8 @@ def check_csv(name: str, data: bytes, labels: list[str]) -> None:
         assert header[1:] == labels, f"{name}: columns {header[1:]} are not the prompt's tokens {labels}"
     for pattern, first in FIRST_COLUMNS.items():
         if re.fullmatch(pattern, file):
-            assert header[:len(first)] == list(first), f"{name}: header {header} does not start {list(first)}"
+            first = [t(c, lang) if "." in c else c for c in first]
+            assert header[:len(first)] == first, f"{name}: header {header} does not start {first}"
     bare = [re.sub(r"^\d+:", "", v) for v in labels]  # labels without the figure's "position:" prefix
     cols = [re.sub(r"^\d+:", "", v) for v in header[1:]]
     if len(cols) >= 2 and set(cols) <= set(bare):
@@ -82,11 +91,11 @@ def check_png(name: str, data: bytes) -> None:
     assert data[-8:-4] == b"IEND", f"{name}: the PNG is truncated (no IEND chunk at its end)"
 
 
-def open_file(pg, click, what: str, server, labels, n_layers) -> str:
+def open_file(pg, click, what: str, server, labels, n_layers, lang: str) -> str:
     """Click, receive the file, open it by its kind; returns its name."""
     name, data = download(pg, click, what, server)
     if name.endswith(".csv"):
-        check_csv(f"{what}: {name}", data, labels)
+        check_csv(f"{what}: {name}", data, labels, lang)
     elif name.endswith(".npz"):
         check_npz(data, len(labels), n_layers)
     elif name.endswith(".png"):
@@ -110,18 +119,40 @@ def slider_max(pg, index: int) -> int:
                .get_attribute("max"))
 
 
+def chinese_problems(page, view: str) -> list[str]:
+    """Byte escapes or U+FFFD in the view's text or figures; split characters not named by their parts."""
+    problems = []
+    bad = garbled(page.locator("body").inner_text())
+    if bad:
+        problems.append(f"{view}: page text has byte escapes or U+FFFD: {bad[:3]}")
+    texts = list(strings(figures(page)))
+    bad = [s for s in texts if garbled(s)]
+    if bad:
+        problems.append(f"{view}: Plotly figure texts have byte escapes or U+FFFD: {bad[:3]}")
+    if view == "attention" and not any(FRAGMENT.search(s) for s in texts):
+        problems.append("attention: no axis names a split character by its part (like 深·1/3)")
+    if view == "tokens":  # the top of the view: the prompt's tokens, split characters named (深·1/3)
+        page.evaluate("() => { const m = document.querySelector('[data-testid=\"stMain\"]'); if (m) m.scrollTo(0, 0);"
+                      " window.scrollTo(0, 0); }")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(shots_dir() / "tokens_zh.png"))
+    return problems
+
+
 def test_every_download_button_delivers_a_file_that_opens(server, page):
-    open_app(page, server, lang="en", view="attention", prompt=PROMPT)
+    open_app(page, server, lang=LANG, view="attention")
+    set_prompt(page, ZH_PROMPT)
+    assert "\ufffd" not in page.url and "%EF%BF%BD" not in page.url.upper(), "the URL holds U+FFFD"
     settle_figures(page)
     labels = token_axis(page)
-    assert labels, "the attention view shows no square token × token heatmap"
+    assert len(labels) == 10, f"the attention view does not show the prompt's 10 tokens: {labels}"
     n_layers = slider_max(page, 0) + 1
     opened: dict[str, list[str]] = {}
     problems: list[str] = []
 
     def attempt(view: str, click, what: str, kind: str) -> None:
         try:
-            name = open_file(page, click, what, server, labels, n_layers)
+            name = open_file(page, click, what, server, labels, n_layers, LANG)
         except AssertionError as e:
             problems.append(str(e).split("\nassert")[0])
             return
@@ -133,8 +164,11 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
     assert side.count() >= 1, "the sidebar has no download button for the recording"
     attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
 
+    seen = []
     for label, view in each_view_drawn(page):
+        seen.append(view)
         open_expanders(page)
+        problems += chinese_problems(page, view)
         buttons = page.locator('[data-testid="stMain"] [data-testid="stDownloadButton"] button')
         for i in range(buttons.count()):
             b = buttons.nth(i)
@@ -153,6 +187,7 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
         if view_errors(page):
             problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
     print("downloads opened:", opened)
+    assert len(seen) >= len(CORE_VIEWS) and "normlab" in seen, f"the view selector offered only {seen}"
     for view in (*CORE_VIEWS, "whatif"):
         if not any(n.endswith(".png") for n in opened.get(view, [])):
             problems.append(f"the {view} view delivered no figure PNG")
