@@ -3,8 +3,8 @@
 Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots); the README's come from
 `SCREENSHOT_DIR=docs/screenshots pytest -m browser tests/test_browser.py tests/test_browser_downloads.py
 tests/test_browser_layout.py` (this module: attention.png, attention_zh.png, rope_zh.png, swiglu_zh.png,
-rmsnorm.png; the downloads module: tokens_zh.png; the layout module: presenter.png, and layout_*.png and w768_*.png,
-which are not kept in docs/).
+rmsnorm.png; the downloads module: tokens_zh.png; the layout module: presenter.png; layout_*.png and w768_*.png,
+made by both, are not kept in docs/).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """In Debian's Chromium: every preset lands on its lesson (every download opened and Chinese without byte escapes in
-every view: test_browser_downloads.py; presenter mode on a projector and pages 768 px wide: test_browser_layout.py).
+every view, on a tablet: test_browser_downloads.py; presenter mode on a projector and phones: test_browser_layout.py).
 
 The presets are chosen one after another on one page, as a teacher goes through them; a comparison preset (which
 may change the model) and the first preset of a run start from a freshly opened page. Every check reads what the

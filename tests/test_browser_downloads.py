@@ -1,11 +1,16 @@
-"""In Debian's Chromium, on a Chinese prompt typed into the 中文 page: every download button of every view (the
-sidebar's recording, each view's CSVs, the PNG camera of each view's first and last figure) delivers a file that
-opens, and its contents agree with the page: the recording's arrays and the CSVs' token axis with the prompt's
-tokens, a PNG with its signature and size. No view's text, figure or CSV shows a byte escape or U+FFFD (SmolLM2
-splits most Chinese characters into byte fragments: the app names them like 深·1/3).
+"""In Debian's Chromium, on a tablet (768×1024) with a Chinese prompt typed into the 中文 page, one walk through every
+view checks three things:
 
-Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots): `SCREENSHOT_DIR=docs/screenshots` regenerates the
-README's tokens_zh.png."""
+- every download button (the sidebar's recording, each view's CSVs, the PNG camera of each view's first and last
+  figure) delivers a file that opens, and its contents agree with the page: the recording's arrays and the CSVs'
+  token axis with the prompt's tokens, a PNG with its signature and size;
+- no view's text, figure or CSV shows a byte escape or U+FFFD (SmolLM2 splits most Chinese characters into byte
+  fragments: the app names them like 深·1/3);
+- the tablet's layout (layout_util.py, as test_browser_layout.py measures phones and the projector), and with every
+  expander open no formula clipped.
+
+Screenshots go to $SCREENSHOT_DIR (default artifacts/screenshots) as layout_tablet_<view>.png, w768_<view>.png (the
+whole page, expanders open) and tokens_zh.png (`SCREENSHOT_DIR=docs/screenshots` regenerates the README's)."""
 from __future__ import annotations
 
 import csv
@@ -17,8 +22,9 @@ import numpy as np
 import pytest
 
 from app.i18n import t
-from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, garbled, open_app,  # noqa: F401
-                          open_expanders, page, server, set_prompt, settle_figures, shots_dir, strings, view_errors)
+from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, garbled, new_page,  # noqa: F401
+                          open_app, server, set_prompt, settle_figures, shots_dir, strings, view_errors)
+from layout_util import MAIN, clipped_formulas, drawn_for_screen, page_problems, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -29,6 +35,7 @@ NPZ_LAYER_NAMES = ("blocks.{L}.hook_resid_pre", "blocks.{L}.attn.hook_pattern", 
                    "blocks.{L}.hook_resid_mid", "blocks.{L}.hook_resid_post")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LANG, ZH_PROMPT = "zh", "\u6df1\u5ea6\u5b66\u4e60\u5f88"  # 深度学习很: 10 SmolLM2 tokens, 9 of them parts of a character
+TABLET_TEXT_PX = 12  # the smallest text a figure or table may have on a tablet, as on a phone
 FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as the token labels name it
 
 
@@ -139,8 +146,17 @@ def chinese_problems(page, view: str) -> list[str]:
     return problems
 
 
+@pytest.fixture(scope="module")
+def page(browser):
+    """A tablet's page: 768×1024, a mouse."""
+    pg = new_page(browser, 768, 1024)
+    yield pg
+    pg.context.close()
+
+
 def test_every_download_button_delivers_a_file_that_opens(server, page):
     open_app(page, server, lang=LANG, view="attention")
+    drawn_for_screen(page)
     set_prompt(page, ZH_PROMPT)
     assert "\ufffd" not in page.url and "%EF%BF%BD" not in page.url.upper(), "the URL holds U+FFFD"
     settle_figures(page)
@@ -160,14 +176,12 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             problems.append(f"{what} delivered {name}, expected a {kind} file")
         opened.setdefault(view, []).append(name)
 
-    side = page.locator('[data-testid="stSidebar"] [data-testid="stDownloadButton"] button')
-    assert side.count() >= 1, "the sidebar has no download button for the recording"
-    attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
-
     seen = []
     for label, view in each_view_drawn(page):
         seen.append(view)
-        open_expanders(page)
+        problems += page_problems(page, view, TABLET_TEXT_PX)  # as a visitor first sees the view
+        screenshot(page, view, "tablet")
+        problems += clipped_formulas(page, view)  # opens every expander: their downloads are pressed too
         problems += chinese_problems(page, view)
         buttons = page.locator('[data-testid="stMain"] [data-testid="stDownloadButton"] button')
         for i in range(buttons.count()):
@@ -186,8 +200,14 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             attempt(view, camera.click, f"the PNG camera of figure {i} in the {label} view", ".png")
         if view_errors(page):
             problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
+    # the sidebar, folded away on a tablet, opened last (open, it covers the main area the walk measured)
+    if page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true":
+        page.locator('[data-testid="stExpandSidebarButton"]').click()
+    side = page.locator('[data-testid="stSidebar"] [data-testid="stDownloadButton"] button')
+    assert side.count() >= 1, "the sidebar has no download button for the recording"
+    attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
     print("downloads opened:", opened)
-    assert len(seen) >= len(CORE_VIEWS) and "normlab" in seen, f"the view selector offered only {seen}"
+    assert set(seen) == set(MAIN), f"the view selector offered {seen}"
     for view in (*CORE_VIEWS, "whatif"):
         if not any(n.endswith(".png") for n in opened.get(view, [])):
             problems.append(f"the {view} view delivered no figure PNG")

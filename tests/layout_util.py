@@ -1,0 +1,136 @@
+"""What the layout tests measure on a drawn page (test_browser_layout.py on a phone and a projector,
+test_browser_downloads.py on a tablet): each view's main figure as wide as its column and mostly plot, no text
+under the screen's smallest size, no overlapping tick labels, no text outside its figure, no title under Plotly's
+toolbar, no sideways scrolling, tables of readable text, no formula clipped."""
+from __future__ import annotations
+
+from browser_util import LAYOUT, open_expanders, settle_figures, shots_dir, steady, wait_idle
+
+# each view's main figure, by the key of its chart (the what-if view's after its "no causal mask" button)
+MAIN = {"tokens": "tokens_embed_heat", "attention": "attn_head", "norm": "norm_divisor_fig", "rope": "rope_angle_fig",
+        "swiglu": "swiglu_heatmap", "residual": "residual_norms", "predict": "residual_loss_strip",
+        "block": "block_diagram", "whatif": "whatif_dist", "normlab": "normlab_resid_fig"}
+PLOT_SHARE = 0.55  # of a main figure's width, at least, is its plot area (not a small square in a wide box)
+
+MEASURE = """() => {
+    const box = e => e.getBoundingClientRect();
+    const overlap = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 0.5 &&
+                              Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 0.5;
+    return [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd => {
+        const holder = gd.closest('[data-testid="stElementContainer"]');
+        const key = ([...holder.classList].find(c => c.startsWith('st-key-')) || '').slice(7);
+        const column = holder.parentElement, style = getComputedStyle(column);
+        const frame = box(gd);
+        const texts = [...gd.querySelectorAll('text, tspan')].filter(t => t.textContent.trim() &&
+            !t.closest('.hoverlayer') && box(t).width > 0);
+        const sizes = texts.map(t => [parseFloat(getComputedStyle(t).fontSize), t.textContent.trim().slice(0, 24)]);
+        const clashes = [];
+        for (const layer of gd.querySelectorAll('.xaxislayer-above, .yaxislayer-above')) {
+            const labels = [...layer.querySelectorAll('text')].filter(t => t.textContent.trim() && box(t).width);
+            for (let i = 0; i < labels.length; i++) for (let j = i + 1; j < labels.length; j++)
+                if (overlap(box(labels[i]), box(labels[j])))
+                    clashes.push(labels[i].textContent + ' / ' + labels[j].textContent);
+        }
+        const outside = texts.filter(t => t.tagName === 'text').filter(t => { const r = box(t);
+            return r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1 ||
+                   r.bottom > frame.bottom + 1; }).map(t => t.textContent.slice(0, 24));
+        const bar = gd.querySelector('.modebar'), title = gd.querySelector('.g-gtitle');
+        return {key, title: String((gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, ' '),
+                width: frame.width, room: column.clientWidth - parseFloat(style.paddingLeft) -
+                parseFloat(style.paddingRight), plot: gd._fullLayout._size.w,
+                smallest: sizes.sort((a, b) => a[0] - b[0])[0] || null, clashes, outside,
+                covered: !!(bar && title && title.textContent.trim() && overlap(box(bar), box(title)))};
+    });
+}"""
+PAGE = """() => {
+    const main = document.querySelector('[data-testid="stMain"]');
+    const cells = [...main.querySelectorAll('[data-testid="stTable"] :is(td, th)')].filter(c => c.textContent.trim());
+    return {sideways: Math.max(document.documentElement.scrollWidth - innerWidth, main.scrollWidth - main.clientWidth),
+            grids: main.querySelectorAll('[data-testid="stDataFrame"]').length,
+            table_px: cells.length ? Math.min(...cells.map(c => parseFloat(getComputedStyle(c).fontSize))) : null};
+}"""
+
+
+def drawn_for_screen(pg) -> None:
+    """Wait until the page has been drawn for this screen: the probe has reported it and the page run again."""
+    pg.wait_for_function("document.documentElement.dataset.screen === 'drawn'", timeout=180_000)
+    wait_idle(pg, started_within=0)
+    settle_figures(pg)
+
+
+def figure_problems(view: str, figures: list[dict], least: int) -> list[str]:
+    problems = []
+    main = [f for f in figures if f["key"] == MAIN[view]]
+    if len(main) != 1:
+        return [f"{view}: its main figure ({MAIN[view]}) is not on the page once: {[f['key'] for f in figures]}"]
+    m = main[0]
+    if m["width"] < m["room"] - 2:
+        problems.append(f"{view}: the main figure is {m['width']:.0f} px wide in a column of {m['room']:.0f} px")
+    if m["plot"] < PLOT_SHARE * m["width"]:
+        problems.append(f"{view}: the main figure's plot is {m['plot']:.0f} px of its {m['width']:.0f} px")
+    for f in figures:
+        name = f"{view}/{f['key'] or f['title'][:40]}"
+        if f["smallest"] and f["smallest"][0] < least:
+            problems.append(f"{name}: text “{f['smallest'][1]}” is {f['smallest'][0]} px (at least {least})")
+        if f["clashes"]:
+            problems.append(f"{name}: {len(f['clashes'])} overlapping tick labels, e.g. {f['clashes'][:2]}")
+        if f["outside"]:
+            problems.append(f"{name}: text outside the figure: {f['outside'][:3]}")
+        if f["covered"]:
+            problems.append(f"{name}: Plotly's toolbar covers the title")
+    return problems
+
+
+def screenshot(pg, view: str, screen: str) -> None:
+    """layout_<screen>_<view>.png in $SCREENSHOT_DIR, the view's main figure scrolled into sight."""
+    main = pg.locator(f'.st-key-{MAIN[view]}')
+    if main.count():
+        main.first.scroll_into_view_if_needed()
+    pg.screenshot(path=str(shots_dir() / f"layout_{screen}_{view}.png"))
+
+
+def page_problems(pg, view: str, least: int, presenter: bool = False) -> list[str]:
+    """figure_problems for every figure of the view, and the page's own: sideways scrolling, table text, and in
+    presenter mode tables drawn as a canvas grid (a projector needs HTML tables of large text)."""
+    problems = figure_problems(view, pg.evaluate(MEASURE), least)
+    page = pg.evaluate(PAGE)
+    if page["sideways"] > 1:
+        problems.append(f"{view}: the page scrolls sideways by {page['sideways']} px")
+    if presenter and page["grids"]:
+        problems.append(f"{view}: {page['grids']} tables drawn as a canvas grid in presenter mode")
+    if page["table_px"] is not None and page["table_px"] < least:
+        problems.append(f"{view}: table text of {page['table_px']} px")
+    return problems
+
+
+# a formula (KaTeX) wider than its box, and not scrollable into view there
+CLIPPED = """() => {
+    const out = [];
+    const W = document.documentElement.clientWidth;
+    for (const el of document.querySelectorAll('[data-testid="stMain"] :is(.katex-display, .katex)')) {
+        const r = el.getBoundingClientRect();
+        if (!r.width || !el.getClientRects().length) continue;  // inside something folded away
+        const p = el.parentElement;
+        const fits = p.scrollWidth <= p.clientWidth + 1;
+        let shown = r.left >= -1 && r.right <= W + 1;
+        for (let a = p; shown && a && a !== document.body; a = a.parentElement) {
+            const s = getComputedStyle(a);
+            if (s.overflowX !== 'visible') {
+                const b = a.getBoundingClientRect();
+                shown = r.left >= b.left - 1 && r.right <= b.right + 1;
+            }
+        }
+        if (!fits && !shown) out.push(el.textContent.slice(0, 60) + ' (' + Math.round(r.width) + ' px in '
+                                      + p.clientWidth + ' px)');
+    }
+    return out;
+}"""
+
+
+def clipped_formulas(pg, view: str) -> list[str]:
+    """With every expander of the view open (after the figures were measured as a visitor first sees them)."""
+    open_expanders(pg)
+    steady(pg, LAYOUT, 300)
+    pg.screenshot(path=str(shots_dir() / f"w768_{view}.png"), full_page=True)
+    clipped = pg.evaluate(CLIPPED)
+    return [f"{view}: clipped formulas: {clipped[:3]}"] if clipped else []
