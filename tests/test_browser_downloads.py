@@ -23,7 +23,7 @@ import pytest
 
 from app.i18n import t
 from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, garbled, new_page,  # noqa: F401
-                          open_app, server, set_prompt, settle_figures, shots_dir, strings, view_errors)
+                          open_app, server, set_prompt, settle_figures, shots_dir, steady, strings, view_errors)
 from layout_util import MAIN, clipped_formulas, drawn_for_screen, page_problems, screenshot
 
 pytestmark = pytest.mark.browser
@@ -200,9 +200,14 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             attempt(view, camera.click, f"the PNG camera of figure {i} in the {label} view", ".png")
         if view_errors(page):
             problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
-    # the sidebar, folded away on a tablet, opened last (open, it covers the main area the walk measured)
+    # the sidebar, folded away on a tablet, opened last (open, it narrows the main area the walk measured): once it
+    # has slid open, the page is drawn again for its narrower column (the screen probe's run), and a download
+    # button pressed during that run would name a file the run has just replaced
     if page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true":
         page.locator('[data-testid="stExpandSidebarButton"]').click()
+        steady(page, "JSON.stringify(document.querySelector('[data-testid=\"stSidebar\"]').getBoundingClientRect())",
+               300)
+        drawn_for_screen(page)
     side = page.locator('[data-testid="stSidebar"] [data-testid="stDownloadButton"] button')
     assert side.count() >= 1, "the sidebar has no download button for the recording"
     attempt("sidebar", side.first.click, "the sidebar's recording download", ".npz")
