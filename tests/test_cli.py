@@ -102,6 +102,17 @@ def test_bad_sources_give_one_line(tmp_path, make_source, needle):
     assert_one_line_error(r.returncode, r.stderr, needle)
 
 
+@pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["generate", "--prompt", "hi"]])
+def test_a_wrong_path_is_answered_without_importing_torch(tmp_path, command):
+    """A typo in a path costs no import of torch (seconds): the answer comes at once."""
+    code = ("import sys; from explorer_model.cli import main; status = main(sys.argv[1:]); "
+            "print(status, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, command[0], str(tmp_path / "nope.gguf"), *command[1:]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    assert "nope.gguf: no such file or folder" in r.stderr
+
+
 def test_truncated_default_gguf(tmp_path):
     from explorer_model.loaders import default_gguf_path
 

@@ -203,12 +203,7 @@ def _run(args) -> int:
 
 def _failure_status(e: BaseException) -> int:
     """The exit status for an exception that ended a command, with its one line on stderr."""
-    from ..config import ConfigError
-    from ..export import ExportError
-    from ..loaders import LoadError
-    from ..tokenizer import PromptError, TokenizerError
-
-    if isinstance(e, (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError)):
+    if isinstance(e, _input_errors()):
         return _fail(one_line(e))
     if isinstance(e, KeyboardInterrupt):
         return 130
@@ -221,6 +216,20 @@ def _failure_status(e: BaseException) -> int:
     if isinstance(e, Exception):  # a case nobody foresaw: still one line (LLAMA_EXPLORER_DEBUG=1: the traceback)
         return _unexpected(e)
     raise e  # SystemExit and the like keep their meaning
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """The error types whose message is written for the user. A module that was never imported cannot have raised
+    its own, so the exporter's and the tokenizer's are looked up, not imported (importing them means torch)."""
+    from ..config import ConfigError
+    from ..loaders.errors import LoadError
+
+    found = [CliError, LoadError, ConfigError]
+    for module, names in (("explorer_model.export", ("ExportError",)),
+                          ("explorer_model.tokenizer", ("PromptError", "TokenizerError"))):
+        if module in sys.modules:
+            found += [getattr(sys.modules[module], name) for name in names]
+    return tuple(found)
 
 
 def _fail(message: str) -> int:

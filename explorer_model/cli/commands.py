@@ -21,7 +21,7 @@ class CliError(Exception):
 
 
 def one_line(e: BaseException) -> str:
-    from ..loaders.common import one_line as first_line
+    from ..loaders.errors import one_line as first_line
 
     return first_line(e, limit=500)  # room for a long path and what is wrong with it
 
@@ -67,7 +67,6 @@ def memory_lines(cfg) -> list[str]:
 
 def cmd_info(args) -> None:
     from ..loaders import LoadError, read_config
-    from ..memory import estimates, kv_cache_bytes_per_token
 
     try:
         cfg = read_config(args.source)
@@ -78,6 +77,8 @@ def cmd_info(args) -> None:
     t0 = time.perf_counter()
     loaded = _load(args.source, args.dtype)
     seconds = time.perf_counter() - t0
+    from ..memory import estimates, kv_cache_bytes_per_token
+
     model, cfg = loaded.model, loaded.model.cfg
     info = {
         "source": loaded.source,
@@ -209,8 +210,6 @@ def generation_bar(max_new: int):
 
 
 def cmd_generate(args) -> None:
-    from ..generate.sampling import generate
-
     if not 0 <= args.max_new_tokens <= 10**6 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
         raise CliError("need 0 <= --max-new-tokens <= 1000000, 0 < --top-p <= 1, --top-k >= 0")
     t = args.temperature
@@ -224,6 +223,7 @@ def cmd_generate(args) -> None:
     ids = prompt_ids(loaded, args.prompt, None)
     eos = loaded.tokenizer.eos_id
     from ..generate.decode import pack_for_decode, packing_for
+    from ..generate.sampling import generate
     from ..generate.native_step import serves
     from ..runtime import threads
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..model import LlamaModel
-from .common import LoadError, check_tokenizer_fits, one_line
+from .errors import LoadError, one_line
 
-if TYPE_CHECKING:  # the tokenizer module is imported only when a model is loaded
+if TYPE_CHECKING:  # torch, the model and the tokenizer are imported only when a model is loaded: a wrong path
+    from ..model import LlamaModel  # is answered without them
     from ..tokenizer import Tokenizer
 
 __all__ = ["LoadError", "LoadedModel", "load", "read_config", "resolve", "default_gguf_path"]
@@ -160,6 +160,8 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, d
         else:
             raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
                             "nor an explorer folder (explorer_config.json)")
+        from .common import check_tokenizer_fits
+
         check_tokenizer_fits(model.cfg, tokenizer, path)
     except LoadError:
         raise

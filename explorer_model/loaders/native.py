@@ -12,8 +12,7 @@ from pathlib import Path
 
 
 from ..config import ConfigError, ModelConfig
-from .common import (LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line,
-                     plan_dtype, stored_dtype)
+from .errors import LoadError, one_line, read_json_object
 
 CONFIG_NAME = "explorer_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -54,6 +53,7 @@ def load_native(folder: Path, dtype=None):
     from safetensors.torch import load_file
 
     from ..tokenizer import Tokenizer
+    from .common import build_model, check_sizes, describe, load_tokenizer, plan_dtype, stored_dtype
 
     folder = Path(folder)
     cfg = read_config(folder)
