@@ -3,7 +3,9 @@
 tokens show as many tokens as a finger can tap (app/token_window.py).
 
 The browser reports it through a small component (app/screen_probe.py) whenever it differs from what the server
-assumed; until then the server guesses from the browser's user agent.
+assumed, and keeps its last measurement in a cookie; a page opened later in the same browser starts from that
+cookie, so its figures are drawn once at the right size instead of being drawn for a guess and again. Without the
+cookie the server guesses from the browser's user agent.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ STACK_BELOW = 640  # px: in a window narrower than this Streamlit puts columns u
 COLUMN_GAP = 16  # px between two of Streamlit's columns (at most)
 WIDTH_STEP = 8  # the main column's width is reported rounded down to this many px
 STATE_KEY = "_screen"  # the last report, kept apart from the component's own state (which lives only while drawn)
+COOKIE = "explorer_screen"  # "main.window.touch", e.g. "1040.1500.0", written by app/screen_probe.js
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,23 @@ def from_report(value) -> Screen | None:
     return Screen(main=main, window=window, touch=touch)
 
 
+def from_cookie(value) -> Screen | None:
+    """The Screen a COOKIE value describes, or None when it is not one (the browser's to send, so anything)."""
+    parts = value.split(".") if isinstance(value, str) and len(value) <= 32 else []
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts) or parts[2] not in ("0", "1"):
+        return None
+    return from_report({"main": parts[0], "window": parts[1], "touch": parts[2] == "1"})
+
+
 def current() -> Screen:
-    """This visitor's screen: the browser's last report, or the guess from its user agent."""
+    """This visitor's screen: the browser's last report in this page, or the one its cookie kept from an earlier
+    page, or the guess from its user agent."""
     known = st.session_state.get(STATE_KEY)
     if isinstance(known, Screen):
         return known
     try:
+        kept = from_cookie(st.context.cookies.get(COOKIE))
         ua = st.context.headers.get("User-Agent", "")
     except Exception:  # noqa: BLE001  (no request behind this run, e.g. a test harness)
-        ua = ""
-    return guess(ua)
+        kept, ua = None, ""
+    return kept or guess(ua)

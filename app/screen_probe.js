@@ -2,7 +2,8 @@
 //
 // 1. It reports the width of the main column (px, rounded down to data.step), the window's width and whether the
 //    pointer is a finger, whenever they differ from what the server assumed (data) by more than data.slack px: a
-//    scroll bar coming and going never redraws the page.
+//    scroll bar coming and going never redraws the page. It keeps the measurement in a cookie (data.cookie), from
+//    which the server starts when this browser opens the next page.
 // 2. On a touch screen a finger on a Plotly figure scrolls the page, and one tap selects a cell as a mouse click
 //    does. Plotly holds every touch that starts on a plot (its pan and zoom), and selects the point under its last
 //    hover, which a finger makes only after the tap; the emulated mouse events that follow a tap would count as a
@@ -49,6 +50,10 @@ export default function ({data, setStateValue}) {
     const inner = main.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
     const now = {main: Math.floor(inner / data.step) * data.step, window: window.innerWidth,
                  touch: window.matchMedia('(pointer: coarse)').matches};
+    const kept = `${now.main}.${now.window}.${now.touch ? 1 : 0}`;
+    if (!document.cookie.split('; ').includes(`${data.cookie}=${kept}`)) {
+      document.cookie = `${data.cookie}=${kept}; path=/; max-age=31536000; SameSite=Lax`;
+    }
     const same = (a) => a && Math.abs(a.main - now.main) <= data.slack && a.touch === now.touch &&
         (a.window < data.stack) === (now.window < data.stack);
     // the page says whether the server has drawn it for this screen (a test waits for "drawn")

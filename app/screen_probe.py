@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.screen import STACK_BELOW, STATE_KEY, WIDTH_STEP, current, from_report
+from app.screen import COOKIE, STACK_BELOW, STATE_KEY, WIDTH_STEP, current, from_report
 
 KEY = "screen_probe"
 SLACK = 24  # px: a smaller change (a scroll bar coming or going) is not reported; it would only redraw the page
@@ -30,5 +30,5 @@ def probe() -> None:
     st.html(STYLE)
     now = current()
     _PROBE(key=KEY, data={"main": now.main, "window": now.window, "touch": now.touch,
-                          "step": WIDTH_STEP, "slack": SLACK, "stack": STACK_BELOW},
+                          "step": WIDTH_STEP, "slack": SLACK, "stack": STACK_BELOW, "cookie": COOKIE},
            on_screen_change=_take_report, height=0)

@@ -88,6 +88,7 @@ def _start_server():
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        Path(log.name).unlink(missing_ok=True)  # its tail went into any failure message already
     return app, stop
 
 

@@ -21,8 +21,8 @@ def _meta_tensors(shape: dict, layers, gen: torch.Generator, dtype: torch.dtype,
     """(Meta name, random tensor) for the given layers, plus embedding/norm/output if `top`."""
     d, f, v = shape["d_model"], shape["d_ff"], shape["vocab"]
 
-    def mat(rows, cols, scale=1.0):
-        return (torch.randn(rows, cols, generator=gen) * (scale / math.sqrt(cols))).to(dtype)
+    def mat(rows, cols, scale=1.0):  # drawn in the target dtype: no float32 copy to scale and convert
+        return torch.empty(rows, cols, dtype=dtype).normal_(0.0, scale / math.sqrt(cols), generator=gen)
 
     def norm():
         return (1.0 + 0.1 * torch.randn(d, generator=gen)).to(dtype)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from browser_util import (browser, open_app, page, pick_view, query, server, settle_figures, shots_dir,  # noqa: F401
-                          wait_idle)
+from browser_util import (RUN_TIMEOUT, browser, open_app, page, pick_view, query, server, settle_figures,  # noqa: F401
+                          shots_dir, wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -62,6 +62,32 @@ def test_copied_link_opens_the_same_picture(server, page):
     assert "RMSNorm" in text
     assert page.locator('[data-testid="stSidebar"] textarea').input_value() == "The bank approved the loan."
     page.screenshot(path=str(shots_dir() / "rmsnorm.png"))
+
+
+# What the screen probe said about each page: "reported" (the page was drawn for another width and asked again),
+# "drawn" (the server drew it for this screen).
+SCREEN_STATES = """(() => {
+    window.__screenStates = [];
+    new MutationObserver(() => {
+        const s = document.documentElement.dataset.screen;
+        if (s && window.__screenStates[window.__screenStates.length - 1] !== s) window.__screenStates.push(s);
+    }).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-screen']});  // (no <html> yet)
+})()"""
+
+
+def test_a_page_opened_again_in_the_same_browser_is_drawn_once_for_its_screen(server, page):
+    """The probe keeps its measurement in a cookie, from which the next page the browser opens starts: its figures
+    are drawn for the right width at once, not for a guess and again after the probe's report."""
+    page.context.add_init_script(SCREEN_STATES)
+    page.context.clear_cookies()
+    seen = []
+    for _ in range(2):
+        open_app(page, server, view="tokens")
+        page.wait_for_function("document.documentElement.dataset.screen === 'drawn'", timeout=RUN_TIMEOUT)
+        seen.append(page.evaluate("window.__screenStates"))
+    # 1500 px: without the cookie the server guesses a 1280 px window, and the probe reports the difference
+    assert "reported" in seen[0] and seen[0][-1] == "drawn", seen
+    assert seen[1] == ["drawn"], seen
 
 
 # Step-by-step generation in the Next token view: one top token, then several at once, undo; the prompt box and the

@@ -12,7 +12,7 @@ from app import plots
 from app.figure_spec import Figure, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PRESENTER_MAX_H, fit_figure, plot_area
 from app.figure_text import CHAR_EM, MIN_TEXT, PRESENTER_MIN_TEXT, Sizes, text_px, toolbar_px, wrap
-from app.screen import DESKTOP, PHONE, TABLET, Screen, from_report, guess
+from app.screen import DESKTOP, PHONE, TABLET, Screen, from_cookie, from_report, guess
 
 TOKENS = [f"{i}:{w}" for i, w in enumerate(
     "The animal didn't cross the street because it was too tired . And then it slept all day long".split())]
@@ -140,6 +140,15 @@ def test_the_screen_from_the_browser_or_a_guess():
         assert from_report(bad) is None
     assert PHONE.stacked and PHONE.column(0.6) == PHONE.main  # Streamlit puts a phone's columns under each other
     assert not DESKTOP.stacked and DESKTOP.column(0.5) < DESKTOP.main / 2
+
+
+def test_the_screen_cookie_is_read_only_when_it_is_one():
+    """The browser's cookie (app/screen_probe.js writes it) is the browser's to send: anything else is no screen."""
+    assert from_cookie("1040.1500.0") == Screen(1040, 1500, False)
+    assert from_cookie("352.390.1") == Screen(352, 390, True)
+    for bad in (None, "", "1040.1500", "1040.1500.2", "1040.1500.0.1", "-5.390.1", "5.390.1", "1e3.1500.0",
+                "1040.1500.0" + "0" * 40, "１０４０.1500.0", "<b>1</b>.2.0"):
+        assert from_cookie(bad) is None, bad
 
 
 def test_the_axes_helper_lists_what_plotly_selects_in_the_same_order():
