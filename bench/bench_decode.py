@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_core import hf_twin  # noqa: E402
-from explorer_model.generate import native_step  # noqa: E402
+from explorer_model.generate import native_build, native_step  # noqa: E402
 from explorer_model.generate.decode import pack_for_decode, packing_for  # noqa: E402
 from explorer_model.loaders import load  # noqa: E402
 from explorer_model.runtime import keep_freed_memory  # noqa: E402
@@ -102,7 +102,7 @@ def main() -> None:
         "threads": torch.get_num_threads(), "prompt_tokens": len(ids), "new_tokens": args.new,
         "tokens_per_s": tps, "all_tokens_per_s": {k: [round(args.new / s, 2) for s in v] for k, v in secs.items()},
         "ratio_ours_vs_hf": round(tps["ours"] / tps["hf"], 2), "ratio_lean_vs_hf": round(tps["ours_lean"] / tps["hf"], 2),
-        "native_step": "compiled" if native_step.library() else f"not built: {native_step.failure()}",
+        "native_step": "compiled" if native_build.library() else f"not built: {native_build.failure()}",
         "weights_MB": round(weight_bytes / 1e6, 1), "read_GB_per_s": round(bandwidth / 1e9, 1),
         "ceiling_tokens_per_s": round(ceiling, 1), "fraction_of_ceiling": round(tps["ours"] / ceiling, 2),
         "greedy_tokens_equal_to_hf": same,

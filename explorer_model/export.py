@@ -64,7 +64,7 @@ def atomic_file(path: Path):
     """Yield a temporary path beside `path`; on success it replaces `path` in one rename, on any failure it is
     removed and `path` is untouched. Temporaries of earlier writers that died (SIGKILL) are removed first; the
     rename never replaces a symbolic link or anything but a regular file."""
-    from .loaders.gguf import remove_stale_temporaries
+    from .cache_folder import remove_stale_temporaries
 
     remove_stale_temporaries(path.parent, path.name)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

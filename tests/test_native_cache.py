@@ -1,4 +1,4 @@
-"""The compiled decode step's cache (explorer_model/generate/native_step.py): a library is loaded only when its SHA-256
+"""The compiled decode step's cache (explorer_model/generate/native_build.py): a library is loaded only when its SHA-256
 matches the one recorded at build time, from a folder only its owner can write; everything else (no compiler, a
 compiler without -march=native, a read-only or shared folder, a damaged or planted file) ends in a fresh build or
 in the torch step, never in a crash. Each case runs in its own process with its own cache folder."""
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.skipif(GCC is None, reason="no C compiler"),
 
 PROBE = textwrap.dedent("""
     import json, sys
-    import explorer_model.generate.native_step as n
+    import explorer_model.generate.native_build as n
     lib = n.library()
     json.dump({"loaded": getattr(lib, "_name", None), "failure": n.failure(), "key": n._key(),
                "folder": str(n.build_folder())}, sys.stdout)
@@ -190,7 +190,7 @@ def test_read_only_cache_builds_privately(tmp_path):
 
 
 def test_two_cpus_sharing_a_folder_get_their_own_builds(tmp_path, monkeypatch):
-    import explorer_model.generate.native_step as native
+    import explorer_model.generate.native_build as native
 
     monkeypatch.setattr(native, "_cpu_key", lambda: "x86_64|flags : avx512f")
     one = native._key()

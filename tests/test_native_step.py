@@ -9,6 +9,7 @@ pass a short logits check at position 0 but not these.
 import pytest
 import torch
 
+import explorer_model.generate.native_build as build
 import explorer_model.generate.native_step as native
 from explorer_model import KVCache
 from explorer_model.generate.decode import lean_step, pack_for_decode
@@ -54,7 +55,7 @@ def biased():
 
 
 def test_the_step_builds_here():
-    assert native.library() is not None, native.failure()  # CI machines have gcc: the fast path must be tested
+    assert build.library() is not None, build.failure()  # CI machines have gcc: the fast path must be tested
 
 
 def test_native_step_follows_the_lean_step_tiny_gqa(biased):
@@ -129,11 +130,11 @@ def test_where_the_native_step_does_not_apply(biased):
 def test_without_a_compiler_generate_keeps_its_tokens(biased, monkeypatch, tmp_path):
     prompt = [5, 6, 7]
     expected = generate(biased, prompt, 10)
-    monkeypatch.setattr(native, "_library", None)
-    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(build, "_library", None)
+    monkeypatch.setattr(build, "_failure", None)
     monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path))  # no built library to find
     monkeypatch.setenv("CC", "false")  # a compiler that fails
-    assert native.library() is None and native.failure().startswith("false failed")
+    assert build.library() is None and build.failure().startswith("false failed")
     assert not native.native_applies(biased, KVCache(biased.cfg.n_layers))
     assert generate(biased, prompt, 10) == expected  # the lean step: the same tokens
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no half-written library left behind

@@ -111,12 +111,12 @@ def cmd_info(args) -> None:
 
 def _decode_step(model) -> str:
     """Which step `generate` takes after the prompt (explorer_model/generate/native_step.py); builds it on first use."""
-    from ..generate import native_step
+    from ..generate import native_build, native_step
 
-    if not native_step.enabled():
+    if not native_build.enabled():
         return "torch (LLAMA_EXPLORER_NATIVE=0)"
-    if native_step.library() is None:
-        return f"torch (no compiled step: {native_step.failure()})"
+    if native_build.library() is None:
+        return f"torch (no compiled step: {native_build.failure()})"
     if native_step.serves(model):
         return "compiled (native_step.c)"
     return "torch (the compiled step serves float32 pre-norm RMSNorm SwiGLU models)"

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cache_folder import cache_root, remove_stale_temporaries
 from ..config import ConfigError, ModelConfig, RopeScaling
 from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, one_line,
                      plan_dtype)
@@ -228,11 +229,6 @@ def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, d
 
 
 # --------------------------------------------------------------------------- cache
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    root = cache_dir or os.environ.get("LLAMA_EXPLORER_CACHE") or Path.home() / ".cache" / "llama-explorer"
-    return Path(root).expanduser()
-
-
 def content_digest(path: Path) -> str:
     """SHA-256 of the whole file. Size and mtime are not enough (rsync -t or tar keep both across a
     replacement); hashing only the header and tensor table would miss edited weights. For the 98 MB default
@@ -288,31 +284,6 @@ def read_cache(file: Path):
         return cfg, state, json.loads(info["tokenizer"]), info.get("note", "")
     except Exception:  # truncated, garbled or from another version: rebuild it
         return None
-
-
-_TMP = re.compile(r"\..+\.(\d+)\.tmp")
-
-
-def remove_stale_temporaries(root: Path, name: str | None = None) -> None:
-    """Temporaries `.<name>.<pid>.tmp` left by a writer that was killed mid-write (a first load: one per model,
-    4 bytes a parameter; a recording; a compile): any whose writer process is gone. `name`: only that file's."""
-    with contextlib.suppress(OSError):
-        for tmp in root.glob(f".{glob.escape(name)}.*.tmp" if name else ".*.tmp"):
-            m = _TMP.fullmatch(tmp.name)
-            if m and not _alive(int(m.group(1))):
-                tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, OSError):
-        return True  # another user's live process, or a name we cannot judge: leave it
-    return True
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
