@@ -70,26 +70,39 @@ def projector_problems(pg, view: str) -> list[str]:
 
 
 
-@pytest.mark.parametrize("screen", SCREENS)
-def test_every_view_fits_the_screen(server, browser, screen):
-    (width, height), context, params, least = SCREENS[screen]
-    pg = new_page(browser, width, height, **context)
-    try:
-        open_app(pg, server, lang="en", view="tokens", prompt=PROMPT, **params)
-        drawn_for_screen(pg)
-        problems, seen = [], []
-        for label, view in each_view_drawn(pg):
-            seen.append(view)
-            if view_errors(pg):
-                problems.append(f"{view}: the view shows an error: {view_errors(pg)[0][:200]}")
-            problems += page_problems(pg, view, least, presenter=bool(params.get("presenter")))
-            if params.get("presenter") and view in CORE_VIEWS:  # What-if and the lab open with their choices
-                problems += projector_problems(pg, view)
-            screenshot(pg, view, screen)
-        assert set(seen) == set(MAIN), f"the view selector offered {seen}"
-        assert not problems, "\n".join(problems)
-    finally:
+@pytest.fixture(scope="module")
+def page_for(browser):
+    """One page per screen for the module's tests (the tap test opens its link in the phone's: a page load in a page
+    that has loaded the app before costs the browser about half of a first one)."""
+    made = {}
+
+    def page(screen: str):
+        if screen not in made:
+            (width, height), context, _, _ = SCREENS[screen]
+            made[screen] = new_page(browser, width, height, **context)
+        return made[screen]
+    yield page
+    for pg in made.values():
         pg.context.close()
+
+
+@pytest.mark.parametrize("screen", SCREENS)
+def test_every_view_fits_the_screen(server, page_for, screen):
+    _, _, params, least = SCREENS[screen]
+    pg = page_for(screen)
+    open_app(pg, server, lang="en", view="tokens", prompt=PROMPT, **params)
+    drawn_for_screen(pg)
+    problems, seen = [], []
+    for label, view in each_view_drawn(pg):
+        seen.append(view)
+        if view_errors(pg):
+            problems.append(f"{view}: the view shows an error: {view_errors(pg)[0][:200]}")
+        problems += page_problems(pg, view, least, presenter=bool(params.get("presenter")))
+        if params.get("presenter") and view in CORE_VIEWS:  # What-if and the lab open with their choices
+            problems += projector_problems(pg, view)
+        screenshot(pg, view, screen)
+    assert set(seen) == set(MAIN), f"the view selector offered {seen}"
+    assert not problems, "\n".join(problems)
 
 
 CELL = """(gd, [row, col]) => { const r = gd.querySelector('.nsewdrag').getBoundingClientRect();
@@ -109,36 +122,33 @@ def swipe(pg, x: float, y: float, dy: float) -> None:
     cdp.detach()
 
 
-def test_one_tap_selects_a_cell_and_a_swipe_only_scrolls(server, browser):
-    pg = new_page(browser, 390, 844, is_mobile=True, has_touch=True)
-    try:
-        open_app(pg, server, lang="en", view="attention", prompt=PROMPT)
-        drawn_for_screen(pg)
-        chart = pg.locator(".st-key-attn_head .js-plotly-plot")
-        chart.scroll_into_view_if_needed()
-        before = pg.evaluate(PAIR)
-        row, col = 4, 1  # a cell below the diagonal: one a query reads
-        cell = chart.evaluate(CELL, [row, col])
-        assert cell["cell"] >= 24, f"the attention map's cells are {cell['cell']:.0f} px: too small for a finger"
-        target = [str(int(cell["labels"][i].split(":")[0])) for i in (row, col)]
-        assert before != target
-        pg.touchscreen.tap(cell["x"], cell["y"])
-        try:  # the tap's page run sets the pair below the map
-            pg.wait_for_function(f"t => JSON.stringify(({PAIR})()) === JSON.stringify(t)", arg=target, timeout=60_000)
-        except sync_api.TimeoutError:
-            pytest.fail(f"one tap on a cell did not select it: the pair below the map is {pg.evaluate(PAIR)}, "
-                        f"the cell is {target}")
-        wait_idle(pg, started_within=0)
-        settle_figures(pg)
+def test_one_tap_selects_a_cell_and_a_swipe_only_scrolls(server, page_for):
+    pg = page_for("phone")
+    open_app(pg, server, lang="en", view="attention", prompt=PROMPT)
+    drawn_for_screen(pg)
+    chart = pg.locator(".st-key-attn_head .js-plotly-plot")
+    chart.scroll_into_view_if_needed()
+    before = pg.evaluate(PAIR)
+    row, col = 4, 1  # a cell below the diagonal: one a query reads
+    cell = chart.evaluate(CELL, [row, col])
+    assert cell["cell"] >= 24, f"the attention map's cells are {cell['cell']:.0f} px: too small for a finger"
+    target = [str(int(cell["labels"][i].split(":")[0])) for i in (row, col)]
+    assert before != target
+    pg.touchscreen.tap(cell["x"], cell["y"])
+    try:  # the tap's page run sets the pair below the map
+        pg.wait_for_function(f"t => JSON.stringify(({PAIR})()) === JSON.stringify(t)", arg=target, timeout=60_000)
+    except sync_api.TimeoutError:
+        pytest.fail(f"one tap on a cell did not select it: the pair below the map is {pg.evaluate(PAIR)}, "
+                    f"the cell is {target}")
+    wait_idle(pg, started_within=0)
+    settle_figures(pg)
 
-        chart.scroll_into_view_if_needed()
-        start = chart.evaluate(CELL, [row + 1, col])
-        top = pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTop")
-        swipe(pg, start["x"], start["y"], -250)
-        steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 300)
-        assert pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTop") > top + 100, \
-            "a swipe that starts on the map does not scroll the page"
-        wait_idle(pg, started_within=2_000)
-        assert pg.evaluate(PAIR) == target, "a swipe over the map selected a cell"
-    finally:
-        pg.context.close()
+    chart.scroll_into_view_if_needed()
+    start = chart.evaluate(CELL, [row + 1, col])
+    top = pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTop")
+    swipe(pg, start["x"], start["y"], -250)
+    steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 300)
+    assert pg.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTop") > top + 100, \
+        "a swipe that starts on the map does not scroll the page"
+    wait_idle(pg, started_within=2_000)
+    assert pg.evaluate(PAIR) == target, "a swipe over the map selected a cell"

@@ -18,34 +18,40 @@ def press(pg, key: str) -> None:
     wait_idle(pg)
 
 
-def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, browser):
-    pg = new_page(browser, 1280, 720)
-    try:
-        open_app(pg, server, lecture="tutorial-000", step=1, presenter=1)
-        assert counter(pg).startswith("Step 1 / 21") and query(pg)["view"] == "predict"
-        next_button = pg.locator(".st-key-lecture_next button")
-        box = next_button.bounding_box()
-        assert box and box["y"] + box["height"] <= 720  # in the first screen of the main area
-        pg.locator('[data-testid="stMain"] h1').first.click()  # focus on the page, not a text box
-        press(pg, "ArrowRight")
-        assert counter(pg).startswith("Step 2 / 21") and query(pg)["view"] == "block" and query(pg)["step"] == "2"
-        press(pg, "PageDown")
-        assert counter(pg).startswith("Step 3 / 21") and query(pg)["step"] == "3"
-        press(pg, " ")
-        assert counter(pg).startswith("Step 4 / 21") and query(pg)["view"] == "norm"
-        assert query(pg)["model"] == "tiny-pre"
-        press(pg, "ArrowLeft")
-        press(pg, "PageUp")
-        assert counter(pg).startswith("Step 2 / 21") and query(pg)["view"] == "block"
-        assert query(pg)["model"] == "smollm2"
-        assert view_errors(pg) == []
-        pg.screenshot(path=str(shots_dir() / "lecture_presenter.png"))
-    finally:
-        pg.context.close()
-
-
 FIRST_SCREEN = 720
 SHOWN_PX = 150  # this much of a section (or all of a shorter one) must be on the first screen
+
+
+@pytest.fixture(scope="module")
+def projector(browser):
+    """One 1280×720 page for the module's tests, each opening its own link (a page load in a page that has loaded the
+    app before costs the browser about half of a first one)."""
+    pg = new_page(browser, 1280, FIRST_SCREEN)
+    yield pg
+    pg.context.close()
+
+
+def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projector):
+    pg = projector
+    open_app(pg, server, lecture="tutorial-000", step=1, presenter=1)
+    assert counter(pg).startswith("Step 1 / 21") and query(pg)["view"] == "predict"
+    next_button = pg.locator(".st-key-lecture_next button")
+    box = next_button.bounding_box()
+    assert box and box["y"] + box["height"] <= 720  # in the first screen of the main area
+    pg.locator('[data-testid="stMain"] h1').first.click()  # focus on the page, not a text box
+    press(pg, "ArrowRight")
+    assert counter(pg).startswith("Step 2 / 21") and query(pg)["view"] == "block" and query(pg)["step"] == "2"
+    press(pg, "PageDown")
+    assert counter(pg).startswith("Step 3 / 21") and query(pg)["step"] == "3"
+    press(pg, " ")
+    assert counter(pg).startswith("Step 4 / 21") and query(pg)["view"] == "norm"
+    assert query(pg)["model"] == "tiny-pre"
+    press(pg, "ArrowLeft")
+    press(pg, "PageUp")
+    assert counter(pg).startswith("Step 2 / 21") and query(pg)["view"] == "block"
+    assert query(pg)["model"] == "smollm2"
+    assert view_errors(pg) == []
+    pg.screenshot(path=str(shots_dir() / "lecture_presenter.png"))
 
 
 def section_box(pg, view: str, key: str) -> dict:
@@ -64,52 +70,46 @@ def assert_landed(pg, view: str, key: str, what: str) -> None:
         f"the first 1280×720 screen"
 
 
-def test_steps_and_presets_land_on_their_section_on_the_projector(server, browser):
+def test_steps_and_presets_land_on_their_section_on_the_projector(server, projector):
     from app.i18n import t
 
-    pg = new_page(browser, 1280, FIRST_SCREEN)
-    try:
-        open_app(pg, server, lecture="tutorial-000", step=14, presenter=1)
-        assert query(pg)["section"] == "shift"
-        assert_landed(pg, "rope", "shift", "step 14")
-        pg.screenshot(path=str(shots_dir() / "lecture_section.png"))
-        press(pg, "ArrowRight")  # the clocks, further down the same view
-        assert_landed(pg, "rope", "clock", "step 15")
-        press(pg, "ArrowRight")  # a comparison: the top of the page, the step's caption in view
-        assert counter(pg).startswith("Step 16 / 21") and "section" not in query(pg)
-        steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 1500)
-        assert pg.locator(".st-key-lecture_next button").bounding_box()["y"] >= 0
-        press(pg, "ArrowRight")
-        assert_landed(pg, "swiglu", "positionwise", "step 17")
-        assert view_errors(pg) == []
+    pg = projector
+    open_app(pg, server, lecture="tutorial-000", step=14, presenter=1)
+    assert query(pg)["section"] == "shift"
+    assert_landed(pg, "rope", "shift", "step 14")
+    pg.screenshot(path=str(shots_dir() / "lecture_section.png"))
+    press(pg, "ArrowRight")  # the clocks, further down the same view
+    assert_landed(pg, "rope", "clock", "step 15")
+    press(pg, "ArrowRight")  # a comparison: the top of the page, the step's caption in view
+    assert counter(pg).startswith("Step 16 / 21") and "section" not in query(pg)
+    steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 1500)
+    assert pg.locator(".st-key-lecture_next button").bounding_box()["y"] >= 0
+    press(pg, "ArrowRight")
+    assert_landed(pg, "swiglu", "positionwise", "step 17")
+    assert view_errors(pg) == []
 
-        open_app(pg, server, view="tokens", prompt="Hello there", presenter=1)  # a preset, from the presenter's row
-        sidebar = pg.locator('[data-testid="stSidebar"]')
-        assert sidebar.get_attribute("data-collapsed") == "true"
-        for key in ("layer", "head", "token"):
-            box = pg.locator(f'[data-testid="stMain"] .st-key-{key}').bounding_box()
-            assert box and box["y"] + box["height"] <= FIRST_SCREEN, f"the {key} slider is not on the first screen"
-        preset = pg.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').filter(
-            has_text=t("sidebar.preset", "en"))
-        preset.first.click()
-        pg.get_by_role("option", name=t("preset.fact", "en"), exact=True).click()
-        pg.wait_for_function("() => new URLSearchParams(location.search).get('section') === 'lens'", timeout=120_000)
-        wait_idle(pg, started_within=0)
-        assert_landed(pg, "residual", "lens", "the fact preset")
-        pg.screenshot(path=str(shots_dir() / "preset_section.png"))
-    finally:
-        pg.context.close()
+    open_app(pg, server, view="tokens", prompt="Hello there", presenter=1)  # a preset, from the presenter's row
+    sidebar = pg.locator('[data-testid="stSidebar"]')
+    assert sidebar.get_attribute("data-collapsed") == "true"
+    for key in ("layer", "head", "token"):
+        box = pg.locator(f'[data-testid="stMain"] .st-key-{key}').bounding_box()
+        assert box and box["y"] + box["height"] <= FIRST_SCREEN, f"the {key} slider is not on the first screen"
+    preset = pg.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').filter(
+        has_text=t("sidebar.preset", "en"))
+    preset.first.click()
+    pg.get_by_role("option", name=t("preset.fact", "en"), exact=True).click()
+    pg.wait_for_function("() => new URLSearchParams(location.search).get('section') === 'lens'", timeout=120_000)
+    wait_idle(pg, started_within=0)
+    assert_landed(pg, "residual", "lens", "the fact preset")
+    pg.screenshot(path=str(shots_dir() / "preset_section.png"))
 
 
-def test_the_block_views_changes_open_the_part_that_shows_them(server, browser):
-    pg = new_page(browser, 1280, FIRST_SCREEN)
-    try:
-        open_app(pg, server, view="block", prompt="The capital of France is", presenter=1)
-        button = pg.locator(".st-key-block_change_rope button")
-        button.scroll_into_view_if_needed()
-        button.click()
-        wait_idle(pg)
-        assert query(pg)["view"] == "rope" and query(pg)["section"] == "sinusoidal"
-        assert_landed(pg, "rope", "sinusoidal", "the RoPE change's button")
-    finally:
-        pg.context.close()
+def test_the_block_views_changes_open_the_part_that_shows_them(server, projector):
+    pg = projector
+    open_app(pg, server, view="block", prompt="The capital of France is", presenter=1)
+    button = pg.locator(".st-key-block_change_rope button")
+    button.scroll_into_view_if_needed()
+    button.click()
+    wait_idle(pg)
+    assert query(pg)["view"] == "rope" and query(pg)["section"] == "sinusoidal"
+    assert_landed(pg, "rope", "sinusoidal", "the RoPE change's button")
