@@ -22,41 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .export_path import ExportError, check_target  # noqa: F401  (the CLI imports check_target from here)
 from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
-
-
-class ExportError(ValueError):
-    """The output cannot be written where asked; the message is one line naming the file."""
-
-
-def check_target(out: str | os.PathLike) -> Path:
-    """The exact file that will be written. Refuses folders, devices and other non-regular files (numpy would
-    append '.npz' to the name and write somewhere else) and a folder that does not exist."""
-    try:
-        path = Path(out).expanduser()
-    except RuntimeError:  # ~nosuchuser/...
-        raise ExportError(f"{out}: no such user's home folder") from None
-    path = _through_links(path)
-    if path.is_dir():
-        raise ExportError(f"{path} is a folder; give a file name inside it, e.g. {path / 'recording.npz'}")
-    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
-        raise ExportError(f"{path} is not a regular file (a device, pipe or socket); give a file name")
-    if not path.parent.is_dir():
-        raise ExportError(f"cannot write {path}: the folder {path.parent} does not exist")
-    return path
-
-
-def _through_links(path: Path) -> Path:
-    """Where a symbolic link leads: its target is written (the link stays a link). A link into /proc or /dev/fd
-    (`--out /dev/stdout`) names a stream, not a file, and is refused: renaming over it would replace the link."""
-    hop = path
-    for _ in range(40):  # the kernel's own limit on links in a row
-        if not hop.is_symlink():
-            return Path(os.path.realpath(path))
-        hop = Path(os.path.join(hop.parent, os.readlink(hop)))
-        if str(hop).startswith(("/proc/", "/dev/fd/")) or str(hop) in ("/proc", "/dev/fd"):
-            raise ExportError(f"{path} leads to a stream ({hop}), not a file; give a file name")
-    raise ExportError(f"{path}: too many symbolic links")
 
 
 @contextlib.contextmanager

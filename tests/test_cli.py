@@ -102,7 +102,8 @@ def test_bad_sources_give_one_line(tmp_path, make_source, needle):
     assert_one_line_error(r.returncode, r.stderr, needle)
 
 
-@pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["generate", "--prompt", "hi"]])
+@pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["generate", "--prompt", "hi"],
+                                     ["record", "--prompt", "hi", "--out", "r.npz"]])
 def test_a_wrong_path_is_answered_without_importing_torch(tmp_path, command):
     """A typo in a path costs no import of torch (seconds): the answer comes at once."""
     code = ("import sys; from explorer_model.cli import main; status = main(sys.argv[1:]); "

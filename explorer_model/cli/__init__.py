@@ -219,17 +219,13 @@ def _failure_status(e: BaseException) -> int:
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    """The error types whose message is written for the user. A module that was never imported cannot have raised
-    its own, so the exporter's and the tokenizer's are looked up, not imported (importing them means torch)."""
+    """The error types whose message is written for the user (their modules import no torch)."""
     from ..config import ConfigError
+    from ..export_path import ExportError
     from ..loaders.errors import LoadError
+    from ..tokenizer import PromptError, TokenizerError
 
-    found = [CliError, LoadError, ConfigError]
-    for module, names in (("explorer_model.export", ("ExportError",)),
-                          ("explorer_model.tokenizer", ("PromptError", "TokenizerError"))):
-        if module in sys.modules:
-            found += [getattr(sys.modules[module], name) for name in names]
-    return tuple(found)
+    return CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError
 
 
 def _fail(message: str) -> int:

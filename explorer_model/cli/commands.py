@@ -135,15 +135,17 @@ def cmd_tokenize(args) -> None:
 
 
 def cmd_record(args) -> None:
-    import torch
-
-    from ..interventions import format_list
-    from ..export import check_fits, check_target, gb, plan, save_npz
-    from ..memory import layer_progress, text_progress
-    from ..recording import record
+    from ..export_path import check_target
 
     target = check_target(args.out)  # before loading anything: a folder or a device is refused at once
     loaded = _load(args.source, args.dtype)
+    import torch
+
+    from ..export import check_fits, gb, plan, save_npz
+    from ..interventions import format_list
+    from ..memory import layer_progress, text_progress
+    from ..recording import record
+
     ids = prompt_ids(loaded, args.prompt, args.token_ids)
     names = args.names or None
     if names and not loaded.model.select_hooks(names):
