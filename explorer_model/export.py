@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .export_path import ExportError, check_target  # noqa: F401  (the CLI imports check_target from here)
+from .export_path import ExportError, check_target
 from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ..config import ModelConfig
 from ..model import LlamaModel
-from .errors import LoadError, one_line, printable, read_json_object  # noqa: F401  (the loaders import them from here)
+from .errors import LoadError, one_line, read_json_object  # noqa: F401  (the loaders import them from here)
 
 
 def check_sizes(cfg: ModelConfig, state: dict[str, torch.Tensor], source: os.PathLike | str) -> None:
