@@ -203,7 +203,12 @@ def _run(args) -> int:
 
 def _failure_status(e: BaseException) -> int:
     """The exit status for an exception that ended a command, with its one line on stderr."""
-    if isinstance(e, _input_errors()):
+    from ..config import ConfigError  # (these modules import no torch: a wrong path is answered at once)
+    from ..export_path import ExportError
+    from ..loaders.errors import LoadError
+    from ..tokenizer import PromptError, TokenizerError
+
+    if isinstance(e, (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError)):
         return _fail(one_line(e))
     if isinstance(e, KeyboardInterrupt):
         return 130
@@ -216,16 +221,6 @@ def _failure_status(e: BaseException) -> int:
     if isinstance(e, Exception):  # a case nobody foresaw: still one line (LLAMA_EXPLORER_DEBUG=1: the traceback)
         return _unexpected(e)
     raise e  # SystemExit and the like keep their meaning
-
-
-def _input_errors() -> tuple[type[BaseException], ...]:
-    """The error types whose message is written for the user (their modules import no torch)."""
-    from ..config import ConfigError
-    from ..export_path import ExportError
-    from ..loaders.errors import LoadError
-    from ..tokenizer import PromptError, TokenizerError
-
-    return CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError
 
 
 def _fail(message: str) -> int:
