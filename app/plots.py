@@ -169,18 +169,35 @@ def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None 
           labels: dict | None = None, formats: dict | None = None) -> None:
     """A table: on a visitor's screen Streamlit's interactive grid (sortable, scrolling); in presenter mode an HTML
     table, whose text the page's style makes large enough for a room (the grid draws 14 px text on a canvas).
+    `data`: a DataFrame or a dict of columns, or a function of no arguments that returns one. The Arrow table the
+    page sends is kept in the gateway's cache, named by the values (or by what the function closes over, as
+    plots.show names a figure): a page run that asks for it again converts nothing, and given a function, builds
+    nothing either.
     labels: column -> the header shown; formats: column -> a printf format of its numbers ("%.6f")."""
-    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
     labels, formats = labels or {}, formats or {}
+    shown = gateway.table(data if callable(data) else (lambda: data),  # named by its values when given them
+                          lambda built: arrow_table(built, ctx.presenter, labels, formats),
+                          (ctx.presenter, tuple(labels.items()), tuple(formats.items())))
     if not ctx.presenter:
         config = {c: st.column_config.NumberColumn(labels.get(c, c), format=formats[c]) if c in formats
                   else st.column_config.Column(labels[c]) for c in {*labels, *formats}}
-        st.dataframe(df, hide_index=True, key=key, height=height or "auto", column_config=config or None)
-        return
-    shown = df.copy()
-    for c, fmt in formats.items():
-        shown[c] = [fmt % v for v in shown[c]]
-    st.table(shown.rename(columns=labels), hide_index=True, height=height or "content")
+        st.dataframe(shown, hide_index=True, key=key, height=height or "auto", column_config=config or None)
+    else:
+        st.table(shown, hide_index=True, height=height or "content")
+
+
+def arrow_table(data, presenter: bool, labels: dict, formats: dict):
+    """The Arrow table Streamlit sends for `data` (its own conversion of a DataFrame); in presenter mode with the
+    numbers already written in their formats and the headers renamed (an HTML table has no column settings)."""
+    from streamlit.dataframe_util import convert_pandas_df_to_arrow_table
+
+    df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
+    if presenter:
+        df = df.copy()
+        for c, fmt in formats.items():
+            df[c] = [fmt % v for v in df[c]]
+        df = df.rename(columns=labels)
+    return convert_pandas_df_to_arrow_table(df)
 
 
 def to_csv(header: Sequence[str], rows) -> str:

@@ -145,3 +145,27 @@ def test_a_partial_is_named_by_the_values_it_was_given(sent):
         plots.show(partial(labelled_heatmap, c.labels, c.t), c, key="test_partial")
     assert len(BUILDS) - start == 2
     assert json.loads(sent[0])["data"][0]["x"] == ["0:a", "1:b"] and json.loads(sent[2])["data"][0]["x"] == ["0:a", "1:c"]
+
+
+def test_a_table_is_named_by_its_values_and_sent_as_streamlit_converts_it(monkeypatch):
+    """plots.table: the same values (a dict or a DataFrame, another object) are one Arrow table, converted once;
+    other values, another index or presenter mode (numbers written in their formats, headers renamed) another."""
+    import pandas as pd
+    from streamlit.dataframe_util import convert_pandas_df_to_arrow_table
+
+    sent, converted = [], []
+    monkeypatch.setattr(plots.st, "dataframe", lambda data, **kw: sent.append(data))
+    monkeypatch.setattr(plots.st, "table", lambda data, **kw: sent.append(data))
+    real = plots.arrow_table
+    monkeypatch.setattr(plots, "arrow_table", lambda *a: converted.append(1) or real(*a))
+    gateway.result_cache().discard("table")
+    values = {"x": [1, 2, 3], "p": [0.5, 0.25, 0.125]}
+    for data in (values, {k: list(v) for k, v in values.items()}, pd.DataFrame(values), pd.DataFrame(values)):
+        plots.table(Ctx(), data)
+    assert len(converted) == 2 and len(sent) == 4  # the dict once, the DataFrame once
+    assert all(s.equals(convert_pandas_df_to_arrow_table(pd.DataFrame(values))) for s in sent)
+    plots.table(Ctx(), pd.DataFrame(values, index=[3, 4, 5]))
+    plots.table(Ctx(), {"x": [1, 2, 4], "p": values["p"]})
+    plots.table(Ctx(presenter=True), values, labels={"p": "prob"}, formats={"p": "%.2f"})
+    assert len(converted) == 5
+    assert sent[-1].column_names == ["x", "prob"] and sent[-1].column("prob").to_pylist() == ["0.50", "0.25", "0.12"]

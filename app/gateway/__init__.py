@@ -15,7 +15,7 @@ Its parts, each importing only the parts below it (this module imports them all 
   gateway_exports.py  a recording's .npz download, built on disk within a byte cap
   gateway_runs.py     every model run a page asks for: recordings, continuations, lens, what-if, sweeps, twins
   gateway_compare.py  compare mode's side B and the pair data of two recordings
-  gateway_figures.py  drawn figures cached in the result cache
+  gateway_figures.py  drawn figures and tables cached in the result cache
   lab_jobs.py         the lab worker's queue;  lessons.py  the presets' targets found on the model
 `FORWARDS["count"]` counts the model runs the gateway starts (a what-if with a source prompt counts two; a head
 sweep, a lens and a lab experiment one each), for the tests.
@@ -30,7 +30,7 @@ from app.gateway.compare import changed_recording, changed_recording_npz, compar
 from app.gateway.costs import (BIG_LAYERS, BIG_WIDTH, admit, intervention_seconds, pass_seconds,  # noqa: F401
                                prompt_cost)
 from app.gateway.exports import check_export, export_cap_bytes, npz_bytes, npz_file
-from app.gateway.figures import figure
+from app.gateway.figures import figure, table
 from app.gateway.runs import (RecordingRef, cached_head_sweep, continuation, derived, derived_cached, extend,  # noqa: F401
                               head_sweep, layer_weights, lens_cached, logit_lens, recording, recording_npz,
                               sweep_seconds, twin_recordings, whatif_kl, whatif_run)
@@ -77,7 +77,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead", "public_port",
            "forwards_ahead", "visitor_message"]
-__all__ += ["layer_weights", "lesson_target", "LabBusy", "figure"]
+__all__ += ["layer_weights", "lesson_target", "LabBusy", "figure", "table"]
 __all__ += ["prompt_cost", "PromptTooBig", "RunRefused", "admit", "sweep_seconds", "pass_seconds",
             "intervention_seconds", "npz_file", "max_run_seconds", "BIG_LAYERS", "BIG_WIDTH", "changed_recording",
             "pair_derived", "changed_recording_npz", "compare_lesson", "check_export", "export_cap_bytes",

@@ -1,14 +1,15 @@
-"""The gateway's figure cache: a figure built once per (recording, view, selection, language, presenter) and kept
-in the one result cache, counted by its bytes, so a view switch back to a recording already seen, or a rerun that
-changes nothing the figure shows, costs no figure building.
+"""The gateway's figure cache: a figure (or a table) built once per (recording, view, selection, language,
+presenter) and kept in the one result cache, counted by its bytes, so a view switch back to a recording already
+seen, or a rerun that changes nothing the figure shows, costs no figure building.
 
 A figure is named by what it is built from: the build function (module and name) and the values it closes over
-or is given as `functools.partial(build, *values)`, digested (arrays by dtype, shape and bytes; a ViewContext by
-its recording and selection, its method `t` by the language alone; functions by name). A partial takes its values
-when it is made: a figure given `ctx.labels` is named by the labels, one that closes over `ctx` by all of it. A
-build function reads nothing else: no widget state, no session state (the panel reads those and the closure
-captures them), so equal digests mean equal figures. A value of a kind the digest does not know makes the figure
-uncached (built every time) rather than risk showing another selection's figure.
+or is given as `functools.partial(build, *values)`, digested (arrays by dtype, shape and bytes; a DataFrame by its
+columns, values and index; a ViewContext by its recording and selection, its method `t` by the language alone;
+functions by name). A partial takes its values when it is made: a figure given `ctx.labels` is named by the
+labels, one that closes over `ctx` by all of it. A build function reads nothing else: no widget state, no session
+state (the panel reads those and the closure captures them), so equal digests mean equal figures. A value of a
+kind the digest does not know makes the figure uncached (built every time) rather than risk showing another
+selection's figure.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import types
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from app.gateway.lanes import FLIGHTS
 from app.gateway.state import result_cache
@@ -36,6 +38,13 @@ def _feed(h, value, depth: int = 0) -> None:
         arr = np.ascontiguousarray(value)
         h.update(f"nd:{arr.dtype}:{arr.shape};".encode())
         h.update(arr.view(np.uint8).data if arr.dtype != object else repr(arr.tolist()).encode())
+    elif isinstance(value, pd.DataFrame):  # a table: its columns, their values and its index
+        h.update(f"df:{value.shape}(".encode())
+        for name in value.columns:
+            _feed(h, name, depth + 1)
+            _feed(h, value[name].to_numpy(), depth + 1)
+        _feed(h, value.index.to_numpy(), depth + 1)
+        h.update(b")")
     elif isinstance(value, np.generic):
         h.update(f"np:{value.dtype}:{value!r};".encode())
     elif isinstance(value, (list, tuple)):
@@ -90,8 +99,17 @@ def figure(build: Callable, finish: Callable, tag: tuple = ()):
     kept: for a figure, the JSON the browser receives and its size (a string and a small dict, measured by the cache
     like any result),
     not Plotly's graph objects."""
+    return _kept("figure", build, finish, tag)
+
+
+def table(build: Callable, finish: Callable, tag: tuple = ()):
+    """A table's finish(build()) (the Arrow table Streamlit sends), named and kept as a figure is."""
+    return _kept("table", build, finish, tag)
+
+
+def _kept(kind: str, build: Callable, finish: Callable, tag: tuple):
     name = digest(build)
     if name is None:
         return finish(build())
-    key = ("figure", name, tag)
+    key = (kind, name, tag)
     return result_cache().get(key, lambda: finish(build()), FLIGHTS.one(key))

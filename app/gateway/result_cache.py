@@ -44,6 +44,8 @@ def nbytes(obj, seen: set | None = None) -> int:
         return sys.getsizeof(obj) + sum(nbytes(k, seen) + nbytes(v, seen) for k, v in obj.items())
     if isinstance(obj, (list, tuple, set, frozenset)):
         return sys.getsizeof(obj) + sum(nbytes(v, seen) for v in obj)
+    if type(obj).__module__.startswith("pyarrow") and isinstance(getattr(obj, "nbytes", None), int):  # a table
+        return obj.nbytes
     if hasattr(obj, "__dict__"):  # e.g. a Recording: its store of tensors, its config
         return sys.getsizeof(obj) + nbytes(vars(obj), seen)
     return sys.getsizeof(obj)

@@ -5,6 +5,8 @@ model, Llama-2 70B).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -64,6 +66,15 @@ def kv_figure(rows: list[dict], t) -> go.Figure:
     return fig
 
 
+def kv_frame(rows: list[dict], T: int, t) -> pd.DataFrame:
+    return pd.DataFrame([{t("tokens.costs.col_model"): r["name"], "H": r["n_heads"], "H_kv": r["n_kv_heads"],
+                          t("tokens.costs.col_kind"): r["kind"], t("tokens.costs.col_per_token"): r["bytes_per_token"],
+                          t("tokens.costs.col_mha"): r["mha_bytes_per_token"],
+                          t("tokens.costs.col_saving"): f"{r['saving']:g}×",
+                          t("tokens.costs.col_prompt", T=T): r["bytes_per_token"] * T,
+                          t("tokens.costs.col_context", n=CONTEXT): f"{r['bytes'] / 2**30:.2f} GiB"} for r in rows])
+
+
 def draw(ctx: ViewContext) -> None:
     t, T = ctx.t, len(ctx.ids)
     st.subheader(t("tokens.costs.title"))
@@ -89,15 +100,10 @@ def draw(ctx: ViewContext) -> None:
     left, right = st.columns([3, 2])
     with left:
         plots.show(lambda: kv_figure(rows, t), ctx, key="tokens_costs_kv", filename="kv_cache_per_token", share=0.6)
-    df = pd.DataFrame([{t("tokens.costs.col_model"): r["name"], "H": r["n_heads"], "H_kv": r["n_kv_heads"],
-                        t("tokens.costs.col_kind"): r["kind"], t("tokens.costs.col_per_token"): r["bytes_per_token"],
-                        t("tokens.costs.col_mha"): r["mha_bytes_per_token"],
-                        t("tokens.costs.col_saving"): f"{r['saving']:g}×",
-                        t("tokens.costs.col_prompt", T=T): r["bytes_per_token"] * T,
-                        t("tokens.costs.col_context", n=CONTEXT): f"{r['bytes'] / 2**30:.2f} GiB"} for r in rows])
+    frame = partial(kv_frame, rows, T, t)
     with right:
         st.markdown(t("tokens.costs.kv_explain"))
         st.latex(t("tokens.costs.kv_latex", bytes=KV_BYTES))
-    plots.table(ctx, df, key="tokens_costs_kv_table")
-    plots.csv_button(ctx, t("tokens.csv.kv"), t("tokens.csv.kv"), lambda: df.to_csv(index=False),
+    plots.table(ctx, frame, key="tokens_costs_kv_table")
+    plots.csv_button(ctx, t("tokens.csv.kv"), t("tokens.csv.kv"), lambda: frame().to_csv(index=False),
                      "kv_cache.csv", "tokens_csv_kv")

@@ -7,6 +7,8 @@ meta device (explorer_model.families), so the table and the code that would run 
 """
 from __future__ import annotations
 
+from functools import partial
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -156,47 +158,52 @@ def draw(ctx: ViewContext) -> None:
         draw_memory(ctx, name, cfg)
 
 
+def shapes_frame(ctx: ViewContext, cfg, layer: int) -> pd.DataFrame:
+    """The shape table: each step's shapes next to the recording's (this model) or the meta model's (a family)."""
+    t, T, this = ctx.t, len(ctx.ids), cfg is ctx.cfg
+    got = recorded_shapes(ctx.rec, cfg, layer) if this else {k: list(v) for k, v in families.tensor_shapes(cfg, T, (layer,)).items()}
+    if not this:
+        got["token_ids"] = [1, T]
+    return pd.DataFrame([{t("tokens.shapes.col_step"): r["step"], t("tokens.shapes.col_symbolic"): r["symbolic"],
+                          t("tokens.shapes.col_numeric"): r["numeric"], t("tokens.shapes.col_hook"): r["hook"],
+                          (t("tokens.shapes.col_recorded") if this else t("tokens.shapes.col_meta")): r["hook_shape"],
+                          t("tokens.shapes.col_matches"): r["matches"]} for r in shape_rows(cfg, T, layer, got, t)])
+
+
+def weights_frame(cfg, layer: int, t) -> pd.DataFrame:
+    return pd.DataFrame([{t("tokens.weights.col_weight"): r["weight"], t("tokens.weights.col_shape"): r["shape"],
+                          t("tokens.weights.col_count"): r["count"],
+                          t("tokens.weights.col_times"): cfg.n_layers if r["per_block"] else 1}
+                         for r in weight_rows(cfg, layer)])
+
+
 def draw_shapes(ctx: ViewContext, name: str, cfg) -> None:
     t, T = ctx.t, len(ctx.ids)
     this = cfg is ctx.cfg
     layer = min(ctx.layer, cfg.n_layers - 1)
-    got = recorded_shapes(ctx.rec, cfg, layer) if this else {k: list(v) for k, v in families.tensor_shapes(cfg, T, (layer,)).items()}
-    if not this:
-        got["token_ids"] = [1, T]
     st.markdown(t("tokens.shapes.sizes", name=name, T=T, D=cfg.d_model, N=cfg.n_layers, H=cfg.n_heads,
                   Hkv=cfg.n_kv_heads, Dh=cfg.head_dim, Dff=cfg.d_ff, V=cfg.vocab_size, layer=layer))
-    rows = shape_rows(cfg, T, layer, got, t)
-    df = pd.DataFrame([{t("tokens.shapes.col_step"): r["step"], t("tokens.shapes.col_symbolic"): r["symbolic"],
-                        t("tokens.shapes.col_numeric"): r["numeric"], t("tokens.shapes.col_hook"): r["hook"],
-                        (t("tokens.shapes.col_recorded") if this else t("tokens.shapes.col_meta")): r["hook_shape"],
-                        t("tokens.shapes.col_matches"): r["matches"]} for r in rows])
-    plots.table(ctx, df, key="tokens_shapes", height=36 * (len(df) + 1) + 4)
+    shapes = partial(shapes_frame, ctx, cfg, layer)  # built once per selection (plots.table keeps it)
+    n_rows = len(_steps(cfg, layer, lambda key, **_: key))
+    plots.table(ctx, shapes, key="tokens_shapes", height=36 * (n_rows + 1) + 4)
     with plots.explainer(ctx, t("tokens.shapes.more")):
         st.markdown(t("tokens.shapes.explain_recorded") if this else t("tokens.shapes.explain_meta"))
         if cfg.n_rep > 1:
             st.markdown(t("tokens.shapes.gqa", kv=cfg.n_kv_heads, rep=cfg.n_rep))
-    plots.csv_button(ctx, t("tokens.csv.shapes"), t("tokens.csv.shapes"), lambda: df.to_csv(index=False),
+    plots.csv_button(ctx, t("tokens.csv.shapes"), t("tokens.csv.shapes"), lambda: shapes().to_csv(index=False),
                      "shapes.csv", "tokens_csv_shapes")
     st.markdown(t("tokens.weights.title", name=name, layer=layer, N=cfg.n_layers))
-    weights = pd.DataFrame([{t("tokens.weights.col_weight"): r["weight"], t("tokens.weights.col_shape"): r["shape"],
-                             t("tokens.weights.col_count"): r["count"],
-                             t("tokens.weights.col_times"): cfg.n_layers if r["per_block"] else 1}
-                            for r in weight_rows(cfg, layer)])
-    plots.table(ctx, weights, key="tokens_weights")
+    plots.table(ctx, partial(weights_frame, cfg, layer, t), key="tokens_weights")
 
 
 def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
     t = ctx.t
     st.subheader(t("tokens.params.title", name=name))
-    rows, names = param_rows(cfg, counts, t), component_names(t)
+    rows = param_rows(cfg, counts, t)
     total = rows[-1]["count"]
     published = PUBLISHED_B.get(name)
-    df = pd.DataFrame([{t("tokens.params.col_component"): names[r["component"]], t("tokens.params.col_count"): r["count"],
-                        t("tokens.params.col_billions"): billions(r["count"]),
-                        t("tokens.params.col_share"): f"{100 * r['count'] / total:.1f}%",
-                        t("tokens.params.col_formula"): r["formula"],
-                        t("tokens.params.col_formula_value"): r["formula_value"]} for r in rows])
-    plots.table(ctx, df, key="tokens_params")
+    frame = partial(params_frame, rows, t)
+    plots.table(ctx, frame, key="tokens_params")
     if published is not None:
         st.markdown(t("tokens.params.published", name=name, total=billions(total), published=published,
                       diff=100 * (total / (published * 1e9) - 1)))
@@ -208,7 +215,7 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
             st.markdown(t("tokens.params.tied", extra=cfg.vocab_size * cfg.d_model))
         else:
             st.markdown(t("tokens.params.untied"))
-        plots.csv_button(ctx, t("tokens.csv.params"), t("tokens.csv.params"), lambda: df.to_csv(index=False),
+        plots.csv_button(ctx, t("tokens.csv.params"), t("tokens.csv.params"), lambda: frame().to_csv(index=False),
                          "parameters.csv", "tokens_csv_params")
     with plots.explainer(ctx, t("tokens.params.more")):  # full width: formulas are long
         n_mats = 3 if cfg.ffn_type == "swiglu" else 2
@@ -217,17 +224,29 @@ def draw_params(ctx: ViewContext, name: str, cfg, counts: dict) -> None:
         st.latex(t("tokens.params.latex_ffn", n=n_mats, value=f"{n_mats * cfg.d_model * cfg.d_ff:,}"))
 
 
+def params_frame(rows: list[dict], t) -> pd.DataFrame:
+    names, total = component_names(t), rows[-1]["count"]
+    return pd.DataFrame([{t("tokens.params.col_component"): names[r["component"]], t("tokens.params.col_count"): r["count"],
+                          t("tokens.params.col_billions"): billions(r["count"]),
+                          t("tokens.params.col_share"): f"{100 * r['count'] / total:.1f}%",
+                          t("tokens.params.col_formula"): r["formula"],
+                          t("tokens.params.col_formula_value"): r["formula_value"]} for r in rows])
+
+
+def memory_frame(rows: list[dict], context: int, T: int, t) -> pd.DataFrame:
+    return pd.DataFrame([{t("tokens.memory.col_dtype"): r["dtype"], t("tokens.memory.col_weights"): gib(r["weights"]),
+                          t("tokens.memory.col_runtime"): gib(r["runtime"]), t("tokens.memory.col_total"): gib(r["total"]),
+                          t("tokens.memory.col_kv_token"): r["kv_per_token"],
+                          t("tokens.memory.col_kv_prompt", T=T): gib(r["kv_per_token"] * T),
+                          t("tokens.memory.col_kv_context", n=context): gib(r["kv_per_token"] * context)}
+                         for r in rows])
+
+
 def draw_memory(ctx: ViewContext, name: str, cfg) -> None:
     t, T = ctx.t, len(ctx.ids)
     st.subheader(t("tokens.memory.title", name=name, T=T))
     rows = families.memory_table(cfg, T)
-    df = pd.DataFrame([{t("tokens.memory.col_dtype"): r["dtype"], t("tokens.memory.col_weights"): gib(r["weights"]),
-                        t("tokens.memory.col_runtime"): gib(r["runtime"]), t("tokens.memory.col_total"): gib(r["total"]),
-                        t("tokens.memory.col_kv_token"): r["kv_per_token"],
-                        t("tokens.memory.col_kv_prompt", T=T): gib(r["kv_per_token"] * T),
-                        t("tokens.memory.col_kv_context", n=cfg.max_seq_len): gib(r["kv_per_token"] * cfg.max_seq_len)}
-                       for r in rows])
-    plots.table(ctx, df, key="tokens_memory")
+    plots.table(ctx, partial(memory_frame, rows, cfg.max_seq_len, T, t), key="tokens_memory")
     with plots.explainer(ctx, t("tokens.memory.more")):
         st.markdown(t("tokens.memory.explain"))
         st.latex(t("tokens.memory.latex_kv", N=cfg.n_layers, Hkv=cfg.n_kv_heads, Dh=cfg.head_dim,

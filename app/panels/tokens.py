@@ -7,8 +7,8 @@ gateway); nothing here runs the model itself.
 """
 from __future__ import annotations
 
-from functools import partial
 import html
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -122,13 +122,17 @@ def draw_tokens(ctx: ViewContext) -> None:
     if runs:
         parts = "; ".join(f"{a}–{b} → “{plain(text)}”" if a != b else f"{a} → “{plain(text)}”" for a, b, text in runs)
         st.info(t("tokens.pieces.split", parts=parts))
-    df = pd.DataFrame([{t("tokens.col.position"): r["position"], t("tokens.col.piece"): r["piece"], "id": r["id"],
-                        t("tokens.col.bytes"): r["bytes"], t("tokens.col.n_bytes"): len(r["bytes"].split()),
-                        t("tokens.col.special"): r["special"], t("tokens.col.whole"): r["whole_utf8"]}
-                       for r in rows])
-    plots.table(ctx, df, key="tokens_table", height=min(36 * (len(df) + 1) + 4, 400))
-    plots.csv_button(ctx, t("tokens.csv.tokens"), t("tokens.csv.tokens"), lambda: df.to_csv(index=False),
+    frame = partial(token_frame, rows, t)  # built once per prompt and language (plots.table keeps it)
+    plots.table(ctx, frame, key="tokens_table", height=min(36 * (len(rows) + 1) + 4, 400))
+    plots.csv_button(ctx, t("tokens.csv.tokens"), t("tokens.csv.tokens"), lambda: frame().to_csv(index=False),
                      "tokens.csv", "tokens_csv_table")
+
+
+def token_frame(rows: list[dict], t) -> pd.DataFrame:
+    return pd.DataFrame([{t("tokens.col.position"): r["position"], t("tokens.col.piece"): r["piece"], "id": r["id"],
+                          t("tokens.col.bytes"): r["bytes"], t("tokens.col.n_bytes"): len(r["bytes"].split()),
+                          t("tokens.col.special"): r["special"], t("tokens.col.whole"): r["whole_utf8"]}
+                         for r in rows])
 
 
 def draw_bos(ctx: ViewContext) -> None:

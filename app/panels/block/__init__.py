@@ -248,21 +248,24 @@ def draw_diagrams(ctx: ViewContext) -> None:
     plots.show(partial(model_figure, cfg, T, t, ctx.screen.main, font), ctx, key="block_model_diagram", filename="model")
 
 
+def flow_frame(ctx: ViewContext) -> pd.DataFrame:
+    t = ctx.t
+    return pd.DataFrame([{t("block.flow.col_quantity"): r["quantity"], t("block.flow.col_token", pos=ctx.token): r["token"],
+                          t("block.flow.col_mean"): r["mean"]} for r in flow_rows(ctx.rec, ctx.layer, ctx.token, t)])
+
+
 def draw_flow(ctx: ViewContext) -> None:
     t, L = ctx.t, ctx.layer
     st.subheader(t("block.flow.title", layer=L))
-    rows = flow_rows(ctx.rec, L, ctx.token, t)
-    df = pd.DataFrame([{t("block.flow.col_quantity"): r["quantity"], t("block.flow.col_token", pos=ctx.token): r["token"],
-                        t("block.flow.col_mean"): r["mean"]} for r in rows])
+    frame = partial(flow_frame, ctx)  # the table and the figure: built once per selection (kept by plots)
     left, right = st.columns([2, 3])
     with left:
-        plots.table(ctx, df, key="block_flow")
-        plots.csv_button(ctx, t("block.flow.csv"), t("block.flow.csv"), lambda: df.to_csv(index=False),
+        plots.table(ctx, frame, key="block_flow")
+        plots.csv_button(ctx, t("block.flow.csv"), t("block.flow.csv"), lambda: frame().to_csv(index=False),
                          f"block_{L}_numbers.csv", "block_csv_flow")
     with right:
-        data = layer_norms_data(ctx.rec, ctx.token)
-        plots.show(partial(layer_norms_figure, data, L, ctx.labels[ctx.token], t), ctx, key="block_layer_norms",
-                   filename="block_norms_by_layer", share=0.6)
+        plots.show(lambda: layer_norms_figure(layer_norms_data(ctx.rec, ctx.token), L, ctx.labels[ctx.token], t),
+                   ctx, key="block_layer_norms", filename="block_norms_by_layer", share=0.6)
     with plots.explainer(ctx, t("block.flow.more")):
         st.markdown(t("block.flow.explain", label=plain(ctx.labels[ctx.token]), n=len(ctx.ids)))
 
