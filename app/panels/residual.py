@@ -60,6 +60,18 @@ def contributions_figure(attn, mlp, token: int, piece: str, t) -> go.Figure:
     return fig
 
 
+def lens_text(facts, ids, start: int, top_ids: np.ndarray) -> list[list[str]]:
+    """text[layer][p]: how the top token at position start + p reads after the prompt so far
+    (generation.candidate_label), worked out once per distinct token of a position."""
+    ids, memo = [int(i) for i in ids], {}
+
+    def label(p: int, token_id: int) -> str:
+        if (p, token_id) not in memo:
+            memo[p, token_id] = generation.candidate_label(facts, ids[:start + p + 1], token_id)
+        return memo[p, token_id]
+    return [[label(p, int(i)) for p, i in enumerate(row)] for row in top_ids]
+
+
 def logit_lens_figure(top_probs, text, labels, t, lo: int = 0, hi: int | None = None) -> go.Figure:
     """text[layer][pos]: how the top token reads (a character fragment as the character it would complete); the
     positions lo…hi-1 of those given (all by default)."""
@@ -96,7 +108,7 @@ def draw_intro(ctx: ViewContext) -> None:
 def draw_norms(ctx: ViewContext) -> None:
     t, n_layers = ctx.t, ctx.cfg.n_layers
     st.subheader(t("residual.size_of_the_residual_stream"))
-    norms = norms_data(ctx.rec)
+    norms = gateway.derived("residual_norms", ctx.source, ctx.ids, norms_data)  # once per recording
     rows = [t("residual.layer_in", layer=l) for l in range(n_layers)] + [t("residual.layer_out", layer=n_layers - 1)]
     choice_state.start("residual_log")
     log = st.toggle(t("residual.colour_by_log_one_huge"), key="residual_log")
@@ -121,7 +133,7 @@ def draw_norms(ctx: ViewContext) -> None:
 
 
 def draw_contributions(ctx: ViewContext) -> None:
-    attn, mlp = contributions_data(ctx.rec)
+    attn, mlp = gateway.derived("residual_contributions", ctx.source, ctx.ids, contributions_data)
     plots.show(partial(contributions_figure, attn, mlp, ctx.token, ctx.pieces[ctx.token], ctx.t), ctx, key="residual_contrib", height=420)
 
 
@@ -141,9 +153,7 @@ def draw_lens(ctx: ViewContext) -> None:
     start = T - lens_positions(ctx)
     with plots.waiting(t("residual.applying_the_output_layer_to"), not gateway.lens_cached(ctx.source, ctx.ids, start)):
         top_ids, top_probs = gateway.logit_lens(ctx.source, ctx.ids, start)
-    ids = [int(i) for i in ctx.ids]
-    text = [[generation.candidate_label(ctx.facts, ids[:start + p + 1], int(i)) for p, i in enumerate(row)]
-            for row in top_ids]
+    text = lens_text(ctx.facts, ctx.ids, start, top_ids)
     n = top_ids.shape[1]
     fit = token_window.fitting(ctx, [f"L{l}" for l in range(len(text))],
                                min_cell=token_window.text_cell([s for row in text for s in row], ctx.presenter))

@@ -82,6 +82,7 @@ class Tokenizer:
         self._special = frozenset(special_ids)
         self._hf, self._sp, self._byte_level = hf, sp, byte_level
         self._special_re = None
+        self._bytes: dict[int, bytes] = {}  # token_bytes' answers: pages ask for the same pieces at every run
         texts = sorted({tokens[i] for i in self._special if tokens[i]}, key=len, reverse=True)
         if sp is not None and texts:
             # longest first, so that e.g. "<|im_start|>" wins over a shorter control token it contains
@@ -140,6 +141,12 @@ class Tokenizer:
         return token_id in self._special
 
     def token_bytes(self, token_id: int) -> bytes:
+        got = self._bytes.get(token_id)
+        if got is None:
+            got = self._bytes[token_id] = self._spelled_bytes(token_id)
+        return got
+
+    def _spelled_bytes(self, token_id: int) -> bytes:
         tok = self._tokens[token_id]
         if token_id in self._special:
             return tok.encode("utf-8")

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import choice_state, plots
+from app import choice_state, gateway, plots
 from app.plots import axis_ids, grid_layout
 from app.context import ViewContext, plain
 from app.panels.rope import absolute as rope_absolute
@@ -57,6 +57,11 @@ def shift_table(rec, theta: np.ndarray, layer: int, head: int, m: int, n: int, s
     df = pd.DataFrame(rows)
     df["diff vs s=0"] = df["score q·k/√d"] - df["score q·k/√d"].iloc[0]
     return df
+
+
+def model_shift_table(rec, layer: int, head: int, m: int, n: int) -> pd.DataFrame:
+    """shift_table with the θ the recording's model uses."""
+    return shift_table(rec, theta_data(rec.cfg)[1], layer, head, m, n)
 
 
 def decay_curve(q: np.ndarray, k: np.ndarray, theta: np.ndarray, max_delta: int) -> tuple[np.ndarray, np.ndarray]:
@@ -252,12 +257,12 @@ def draw_arrows(ctx: ViewContext) -> None:
     st.caption(ctx.t("rope.arrows_caption", n=n_pairs, lo=f"{ratio.min():.6f}", hi=f"{ratio.max():.6f}"))
 
 
-def draw_shift(ctx: ViewContext, theta: np.ndarray) -> pd.DataFrame:
+def draw_shift(ctx: ViewContext) -> pd.DataFrame:
     st.subheader(ctx.t("rope.shift_heading"))
     T, m = len(ctx.ids), ctx.token
     choice_state.start("rope_key_token", hi=T - 1)
     n = int(st.number_input(ctx.t("rope.key_token"), min_value=0, max_value=T - 1, step=1, key="rope_key_token"))
-    df = shift_table(ctx.rec, theta, ctx.layer, ctx.head, m, n)
+    df = gateway.derived("rope_shift", ctx.source, ctx.ids, model_shift_table, ctx.layer, ctx.head, m, n)
     plots.table(ctx, df, key="rope_shift_table",  # display labels only: the CSV keeps the frame's own names
                 labels={"shift s": ctx.t("rope.col_shift"), "query pos m+s": ctx.t("rope.col_query"),
                         "key pos n+s": ctx.t("rope.col_key"), "q·k": "q·k", "score q·k/√d": ctx.t("rope.col_score"),
@@ -342,7 +347,7 @@ def draw(ctx: ViewContext) -> None:
     with section("rope", "pairs"):
         draw_arrows(ctx)
     with section("rope", "shift"):
-        df = draw_shift(ctx, used)
+        df = draw_shift(ctx)
     with section("rope", "decay"):
         draw_decay(ctx, used)
     with section("rope", "clock"):

@@ -29,6 +29,11 @@ def absolute_data(rec, w_v: np.ndarray) -> dict:
     return {**enc, **E.absolute_in_v(x, enc["pe"], w_v)}
 
 
+def absolute_for(rec, source: str) -> dict:
+    """absolute_data with the first layer's W_v of the model that made the recording."""
+    return absolute_data(rec, gateway.layer_weights(source, 0)["W_v"])
+
+
 def pe_figure(pe: np.ndarray, labels, t) -> go.Figure:
     d = min(pe.shape[1], MAX_DIMS)
     fig = plots.heatmap(pe[:, :d], [str(i) for i in range(d)], labels, colorscale="RdBu_r", zmid=0.0, zmin=-1, zmax=1,
@@ -76,9 +81,8 @@ def _to_whatif() -> None:
 def draw(ctx: ViewContext) -> None:
     t = ctx.t
     st.subheader(t("rope.abs_heading"))
-    w_v = gateway.layer_weights(ctx.source, 0)["W_v"]
-    data = absolute_data(ctx.rec, w_v)
-    foot = E.rope_footprint(ctx.rec, ctx.layer)
+    data = gateway.derived("rope_absolute", ctx.source, ctx.ids, absolute_for, ctx.source)  # once per recording
+    foot = gateway.derived("rope_footprint", ctx.source, ctx.ids, E.rope_footprint, ctx.layer)
     with plots.explainer(ctx, t("rope.abs_explain")):
         st.markdown(t("rope.abs_intro"))
         st.latex(r"PE_{pos,2i}=\sin\frac{pos}{10000^{2i/d}},\quad PE_{pos,2i+1}=\cos\frac{pos}{10000^{2i/d}},\quad"

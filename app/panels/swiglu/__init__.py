@@ -5,6 +5,7 @@ the position-wise demonstration live in swiglu_gates.py and swiglu_positionwise.
 """
 from __future__ import annotations
 
+import functools
 from functools import partial
 
 import numpy as np
@@ -107,6 +108,14 @@ def silu_figure(gates: np.ndarray, t, bins: int = 80) -> go.Figure:
     fig.update_yaxes(title_text=t("swiglu.count_axis"), secondary_y=True, showgrid=False, range=c_range,
                      tickmode="array", tickvals=c_ticks)
     return fig
+
+
+@functools.cache
+def silu_minimum() -> tuple[float, float]:
+    """(SiLU's lowest value, where it is), found numerically rather than typed in."""
+    z = np.linspace(-6, 0, 60001)
+    y = silu(z)
+    return float(y.min()), float(z[y.argmin()])
 
 
 def sparsity_data(rec, threshold: float) -> tuple[np.ndarray, np.ndarray]:
@@ -244,17 +253,15 @@ def draw_heatmap(ctx: ViewContext, vals: dict) -> None:
 def draw_silu(ctx: ViewContext, vals: dict) -> None:
     gates = vals["pre"].ravel()
     plots.show(partial(silu_figure, gates, ctx.t), ctx, key="swiglu_silu", height=420, share=0.5)
-    z = np.linspace(-6, 0, 60001)  # the minimum of SiLU, found numerically rather than typed in
-    y = silu(z)
-    st.caption(ctx.t("swiglu.silu_caption", neg=float((gates < 0).mean()), lowest=f"{y.min():.3f}",
-                     at=f"{z[y.argmin()]:.2f}"))
+    lowest, at = silu_minimum()
+    st.caption(ctx.t("swiglu.silu_caption", neg=float((gates < 0).mean()), lowest=f"{lowest:.3f}", at=f"{at:.2f}"))
 
 
 def draw_sparsity(ctx: ViewContext) -> None:
     t = ctx.t
     choice_state.start("swiglu_threshold")
     thr = float(st.number_input(t("swiglu.threshold"), 0.0, 10.0, step=0.01, key="swiglu_threshold"))
-    act_frac, post_frac = sparsity_data(ctx.rec, thr)
+    act_frac, post_frac = gateway.derived("swiglu_sparsity", ctx.source, ctx.ids, sparsity_data, thr)
     plots.show(partial(sparsity_figure, act_frac, post_frac, ctx.layer, thr, t), ctx, key="swiglu_sparsity", height=380,
                share=0.5)
     st.caption(t("swiglu.sparsity_caption"))
@@ -307,7 +314,6 @@ def draw_compare(ctx: ViewContext) -> None:
         st.info(t("swiglu.type_two"))
         return
     source = ctx.extras["source"]
-    rec_a, rec_b = gateway.recording(source, ids_a), gateway.recording(source, ids_b)
     pieces_a, pieces_b = [tok.piece(i) for i in ids_a], [tok.piece(i) for i in ids_b]
     fa, fb = find_word(pieces_a, word or ""), find_word(pieces_b, word or "")
     if word and (fa is None or fb is None):
@@ -321,8 +327,9 @@ def draw_compare(ctx: ViewContext) -> None:
     if same:
         st.info(t("swiglu.same_prefix"))
         st.button(t("swiglu.context_first"), key="swiglu_context_first", on_click=_use_context_first)
-    sim_act = similarity_data(rec_a, rec_b, i, j, "mlp.hook_act")
-    sim_pre = similarity_data(rec_a, rec_b, i, j, "mlp.hook_pre")
+    sides = ((source, ids_a, ""), (source, ids_b, ""))  # kept for the pair: the bank example is the same for all
+    sim_act = gateway.pair_derived("swiglu_similarity", sides, similarity_data, i, j, "mlp.hook_act")
+    sim_pre = gateway.pair_derived("swiglu_similarity", sides, similarity_data, i, j, "mlp.hook_pre")
     c1, c2 = st.columns([3, 2])
     with c1:
         plots.show(partial(similarity_figure, sim_act, sim_pre, ctx.layer, t), ctx, key="swiglu_similarity", height=400,
@@ -334,7 +341,7 @@ def draw_compare(ctx: ViewContext) -> None:
                      "swiglu_similarity.csv", key="swiglu_csv_similarity")
     if same:
         return  # every difference is zero; a "most different" table would list arbitrary neurons
-    idx, va, vb = differing_neurons(rec_a, rec_b, i, j, ctx.layer)
+    idx, va, vb = gateway.pair_derived("swiglu_differing", sides, differing_neurons, i, j, ctx.layer)
     c2.markdown(t("swiglu.differ_heading", layer=ctx.layer))
     with c2:
         plots.table(ctx, {t("swiglu.neuron"): [int(n) for n in idx], "A": va, "B": vb, "A − B": va - vb})

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import plots
+from app import gateway, plots
 from app.context import ViewContext, plain
 from explorer_model.analysis import ffn as F
 
@@ -48,7 +48,7 @@ def examples_table(gk: F.GateKinds, t) -> dict:
 
 def draw(ctx: ViewContext) -> None:
     t = ctx.t
-    gk = F.gate_kinds(ctx.rec, ctx.layer, ctx.token, top=3)
+    gk = gateway.derived("swiglu_gate_kinds", ctx.source, ctx.ids, F.gate_kinds, ctx.layer, ctx.token, 3)
     st.subheader(t("swiglu.gates_heading", token=plain(ctx.labels[ctx.token]), layer=ctx.layer))
     lo, mid, hi = gk.bounds
     c1, c2 = st.columns([3, 2])
