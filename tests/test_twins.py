@@ -185,3 +185,21 @@ def test_native_loader_errors(tmp_path):
     (folder / "explorer_config.json").write_text(json.dumps({**cfg, "vocab_size": cfg["vocab_size"] + 8}))
     with pytest.raises(LoadError):  # weights and config disagree on the vocabulary
         load(str(folder))
+
+
+def test_a_shipped_json_file_is_parsed_once_per_version_of_the_file(tmp_path):
+    """explorer_model.paths.shipped_json (the twins' training logs, the lab's curves): the same parsed object
+    while the file is unchanged, the new content once it is rewritten, None for a missing or broken file."""
+    import os
+
+    from explorer_model.paths import shipped_json
+
+    path = tmp_path / "log.json"
+    path.write_text('{"steps": 1}', encoding="utf-8")
+    first = shipped_json(path)
+    assert first == {"steps": 1} and shipped_json(path) is first
+    path.write_text('{"steps": 22}', encoding="utf-8")
+    os.utime(path, ns=(1, 1))  # another modification time, whatever the file system's clock resolution
+    assert shipped_json(path) == {"steps": 22}
+    path.write_text('{"steps": ', encoding="utf-8")
+    assert shipped_json(path) is None and shipped_json(tmp_path / "missing.json") is None

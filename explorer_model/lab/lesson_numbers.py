@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..paths import ASSETS
+from ..paths import ASSETS, shipped_json
 from .probe import init_gradients
 from .race import race_data
 from .variants import VARIANTS, LabOptions, threads
@@ -52,10 +52,7 @@ def write(path: Path = LESSON_NUMBERS_PATH) -> dict:
 
 
 def load(path: Path = LESSON_NUMBERS_PATH) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return shipped_json(path)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..paths import ASSETS
+from ..paths import ASSETS, shipped_json
 from .probe import lm_loss
 from .variants import LabOptions, threads, variant_model
 
@@ -174,10 +174,7 @@ def escape_step(steps: list[int], losses: list[float | None], unigram: float,
 
 
 def load_race_curves(path: Path = RACE_CURVES_PATH) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return shipped_json(path)
 
 
 if __name__ == "__main__":  # rebuild assets/lab/race_curves.json

@@ -2,13 +2,12 @@
 and training logs."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ..analysis.measures import prompt_loss
-from ..paths import ASSETS
+from ..paths import ASSETS, shipped_json
 
 TWINS = ("tiny-pre", "tiny-post")
 
@@ -39,10 +38,7 @@ def sequence_loss(rec) -> float:
 
 def train_log(name: str, root: Path | None = None) -> dict | None:
     """assets/<name>/train_log.json as written by explorer_model.lab.train, or None if it is not there."""
-    try:
-        return json.loads(((root or ASSETS) / name / "train_log.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return shipped_json((root or ASSETS) / name / "train_log.json")
 
 
 def log_curves(log: dict) -> dict:
