@@ -28,13 +28,15 @@ def room_addresses() -> list[str]:
 
 
 @functools.lru_cache(maxsize=32)
-def qr_png(url: str) -> bytes:
-    """The address as a QR code, made once per address (every page run of a shared server shows it)."""
+def qr_svg(url: str) -> str:
+    """The address as a QR code, made once per address (every page run of a shared server shows it). SVG: it
+    stays sharp at any size, and Streamlit sends it as it is, where a PNG wider than its frame would be decoded,
+    scaled and encoded again at every page run."""
     import segno  # pure Python; only needed on a shared server
 
     buf = io.BytesIO()
-    segno.make(url, error="m").save(buf, kind="png", scale=8, border=2)
-    return buf.getvalue()
+    segno.make(url, error="m").save(buf, kind="svg", scale=8, border=2, xmldecl=False)
+    return buf.getvalue().decode("ascii")
 
 
 def room_lecture() -> dict[str, str]:
@@ -63,4 +65,4 @@ def box(place, port: int) -> None:
     with place.popover(tr("sidebar.share_button"), icon=":material/qr_code_2:", help=tr("sidebar.share_title"),
                        width="stretch"):
         st.code("\n".join(urls), language=None)
-        st.image(qr_png(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240, output_format="PNG")
+        st.image(qr_svg(urls[0]), caption=tr("sidebar.share_caption", url=urls[0]), width=240)
