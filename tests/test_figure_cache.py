@@ -169,3 +169,12 @@ def test_a_table_is_named_by_its_values_and_sent_as_streamlit_converts_it(monkey
     plots.table(Ctx(presenter=True), values, labels={"p": "prob"}, formats={"p": "%.2f"})
     assert len(converted) == 5
     assert sent[-1].column_names == ["x", "prob"] and sent[-1].column("prob").to_pylist() == ["0.50", "0.25", "0.12"]
+
+
+def test_a_curve_is_named_by_its_values_and_their_kind():
+    """A long list of floats is digested as one array: equal values name one figure, another value or another
+    kind of number (int, bool) or container another."""
+    curve = [0.1 * i for i in range(20)]
+    names = [digest(lambda: c) for c in (curve, list(curve), curve[:-1] + [9.0], tuple(curve),
+                                          [float(i) for i in range(20)], list(range(20)), [bool(i % 2) for i in range(20)])]
+    assert names[0] == names[1] and len(set(names[1:])) == 6

@@ -32,6 +32,14 @@ def random_table(d_k: int) -> dict:
     return A.random_dot_spread(tuple(sorted({4, 16, 64, 256, 1024, int(d_k)})), n_keys=RANDOM_KEYS)
 
 
+def random_frame(d_k: int, t) -> pd.DataFrame:
+    r = random_table(d_k)
+    return pd.DataFrame({t("attention.scale.col.d_k"): r["d_k"], t("attention.scale.col.std"): r["std"],
+                         t("attention.scale.col.theory"): r["theory"], t("attention.scale.col.std_scaled"): r["std_scaled"],
+                         t("attention.scale.col.ent_unscaled"): r["entropy_unscaled"],
+                         t("attention.scale.col.ent_scaled"): r["entropy_scaled"]}).round(3)
+
+
 def draw_study(ctx: ViewContext, s: A.ScaleStudy) -> None:
     plots.show(partial(study_figure, ctx.t, s), ctx, key="attn_scale", filename="attention_sqrt_dk", height=460)
 
@@ -86,10 +94,4 @@ def draw(ctx: ViewContext) -> None:
                  r"\mathrm{Var}(q\cdot k)=d_k,\qquad \mathrm{std}\Big(\frac{q\cdot k}{\sqrt{d_k}}\Big)=1")
         r = random_table(ctx.cfg.head_dim)
         st.caption(ctx.t("attention.scale.table_caption", keys=RANDOM_KEYS, max_entropy=r["max_entropy"]))
-        table = pd.DataFrame({ctx.t("attention.scale.col.d_k"): r["d_k"],
-                              ctx.t("attention.scale.col.std"): r["std"],
-                              ctx.t("attention.scale.col.theory"): r["theory"],
-                              ctx.t("attention.scale.col.std_scaled"): r["std_scaled"],
-                              ctx.t("attention.scale.col.ent_unscaled"): r["entropy_unscaled"],
-                              ctx.t("attention.scale.col.ent_scaled"): r["entropy_scaled"]})
-        plots.table(ctx, table.round(3), key="attn_scale_table")
+        plots.table(ctx, partial(random_frame, ctx.cfg.head_dim, ctx.t), key="attn_scale_table")

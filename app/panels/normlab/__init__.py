@@ -7,6 +7,8 @@ whose experiment waits sees their place in the queue, and finished results are c
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
@@ -65,6 +67,13 @@ def train_grad_figure(curves: dict, t, v: str) -> go.Figure:
     return fig
 
 
+def twin_summary(rec, layer: int, head: int) -> dict:
+    """What the twins' section shows of one twin's recording: the residual stream's size after each layer, the
+    mean norm divisors of ln1 and ln2 per layer, one head's attention pattern and the top next tokens."""
+    return {"resid": lab.residual_norms(rec), "ln1": lab.norm_scales(rec, "ln1"), "ln2": lab.norm_scales(rec, "ln2"),
+            "pattern": rec.pattern(layer)[0, head].double().numpy(), "top": lab.top_predictions(rec)}
+
+
 # --------------------------------------------------------------------------- sections
 def draw_intro(ctx: ViewContext) -> None:
     st.markdown(ctx.t("normlab.where_the_normalization_sits_decides"))
@@ -92,29 +101,33 @@ def draw_twins(ctx: ViewContext) -> dict | None:
     t = ctx.t
     cfg = twins["pre"][2].cfg
     st.markdown(t("normlab.tiny_pre_and_tiny_post", cfg_n_layers=cfg.n_layers, cfg_d_model=cfg.d_model, len_twins_pre_1=len(twins['pre'][1])))
-    res = {v: lab.residual_norms(twins[v][2]) for v in twins}
+    sources = dict(zip(("pre", "post"), lab.TWINS))
+    layer = {v: min(ctx.layer, twins[v][2].cfg.n_layers - 1) for v in twins}
+    head = {v: min(ctx.head, twins[v][2].cfg.n_heads - 1) for v in twins}
+    summary = {v: gateway.derived("normlab_twin", sources[v], twins[v][1], twin_summary, layer[v], head[v])
+               for v in twins}  # once per twin, prompt and selection
+    res = {v: summary[v]["resid"] for v in twins}
     layers_x = ["emb"] + [f"L{i}" for i in range(cfg.n_layers)]
     plots.show(lambda: twin_lines_figure("normlab_resid", t("normlab.residual_stream_size_after_each"),
                                  layers_x, {v: (variant_name(t, v), res[v], COLORS[v], "solid") for v in res}, t,
                                  "‖x‖", t("normlab.layer")), ctx, key="normlab_resid_fig")
     st.caption(t("normlab.pre_norm_lets_the_residual", res_pre_1=res['pre'][1], res_pre_12=res['pre'][-1], res_post_1=res['post'][-1]))
-    sc = {f"{v}_{w}": (f"{variant_name(t, v)} {w}", lab.norm_scales(twins[v][2], w), COLORS[v],
-                       "solid" if w == "ln1" else "dot") for v in twins for w in ("ln1", "ln2")}
+    sc = {f"{v}_{w}": (f"{variant_name(t, v)} {w}", summary[v][w], COLORS[v], "solid" if w == "ln1" else "dot")
+          for v in twins for w in ("ln1", "ln2")}
     plots.show(lambda: twin_lines_figure("normlab_scales", t("normlab.norm_divisors_per_layer_mean"),
                                  layers_x[1:], sc, t, t("normlab.divisor"), t("normlab.layer")), ctx, key="normlab_scales_fig")
     st.caption(t("normlab.a_pre_norm_divisor_is"))
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
-        loaded, ids, rec, line_rec = twins[v]
+        loaded, ids, _, line_rec = twins[v]
         labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
-        layer, head = min(ctx.layer, rec.cfg.n_layers - 1), min(ctx.head, rec.cfg.n_heads - 1)
         with col:
-            pattern = rec.pattern(layer)[0, head].double().numpy()
-            plots.show(lambda: twin_attention_figure(pattern, layer, head, labels, t, v), ctx,
+            pattern = summary[v]["pattern"]
+            plots.show(partial(twin_attention_figure, pattern, layer[v], head[v], labels, t, v), ctx,
                        key=f"normlab_attn_{v}_fig", share=0.5)
-            top, probs = lab.top_predictions(rec)
+            top, probs = summary[v]["top"]
             names = [plain(candidate_label(loaded, list(ids), int(i))) for i in top]
-            plots.show(lambda: top_figure(names, probs, t, v), ctx, key=f"normlab_top_{v}_fig", share=0.5)
+            plots.show(partial(top_figure, names, probs, t, v), ctx, key=f"normlab_top_{v}_fig", share=0.5)
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))
     st.caption(t("normlab.layer_and_head_follow_above" if ctx.presenter else "normlab.layer_and_head_follow_the"))
