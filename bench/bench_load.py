@@ -14,7 +14,7 @@ Determinism is checked apart from the server: the same prompt recorded in severa
 two separate `llama-explorer record` processes; every tensor must be bit-identical.
 
 With --processes N (N > 1) the server is `llama-explorer serve --share --processes N`: HAProxy with docs/haproxy.cfg
-in front of N app processes (each its own model and cache, torch threads = cores / N); the visitors load the page
+in front of N app processes (each its own model and cache and its share of the cores' torch threads, reported); the visitors load the page
 first to get the balancer's cookie, memory is the whole process tree's and the bound N times one server's.
 
 The server's CPU seconds (user + system, all its processes, from /proc) over the load give the work per action,
@@ -52,9 +52,9 @@ sys.path.insert(0, str(ROOT / "bench"))  # its sibling load_server.py, also when
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from load_determinism import determinism  # noqa: E402
-from explorer_model.cli.loadtest import (ACTIONS, BACKENDS, CpuMeter, MemorySampler, Visitor, free_port,  # noqa: E402
-                                     outcomes, percentile, quiet_visitor_cpu, rss_kb, run_visitors, start_server,
-                                     stop_server, tree_pids, wait_healthy)
+from explorer_model.cli.loadtest import (ACTIONS, BACKENDS, CpuMeter, MemorySampler, Visitor,  # noqa: E402
+                                     app_torch_threads, free_port, outcomes, percentile, quiet_visitor_cpu, rss_kb,
+                                     run_visitors, start_server, stop_server, tree_pids, wait_healthy)
 from explorer_model.cli import room_load  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
@@ -97,8 +97,8 @@ def run(args) -> dict:
     try:
         wait_healthy(port, proc)
         if args.processes > 1:
-            report["processes"] = {"count": args.processes, "balancer": "haproxy",
-                                   "torch_threads_each": max(1, (os.cpu_count() or 1) // args.processes)}
+            report["processes"] = {"count": args.processes, "balancer": "haproxy"}
+        report["server_torch_threads"] = app_torch_threads(proc.pid)  # per app process, from its environment
         report["rss_idle_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
 
         async def warm_up() -> float:  # the teacher opens the page first: each process loads its model once

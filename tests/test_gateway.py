@@ -308,3 +308,16 @@ def test_view_data_is_computed_with_the_drawing_lane_given_up(monkeypatch):
         assert LANE.holding()
     assert seen == [(True, False), (True, False)] and pair == 1
     assert np.array_equal(first, gateway.recording(source, ids).pattern(3)[0, 0].numpy())
+
+
+def test_a_shared_server_keeps_a_core_per_process_for_drawing_pages(monkeypatch):
+    """serve --share: torch gets the cores left once each process keeps one for drawing pages (at least one
+    thread); a local server, and a user's own OMP_NUM_THREADS, are left as they are."""
+    from explorer_model.cli.serve import server_env, share_threads
+    assert [share_threads(c) for c in (1, 2, 4, 16)] == [1, 1, 3, 15]
+    assert [share_threads(c, 2) for c in (2, 4, 8)] == [1, 1, 3]
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert server_env(share=True)["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS" not in server_env()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert server_env(share=True)["OMP_NUM_THREADS"] == "2"

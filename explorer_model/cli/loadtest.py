@@ -174,6 +174,24 @@ def tree_pids(root: int) -> list[int]:
     return out
 
 
+def app_torch_threads(root: int) -> list[int]:
+    """The torch thread count of each app server process under `root` (the Streamlit ones; not HAProxy, not the
+    lab worker), as its environment sets it: OMP_NUM_THREADS, else one per core (torch's default)."""
+    out = []
+    for p in tree_pids(root):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if b"streamlit" not in f.read():
+                    continue
+            with open(f"/proc/{p}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        value = env.get(b"OMP_NUM_THREADS", b"")
+        out.append(int(value) if value.isdigit() and int(value) > 0 else os.cpu_count() or 1)
+    return sorted(out)
+
+
 def rss_kb(pids: list[int]) -> dict[str, int]:
     total = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
     for p in pids:

@@ -86,6 +86,16 @@ def lan_addresses() -> list[str]:
     return found
 
 
+def share_threads(cores: int, processes: int = 1) -> int:
+    """Torch threads per process of a shared server: the cores left once each process keeps one for drawing
+    pages, shared out, at least one. A process draws one page at a time (its interpreter lock) while the model
+    runs in another thread; given every core, the model's threads fight the drawing for them, and the small tensor
+    operations of a page (a softmax, a norm) pay for a thread team they do not need. On 2 cores, one thread per
+    process halved the server's CPU per view switch and cut it by a fifth per action of a class of 30
+    (docs/classroom.md). A user's own OMP_NUM_THREADS wins."""
+    return max(1, (cores - processes) // processes)
+
+
 def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
                cache_mb: int | None = None, lab: bool = True, lecture: str | None = None) -> dict[str, str]:
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), LLAMA_EXPLORER_WARM_UP="1")
@@ -93,6 +103,7 @@ def server_env(share: bool = False, models_dir: str | None = None, max_tokens: i
         env["LLAMA_EXPLORER_LAB"] = "0"
     if share:
         env["LLAMA_EXPLORER_SHARE"] = "1"
+        env.setdefault("OMP_NUM_THREADS", str(share_threads(os.cpu_count() or 1)))
     if models_dir:
         env["LLAMA_EXPLORER_MODELS_DIR"] = str(Path(models_dir).expanduser().resolve())
     if max_tokens:
@@ -225,14 +236,14 @@ def haproxy_path() -> str | None:
 
 def serve_processes(port: int, address: str, url_host: str, env: dict, processes: int) -> int:
     """`serve --processes N`: N app servers on loopback ports, each with its own model, cache and lab worker and
-    cores // N torch threads, behind HAProxy on address:port with docs/haproxy.cfg (a visitor stays with one
+    share_threads(cores, N) torch threads, behind HAProxy on address:port with docs/haproxy.cfg (a visitor stays with one
     process). One process has one GIL: a second one draws and runs the model beside it (docs/classroom.md, "Several
     processes"). A process that dies is restarted; HAProxy's health checks send visitors to the others meanwhile."""
     exe = haproxy_path()
     if exe is None:
         raise RuntimeError("--processes needs HAProxy (Debian: apt install haproxy)")
     ports = [free_port() for _ in range(processes)]
-    each = dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // processes)),
+    each = dict(env, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS") or str(share_threads(os.cpu_count() or 1, processes)),
                 LLAMA_EXPLORER_PUBLIC_PORT=str(port))  # the share box shows the balancer's port, not its own
     with tempfile.TemporaryDirectory(prefix="llama_explorer_haproxy_") as tmp:
         cfg = Path(tmp) / "haproxy.cfg"
