@@ -221,10 +221,15 @@ def test_lens_of_a_generation_step_runs_one_position_and_equals_the_full_lens(mo
 
 
 def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypatch):
+    """A served process prepares in the background, once: the lab twins' held-out line, and the attention view's
+    random-vector table for every model it has loaded."""
+    from explorer_model.analysis.attention_math import textbook_table
     from explorer_model.lab.corpus import HELDOUT_LINE
     from explorer_model.cli.serve import server_env
     assert server_env()["LLAMA_EXPLORER_WARM_UP"] == "1"  # what `serve` starts has it; AppTest does not
     cache = fresh_cache(monkeypatch, 4096)
+    head_dim = gateway.facts(gateway.DEFAULT_SOURCE).cfg.head_dim
+    textbook_table.cache_clear()
     monkeypatch.setattr(gateway, "_WARM", {"started": False})
     monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
     gateway.warm_up()
@@ -235,6 +240,10 @@ def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypa
     for source in lab.TWINS:
         line = gateway._model(source).tokenizer.encode(HELDOUT_LINE, add_bos=True)
         assert cache.peek(("recording", gateway._ident(source), tuple(line))) is not None, source
+    assert textbook_table.cache_info().currsize >= 1
+    before = textbook_table.cache_info().hits
+    textbook_table(head_dim)
+    assert textbook_table.cache_info().hits == before + 1  # the default model's: ready before anyone asks
 
 
 def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(monkeypatch):

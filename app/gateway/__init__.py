@@ -44,6 +44,7 @@ from app.gateway.lessons import lesson_target, patch_lesson
 from app.gateway.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, lab_enabled, max_run_seconds,  # noqa: F401
                           offered_models, prompt_char_limit, public_port, shared, token_cap)
 from app.gateway.settings import warm_up_enabled as _warm_up_enabled
+from explorer_model.analysis.attention_math import textbook_table
 from explorer_model.tokenizer import PromptError
 
 log = logging.getLogger("llama_explorer.gateway")
@@ -52,8 +53,9 @@ _WARM = {"started": False}
 
 
 def warm_up() -> None:
-    """Once per process, in a background thread: the lab's twins loaded and their held-out line recorded, work no
-    visitor's input changes, so the first visitor of the Norm lab does not wait for it (and nobody waits behind)."""
+    """Once per process, in a background thread: the lab's twins loaded and their held-out line recorded, and the
+    attention view's random-vector table worked out for every model already loaded: work no visitor's input
+    changes, so the first visitor of those views does not wait for it (and nobody waits behind)."""
     with _WARM_LOCK:
         if _WARM["started"] or not _warm_up_enabled():  # a server `serve` started, not AppTest (its counts stay its own)
             return
@@ -64,6 +66,9 @@ def warm_up() -> None:
             twin_recordings("", 1)
         except Exception:  # a missing or broken twin: the view says so when a visitor opens it
             log.info("warm-up of the lab twins failed", exc_info=True)
+        for source in offered_models():  # the attention view's random-vector table, per head size
+            if model_ready(source):
+                textbook_table(facts(source).cfg.head_dim)
     threading.Thread(target=run, daemon=True, name="warm-up").start()
 
 

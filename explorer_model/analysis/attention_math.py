@@ -16,6 +16,7 @@ apply a W_O given as an array (nn.Linear layout [d_model, H·d_k]).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -115,6 +116,16 @@ def random_dot_spread(d_values=(4, 16, 64, 256, 1024), n_pairs: int = 4000, n_ke
     return {"d_k": d_values, "std": std, "theory": np.sqrt(d_values), "std_scaled": std / np.sqrt(d_values),
             "entropy_unscaled": np.array(ent_u), "entropy_scaled": np.array(ent_s),
             "max_entropy": float(np.log(n_keys))}
+
+
+RANDOM_KEYS = 64  # keys per random query in the textbook table: its uniform entropy is ln 64
+
+
+@functools.lru_cache(maxsize=8)
+def textbook_table(d_k: int) -> dict:
+    """random_dot_spread for the usual head sizes and this model's d_k, with RANDOM_KEYS keys: the same numbers
+    every time (a fixed seed), worked out once per process (a few tenths of a second). Shared: read it only."""
+    return random_dot_spread(tuple(sorted({4, 16, 64, 256, 1024, int(d_k)})), n_keys=RANDOM_KEYS)
 
 
 # --------------------------------------------------------------------------- multi-head attention

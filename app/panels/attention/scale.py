@@ -18,7 +18,6 @@ from app import gateway, plots
 from app.context import ViewContext
 from explorer_model.analysis import attention_math as A
 
-RANDOM_KEYS = 64  # keys per random query in the table: its uniform entropy is ln 64
 MAX_QUERIES = 64  # the last 64 query rows of a long prompt (with every key they see): cost ∝ 64·T per layer
 
 
@@ -26,14 +25,8 @@ def study(rec, max_queries: int) -> A.ScaleStudy:
     return A.scale_study(rec, max_queries=max_queries)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def random_table(d_k: int) -> dict:
-    """The random-vector argument for a few head sizes including this model's d_k (same numbers on every run)."""
-    return A.random_dot_spread(tuple(sorted({4, 16, 64, 256, 1024, int(d_k)})), n_keys=RANDOM_KEYS)
-
-
 def random_frame(d_k: int, t) -> pd.DataFrame:
-    r = random_table(d_k)
+    r = A.textbook_table(d_k)
     return pd.DataFrame({t("attention.scale.col.d_k"): r["d_k"], t("attention.scale.col.std"): r["std"],
                          t("attention.scale.col.theory"): r["theory"], t("attention.scale.col.std_scaled"): r["std_scaled"],
                          t("attention.scale.col.ent_unscaled"): r["entropy_unscaled"],
@@ -92,6 +85,6 @@ def draw(ctx: ViewContext) -> None:
         st.markdown(ctx.t("attention.scale.explain"))
         st.latex(r"q\cdot k=\sum_{i=1}^{d_k} q_i k_i,\qquad q_i,k_i\sim\mathcal{N}(0,1)\ \Rightarrow\ "
                  r"\mathrm{Var}(q\cdot k)=d_k,\qquad \mathrm{std}\Big(\frac{q\cdot k}{\sqrt{d_k}}\Big)=1")
-        r = random_table(ctx.cfg.head_dim)
-        st.caption(ctx.t("attention.scale.table_caption", keys=RANDOM_KEYS, max_entropy=r["max_entropy"]))
+        r = A.textbook_table(ctx.cfg.head_dim)
+        st.caption(ctx.t("attention.scale.table_caption", keys=A.RANDOM_KEYS, max_entropy=r["max_entropy"]))
         plots.table(ctx, partial(random_frame, ctx.cfg.head_dim, ctx.t), key="attn_scale_table")
