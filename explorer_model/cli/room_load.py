@@ -3,7 +3,8 @@ lecture on a shared server while N followers, spoken to over Streamlit's websock
 follow it.
 
 The presenter opens the presenter link (?lecture=NAME&step=1&room_key=KEY&presenter=1) and presses Next every
-`step_every` seconds; its own page run is "present_step". A follower opens the server's address and then behaves as
+`step_every` seconds, the first time once the server is at rest (the lecture's recordings prepared in the background,
+as a lecturer opening the lecture before class finds them: "prepared_after_s"); its own page run is "present_step". A follower opens the server's address and then behaves as
 a student's tab does while it follows: it reads every page run the server sends, and when the page asks for
 auto-reruns (a fragment with run_every) it sends them at their interval, as the browser's timer does ("poll": one
 that changed nothing). A follower's lag for a step ("follow") runs from the presenter's press to the end of the
@@ -167,6 +168,19 @@ class Follower:
         await self.v.close()
 
 
+async def server_at_rest(cpu, quiet: float = 0.1, window: float = 2.0, longest: float = 180.0) -> float:
+    """Wait until the server works less than `quiet` of a core over `window` seconds (the lecture's recordings
+    prepared in the background, as a lecturer who opens the lecture before the class starts finds them); the
+    seconds waited, at most `longest`."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < longest:
+        c0 = cpu()
+        await asyncio.sleep(window)
+        if cpu() - c0 < quiet * window:
+            break
+    return round(time.perf_counter() - t0, 1)
+
+
 async def lecture_run(port: int, key: str, args, cpu, deadline: float) -> tuple[dict, list[dict], dict]:
     """The scenario: times per action (ACTIONS), errors, and what the room cost the server (`cpu()` reads the
     server's CPU seconds so far): per step from the press until every follower showed it, and per second between
@@ -201,6 +215,7 @@ async def lecture_run(port: int, key: str, args, cpu, deadline: float) -> tuple[
             problem("presenter", "open", "the presenter's page has no Next button (is the key right?)")
             return times, errors, report
         await asyncio.gather(*(arrive(f) for f in followers))
+        report["prepared_after_s"] = await server_at_rest(cpu)
         t_steps, step_cpu, idle = [], [], [0.0, 0.0]  # idle: CPU seconds and wall seconds between steps
         last = (time.perf_counter(), cpu())
         for step in range(2, args.steps + 2):
