@@ -5,8 +5,7 @@ the position-wise demonstration live in swiglu_gates.py and swiglu_positionwise.
 """
 from __future__ import annotations
 
-import functools
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
 import plotly.graph_objects as go
@@ -110,7 +109,7 @@ def silu_figure(gates: np.ndarray, t, bins: int = 80) -> go.Figure:
     return fig
 
 
-@functools.cache
+@cache
 def silu_minimum() -> tuple[float, float]:
     """(SiLU's lowest value, where it is), found numerically rather than typed in."""
     z = np.linspace(-6, 0, 60001)
