@@ -150,12 +150,12 @@ def serve_json_as_is() -> None:
 serve_json_as_is()
 
 
-def finish(fig: go.Figure, ctx: ViewContext, height: int | None, width: int | None = None) -> tuple[str, dict]:
+def finish(fig: go.Figure | dict, ctx: ViewContext, height: int | None, width: int | None = None) -> tuple[str, dict]:
     """The figure as the browser receives it (Plotly's JSON) and its layout's width and height, shown in a column
     `width` px wide (the main column's when None): its height, log axes' ticks, sizes and fonts for the visitor's screen and presenter mode (see
     `show`). Sized on the spec, not on Plotly's graph objects, whose every read and write is validated
-    (app/figure_spec.py)."""
-    done = Figure(spec(fig))
+    (app/figure_spec.py). `fig`: a figure, or its spec (plain dicts, changed here)."""
+    done = Figure(fig if isinstance(fig, dict) else spec(fig))
     # log axes label powers of ten only: Plotly's in-between digits are small (12 px) and crowd the axis
     for axis in (*axes(done, "x"), *axes(done, "y")):
         if axis.type == "log" and axis.dtick is None:

@@ -41,6 +41,7 @@ def sent(monkeypatch):
         assert _resolve_content_height("content", figure) == json.loads(specs[-1])["layout"]["height"]
     monkeypatch.setattr(plots.st, "plotly_chart", chart)
     gateway.result_cache().discard("figure")
+    gateway.result_cache().discard("figure_spec")
     return specs
 
 
@@ -71,10 +72,16 @@ def test_a_figure_asked_for_again_is_not_built_again_and_is_sent_unchanged(sent)
                                     dict(screen=Screen(main=DESKTOP.main - 8)),
                                     dict(screen=Screen(touch=True))])
 def test_another_selection_language_presenter_mode_or_screen_gets_its_own_figure(sent, change):
+    """Another selection, language or presenter mode (a build that reads ctx may read it) is another figure, built
+    again; another screen is the same figure finished for it: built once, and sent as the figure built for that
+    screen directly would be."""
     z, builds = np.arange(6.0).reshape(2, 3), []
     draw(Ctx(), z, builds)
     draw(Ctx(**change), z, builds)
-    assert builds == [1, 1]
+    assert builds == ([1, 0] if "screen" in change else [1, 1])  # this build reads ctx: its presenter flag too
+    plots.show(plots.heatmap(z, ["x0", "x1", "x2"], ["a", "b"], title=f"layer {change.get('layer', 0)}"),
+               Ctx(**change), key="test_heat", height=400)
+    assert sent[2] == sent[1]  # what the other screen receives is the figure finished for it directly
 
 
 def test_other_data_gets_its_own_figure(sent):
@@ -178,3 +185,11 @@ def test_a_curve_is_named_by_its_values_and_their_kind():
     names = [digest(lambda: c) for c in (curve, list(curve), curve[:-1] + [9.0], tuple(curve),
                                           [float(i) for i in range(20)], list(range(20)), [bool(i % 2) for i in range(20)])]
     assert names[0] == names[1] and len(set(names[1:])) == 6
+
+
+def test_two_lambdas_of_one_function_over_the_same_values_are_two_figures():
+    """Their qualified names are the same (`f.<locals>.<lambda>`): the line they stand on tells them apart."""
+    values = [1.0, 2.0]
+    first = lambda: values  # noqa: E731
+    second = lambda: values  # noqa: E731
+    assert first.__qualname__ == second.__qualname__ and digest(first) != digest(second)

@@ -5,7 +5,7 @@ seen, or a rerun that changes nothing the figure shows, costs no figure building
 A figure is named by what it is built from: the build function (module and name) and the values it closes over
 or is given as `functools.partial(build, *values)`, digested (arrays by dtype, shape and bytes; a DataFrame by its
 columns, values and index; a ViewContext by its recording and selection, its method `t` by the language alone;
-functions by name). A partial takes its values when it is made: a figure given `ctx.labels` is named by the
+functions by name and line). A partial takes its values when it is made: a figure given `ctx.labels` is named by the
 labels, one that closes over `ctx` by all of it. A build function reads nothing else: no widget state, no session
 state (the panel reads those and the closure captures them), so equal digests mean equal figures. A value of a
 kind the digest does not know makes the figure uncached (built every time) rather than risk showing another
@@ -16,12 +16,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import types
 from typing import Callable
 
 import numpy as np
 import pandas as pd
+import plotly.io
 
+from app.figure_spec import spec
 from app.gateway.lanes import FLIGHTS
 from app.gateway.state import result_cache
 
@@ -72,7 +75,8 @@ def _feed(h, value, depth: int = 0) -> None:
         _feed(h, value.keywords, depth + 1)
         h.update(b")")
     elif isinstance(value, types.FunctionType):
-        h.update(f"fn:{value.__module__}.{value.__qualname__};".encode())
+        # with its line: two lambdas of one function closing over the same values are two figures
+        h.update(f"fn:{value.__module__}.{value.__qualname__}:{value.__code__.co_firstlineno};".encode())
         for cell in value.__closure__ or ():
             _feed(h, cell.cell_contents, depth + 1)
     elif hasattr(value, "figure_digest"):  # a ViewContext, a ModelFacts: what of it a figure may read
@@ -101,12 +105,20 @@ def digest(build: Callable) -> str | None:
 
 
 def figure(build: Callable, finish: Callable, tag: tuple = ()):
-    """finish(build()), cached under the digest of `build` and `tag` (what `finish` adds: presenter mode, a height);
-    built every time when `build` closes over something the digest cannot name. What `finish` returns is what is
-    kept: for a figure, the JSON the browser receives and its size (a string and a small dict, measured by the cache
-    like any result),
-    not Plotly's graph objects."""
-    return _kept("figure", build, finish, tag)
+    """finish(the built figure's spec), cached under the digest of `build` and `tag` (what `finish` adds: presenter
+    mode, a width, a height); built every time when `build` closes over something the digest cannot name. The
+    built figure is kept too, as its JSON under the digest alone: the same figure finished for another screen
+    width or for presenter mode is not built again (a lecture step draws it for the projector, and for its
+    followers' screens). What `finish` returns is what is kept: the JSON the browser receives and its size (a
+    string and a small dict, measured by the cache like any result), not Plotly's graph objects. `finish` is
+    given a fresh spec (plain dicts, app/figure_spec.py) each time: it may change it."""
+    name = digest(build)
+    if name is None:
+        return finish(spec(build()))
+    built_key, key = ("figure_spec", name), ("figure", name, tag)
+    built = lambda: result_cache().get(built_key, lambda: plotly.io.to_json(build(), validate=False),  # noqa: E731
+                                       FLIGHTS.one(built_key))
+    return result_cache().get(key, lambda: finish(json.loads(built())), FLIGHTS.one(key))
 
 
 def table(build: Callable, finish: Callable, tag: tuple = ()):
