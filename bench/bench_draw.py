@@ -2,8 +2,8 @@
 
 Each view's `draw` is called in bare mode (no browser, no AppTest) for fresh SmolLM2 prompts: "first" when the
 view meets the prompt (its view data computed and cached, its figures built), "again" for the same prompt with the
-gateway's cached figures and tables dropped (figures built from cached view data), "cached" for the same prompt with its
-figures in the cache (what a view switch back or a rerun costs: handing cached figures to Streamlit). All three
+gateway's cached figures and tables dropped (figures built from cached view data), "cached" for the same prompt
+with its figures in the cache (what a view switch back or a rerun costs: handing cached figures to Streamlit). All three
 with Plotly's property-path parser memoized (as app/plots.py sets it up) and with Plotly's own parser,
 interleaved per prompt, so the ratio is measured in one run.
 
