@@ -108,27 +108,25 @@ def figure(build: Callable, finish: Callable, tag: tuple = ()):
     """finish(the built figure's spec), cached under the digest of `build` and `tag` (what `finish` adds: presenter
     mode, a width, a height); built every time when `build` closes over something the digest cannot name. The
     built figure is kept too, as its JSON under the digest alone: the same figure finished for another screen
-    width or for presenter mode is not built again (a lecture step draws it for the projector, and for its
-    followers' screens). What `finish` returns is what is kept: the JSON the browser receives and its size (a
-    string and a small dict, measured by the cache like any result), not Plotly's graph objects. `finish` is
-    given a fresh spec (plain dicts, app/figure_spec.py) each time: it may change it."""
+    width (or for presenter mode, where the build does not read it) is not built again. What `finish` returns is
+    what is kept: the JSON the browser receives and its size (a string and a small dict, measured by the cache
+    like any result), not Plotly's graph objects. `finish` is given a fresh spec (plain dicts,
+    app/figure_spec.py) each time: it may change it."""
     name = digest(build)
     if name is None:
         return finish(spec(build()))
-    built_key, key = ("figure_spec", name), ("figure", name, tag)
-    built = lambda: result_cache().get(built_key, lambda: plotly.io.to_json(build(), validate=False),  # noqa: E731
-                                       FLIGHTS.one(built_key))
-    return result_cache().get(key, lambda: finish(json.loads(built())), FLIGHTS.one(key))
+    built = lambda: _once(("figure_spec", name), lambda: plotly.io.to_json(build(), validate=False))  # noqa: E731
+    return _once(("figure", name, tag), lambda: finish(json.loads(built())))
 
 
 def table(build: Callable, finish: Callable, tag: tuple = ()):
     """A table's finish(build()) (the Arrow table Streamlit sends), named and kept as a figure is."""
-    return _kept("table", build, finish, tag)
-
-
-def _kept(kind: str, build: Callable, finish: Callable, tag: tuple):
     name = digest(build)
     if name is None:
         return finish(build())
-    key = (kind, name, tag)
-    return result_cache().get(key, lambda: finish(build()), FLIGHTS.one(key))
+    return _once(("table", name, tag), lambda: finish(build()))
+
+
+def _once(key: tuple, compute: Callable):
+    """compute() kept under key, computed by one page at a time however many ask for it together."""
+    return result_cache().get(key, compute, FLIGHTS.one(key))
