@@ -76,7 +76,7 @@ CHOICES: dict[str, Choice] = {
     "swiglu_tok_b": Choice("swiglu", "int", lo=0, hi=BIG, default=0),
     # Residual stream
     "residual_log": Choice("residual", "bool", default=False),
-    "lens_positions": Choice("residual", "int", lo=1, hi=64, default=16),
+    "lens_positions": Choice("residual", "int", lo=1, hi=64, default=8),
     # Next token & generation
     "pred_temperature": Choice("predict", "float", lo=0.0, hi=2.0, default=1.0),
     "pred_top_k": Choice("predict", "int", lo=0, hi=BIG, default=50),

@@ -48,12 +48,14 @@ def test_residual_matches_recording(loaded):
     np.testing.assert_allclose(decode(contrib[0]["y"]), attn.mean(1), rtol=1e-5)
     np.testing.assert_allclose(decode(contrib[2]["y"]), attn[:, 2], rtol=1e-5)
 
-    lens = fig_with(at, "Logit lens")["data"][0]
-    assert len(lens["text"]) == n and len(lens["text"][-1]) == len(ids)
-    real = rec.logits[0].argmax(-1)
     from app.context import display_piece
+    from app.panels.residual import LENS_POS
+    lens = fig_with(at, "Logit lens")["data"][0]
+    shown = min(len(ids), LENS_POS)  # the last positions
+    assert len(lens["text"]) == n and len(lens["text"][-1]) == shown
+    real = rec.logits[0, -shown:].argmax(-1)
     assert lens["text"][-1] == [display_piece(loaded.tokenizer.piece(int(i))) for i in real]
-    np.testing.assert_allclose(decode(lens["z"])[-1], torch.softmax(rec.logits[0], -1).max(-1).values.numpy(),
+    np.testing.assert_allclose(decode(lens["z"])[-1], torch.softmax(rec.logits[0, -shown:], -1).max(-1).values.numpy(),
                                rtol=1e-4)
 
     at = run_app(view="predict", prompt=PROMPT, layer=3, token=2)
@@ -200,7 +202,7 @@ def test_candidate_label_names_fragments():
 
 
 def test_lens_window_shows_the_last_positions_and_widens_on_request(loaded):
-    """A prompt longer than the default window: the last 16 positions, then 24 when asked, each cell the top token
+    """A prompt longer than the default window: the last LENS_POS positions, then 24 when asked, each cell the top token
     and probability of final norm + unembedding applied here to the recorded resid_post (on a screen wide enough to
     show 24 cells with their text: test_app_layout.py shows a narrower one's window)."""
     from app.screen import Screen

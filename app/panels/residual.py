@@ -18,9 +18,11 @@ from app.sections import section
 from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 
-# The logit lens costs layers × positions × d_model × vocab multiply-adds (SmolLM2 at 40 positions: 68 GFLOP, several
-# times its whole recording), and a cell must stay wide enough for its text: the last LENS_POS positions by
-# default, up to LENS_MAX_POS on request (only the added positions run: gateway.logit_lens).
+# The logit lens costs 2 × layers × positions × d_model × vocab floating-point operations (SmolLM2: 1.7 GFLOP per
+# position, ~25 ms of one core, more than its whole recording of a short prompt), and a cell must stay wide enough
+# for its text: the last LENS_POS positions by default (where a prompt's answer forms; a class's server on one core
+# pays ~0.2 s per new prompt for them), up to LENS_MAX_POS on request (only the added positions run:
+# gateway.logit_lens).
 LENS_POS, LENS_MAX_POS = VC.CHOICES["lens_positions"].default, VC.CHOICES["lens_positions"].hi
 
 
