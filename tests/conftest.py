@@ -475,14 +475,6 @@ def machine_lines() -> list[str]:
     return _MACHINE
 
 
-# Test files whose tests share nothing dear (no module fixture starts a server or loads a model): under `make test`
-# each of their tests may go to another worker. Every other file stays in one worker (its module fixtures).
-SPREAD_FILES = {"test_kernel_matrix.py"}
-# `make test` hands out work in the order of the collection (--dist loadgroup --no-loadscope-reorder), and a worker
-# that takes a long file last keeps the others waiting: the longest kinds go first.
-LONG_FIRST = ("browser", "slow", "app", "real")
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not isinstance(item, pytest.Function):
@@ -492,19 +484,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if _APP.search(_source(item.module)):
             item.add_marker(pytest.mark.app)
-        if item.path.name not in SPREAD_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-    items[:] = _long_first(items)
-
-
-def _long_first(items: list) -> list:
-    """Files ordered by the longest kind of test they hold (LONG_FIRST, then the rest); tests within a file, and
-    files of one kind, keep the collection's order."""
-    def kind(item) -> int:
-        return min((LONG_FIRST.index(m.name) for m in item.iter_markers() if m.name in LONG_FIRST),
-                   default=len(LONG_FIRST))
-    rank: dict = {}
-    for item in items:
-        rank[item.path] = min(rank.get(item.path, len(LONG_FIRST)), kind(item))
-    order = {item.path: i for i, item in reversed(list(enumerate(items)))}
-    return sorted(items, key=lambda item: (rank[item.path], order[item.path]))
