@@ -11,6 +11,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOM_DB_ENV = "LLAMA_EXPLORER_ROOM_DB"  # set by `serve --share`
@@ -29,48 +30,59 @@ def runtime_dir(port: int) -> Path:
 
 
 class Room:
+    """One connection per process, shared by its threads under a lock: Streamlit runs every page run in a thread of
+    its own, so a connection per thread would be opened again (file, WAL, schema) at every run of every page. Each
+    use is one short statement or, for `publish`, one short transaction; a reader sees every commit made before
+    its statement (autocommit: each statement is its own read transaction)."""
+
     def __init__(self, path: str | Path):
         self.path = str(path)
-        self._local = threading.local()  # one connection per thread (Streamlit runs each session in its own)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
 
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=5, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(SCHEMA)
-            self._local.db = db
-        return db
+    @contextmanager
+    def _db(self):
+        with self._lock:
+            if self._conn is None or self._pid != os.getpid():  # (a forked child opens its own)
+                db = sqlite3.connect(self.path, timeout=5, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute(SCHEMA)
+                self._conn, self._pid = db, os.getpid()
+            yield self._conn
 
     def version(self) -> int:
-        row = self._db().execute("SELECT version FROM room WHERE id = 1").fetchone()
+        with self._db() as db:
+            row = db.execute("SELECT version FROM room WHERE id = 1").fetchone()
         return row[0] if row else 0
 
     def current(self) -> dict | None:
-        row = self._db().execute("SELECT version, lecture, name, step FROM room WHERE id = 1").fetchone()
+        with self._db() as db:
+            row = db.execute("SELECT version, lecture, name, step FROM room WHERE id = 1").fetchone()
         return None if row is None else {"version": row[0], "lecture": row[1], "name": row[2], "step": row[3]}
 
     def publish(self, lecture: str, name: str, step: int) -> int:
         """Set the room's lecture and step; the version grows only when something changed. Returns the version."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            row = db.execute("SELECT version, lecture, name, step FROM room WHERE id = 1").fetchone()
-            if row is None:
-                db.execute("INSERT INTO room VALUES (1, 1, ?, ?, ?)", (lecture, name, step))
-                version = 1
-            elif (row[1], row[2], row[3]) != (lecture, name, step):
-                version = row[0] + 1
-                db.execute("UPDATE room SET version = ?, lecture = ?, name = ?, step = ? WHERE id = 1",
-                           (version, lecture, name, step))
-            else:
-                version = row[0]
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return version
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT version, lecture, name, step FROM room WHERE id = 1").fetchone()
+                if row is None:
+                    db.execute("INSERT INTO room VALUES (1, 1, ?, ?, ?)", (lecture, name, step))
+                    version = 1
+                elif (row[1], row[2], row[3]) != (lecture, name, step):
+                    version = row[0] + 1
+                    db.execute("UPDATE room SET version = ?, lecture = ?, name = ?, step = ? WHERE id = 1",
+                               (version, lecture, name, step))
+                else:
+                    version = row[0]
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            return version
 
     def clear(self) -> None:
-        self._db().execute("DELETE FROM room")
+        with self._db() as db:
+            db.execute("DELETE FROM room")

@@ -28,6 +28,29 @@ def test_the_store_is_shared_between_processes_in_wal_mode_and_survives_a_restar
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_the_threads_of_a_process_share_one_connection_that_sees_every_commit(tmp_path, monkeypatch):
+    """Every page run is a thread of its own: they read through one connection, opened once, and each read sees
+    what another process (here another Room) committed before it."""
+    import threading
+
+    opened, connect = [], sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: opened.append(a) or connect(*a, **k))
+    path = tmp_path / "room.sqlite3"
+    reader, writer = Room(path), Room(path)
+    writer.publish("lecture text", "tutorial-000", 1)
+    seen: list = []
+    for step in (2, 3):
+        writer.publish("lecture text", "tutorial-000", step)
+        threads = [threading.Thread(target=lambda: seen.append((reader.version(), reader.current()["step"])))
+                   for _ in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(5)
+    assert seen == [(2, 2)] * 8 + [(3, 3)] * 8
+    assert len(opened) == 2  # the reader's one connection and the writer's
+
+
 @pytest.fixture
 def shared_room(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
