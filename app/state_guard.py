@@ -44,8 +44,7 @@ def check_state(choices: dict[str, tuple]) -> list[str]:
     """Drop (or correct) every value of st.session_state the page cannot use; the keys dropped."""
     ss, dropped = st.session_state, []
     allowed = {**CHOICES, **choices}
-    for key in list(ss.keys()):
-        value = ss[key]
+    for key, value in ss.to_dict().items():  # one pass over Streamlit's state (each read of ss[key] is another)
         bad = False
         if key in allowed:
             bad = value not in allowed[key]
@@ -120,14 +119,15 @@ def run_starts() -> None:
     ss[RUN_OPEN] = True  # from here on, every value the page sets is noted (the ones below too)
     for key in set_by_callbacks.intersection(SET_BY_THE_PAGE):  # set before this run began
         _note_page_value(state, key, ss[key])
+    values = ss.to_dict()  # one pass over Streamlit's state, not a lookup per key
     for key in SET_BY_THE_PAGE:
-        if key not in ss:
+        if key not in values:
             continue
         missed = took_none and key in reported and key not in set_by_callbacks
-        if missed and ss[key] != pending[key][0]:
+        if missed and values[key] != pending[key][0]:
             ss[key] = pending[key][0]
         elif cut_short or sent is not None and key not in sent:
-            ss[key] = ss[key]
+            ss[key] = values[key]
 
 
 def _note_page_value(state, key: str, value) -> None:
