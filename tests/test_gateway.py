@@ -246,6 +246,44 @@ def test_a_served_process_prepares_the_lab_twins_once_in_the_background(monkeypa
     assert textbook_table.cache_info().hits == before + 1  # the default model's: ready before anyone asks
 
 
+def test_the_lens_runs_beside_a_forward_pass_which_does_not_see_it(monkeypatch):
+    """A view switch to the residual stream does not wait for the forward passes queued ahead of it: the lens runs
+    while another thread holds the forward lock with a hook on the final norm attached (a recording or a what-if
+    run in progress), and that hook does not fire for the lens, nor change it."""
+    from app.gateway.state import _FORWARD
+    fresh_cache(monkeypatch, 4096)
+    source = gateway.DEFAULT_SOURCE
+    ids, _ = gateway.encode_prompt(source, PROMPT, 64)
+    gateway.recording(source, ids)
+    model, fired = gateway._model(source).model, []
+    holding, done = threading.Event(), threading.Event()
+
+    def forward_in_progress():
+        with _FORWARD, model.hooks([("ln_final.hook_scale", lambda x, hp: fired.append(x) or torch.ones_like(x))]):
+            holding.set()
+            done.wait(600)  # set once the lens is done or given up on
+    other = threading.Thread(target=forward_in_progress)
+    other.start()
+    lens: dict = {}
+    asker = threading.Thread(target=lambda: lens.setdefault("value", gateway.logit_lens(source, ids)))
+    try:
+        assert holding.wait(30)
+        asker.start()
+        asker.join(120)  # the lock is held until the lens is done: behind it, the lens would never be
+        finished = not asker.is_alive()
+    finally:
+        done.set()
+        other.join(30)
+        asker.join(30)
+    assert finished and fired == []
+    top, prob = lens["value"]
+    resid = torch.stack([gateway.recording(source, ids)[f"blocks.{l}.hook_resid_post"][0]
+                         for l in range(model.cfg.n_layers)])
+    expected = torch.softmax(model.unembed(model.ln_final(resid)), -1).max(-1)
+    assert np.array_equal(top, expected.indices.numpy())
+    np.testing.assert_allclose(prob, expected.values.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(monkeypatch):
     fresh_cache(monkeypatch, 4096)
     source = gateway.DEFAULT_SOURCE

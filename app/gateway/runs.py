@@ -1,9 +1,12 @@
 """Part of the gateway (app/gateway/__init__.py re-exports it): every run of a model a page can ask for, each checked
-(gateway_costs.admit) before it waits for the forward lock and cached in the one result cache: a prompt's
+(gateway_costs.admit) before it waits for the forward lock (the logit lens: for its own) and cached in the one
+result cache: a prompt's
 recording (or one step after a cached one), a continuation, the logit lens, a what-if run and its KL, a head sweep,
 the lab twins' recordings, view data derived from a recording, and one layer's weight matrices.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import torch
@@ -130,6 +133,13 @@ class RecordingRef:
 
 
 # --------------------------------------------------------------------------- analyses that run the model
+# The logit lens runs beside forward passes, not behind them in the forward lock's queue: a view switch to the
+# residual stream, a fraction of a second of work, otherwise waited for every new prompt's recording asked for
+# before it. One lens at a time (its logits are layers × positions × vocab floats). Hook points fire only in the
+# thread that attached their hooks, so a recording or a what-if run meanwhile neither sees the lens nor changes it.
+_LENS = threading.Lock()
+
+
 def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Top token id and its probability after each layer (final norm + unembedding) at positions start…."""
     ids = tuple(ids)
@@ -146,14 +156,15 @@ def logit_lens(source: str, ids, start: int = 0) -> tuple[np.ndarray, np.ndarray
         first = n - 1 if left else int(start)
         last = n - right[0].shape[1] if right else n
         resid = rec.stack("hook_resid_post")[:, 0, first:last]  # [layer, pos, d_model]
-        arg, prob = M.lens_top(_model(source).model, resid)  # [layer, pos] each
+        with LANE.released(), SWITCHES.during(), _LENS:  # other pages draw meanwhile
+            arg, prob = M.lens_top(_model(source).model, resid)  # [layer, pos] each
         _forward()
         parts = [p for p in (left, (arg.numpy(), prob.numpy()), right) if p is not None]
         return np.concatenate([p[0] for p in parts], 1), np.concatenate([p[1] for p in parts], 1)
     key, cfg = ("lens", _ident(source), ids, int(start)), _model(source).cfg
     _admit_unless_cached(key, source, pass_seconds(source, 0, 2.0 * cfg.n_layers * max(1, len(ids) - int(start))
                                                    * cfg.vocab_size * cfg.d_model))
-    return result_cache().get(key, run, _FORWARD)
+    return result_cache().get(key, run, FLIGHTS.one(key))
 
 
 def lens_cached(source: str, ids, start: int = 0) -> bool:
