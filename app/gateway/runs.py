@@ -1,8 +1,8 @@
 """Part of the gateway (app/gateway/__init__.py re-exports it): every run of a model a page can ask for, each checked
 (gateway_costs.admit) before it waits for the forward lock (the logit lens: for its own) and cached in the one
-result cache: a prompt's
-recording (or one step after a cached one), a continuation, the logit lens, a what-if run and its KL, a head sweep,
-the lab twins' recordings, view data derived from a recording, and one layer's weight matrices.
+result cache: a prompt's recording (or one step after a cached one), a continuation, the logit lens, a what-if run
+and its KL, a head sweep, the lab twins' recordings, view data derived from a recording, and one layer's weight
+matrices.
 """
 from __future__ import annotations
 

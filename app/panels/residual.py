@@ -19,7 +19,7 @@ from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 
 # The logit lens costs 2 × layers × positions × d_model × vocab floating-point operations (SmolLM2: 1.7 GFLOP per
-# position, ~25 ms of one core, more than its whole recording of a short prompt), and a cell must stay wide enough
+# position, ~25 ms of one core, about what recording six tokens costs), and a cell must stay wide enough
 # for its text: the last LENS_POS positions by default (where a prompt's answer forms; a class's server on one core
 # pays ~0.2 s per new prompt for them), up to LENS_MAX_POS on request (only the added positions run:
 # gateway.logit_lens).
