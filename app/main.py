@@ -160,8 +160,12 @@ def main(places: controls.Places, lecture_slot) -> None:
                       screen=screen.current(), extras=extras)
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     try:
-        if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
-            draw(ctx)
+        # a following student's page: the view down to the step's part (sections.down_to), not when comparing
+        with sections.down_to(view, room_follow.part_only() and cmp_spec is None):
+            if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
+                draw(ctx)
+    except sections.Rest:
+        room_follow.rest_button()
     except (gateway.RunRefused, gateway.LabBusy) as e:  # a run this server cannot give now: memory, time, queue
         st.error(error_text(e, ctx.lang))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback

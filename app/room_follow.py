@@ -5,9 +5,10 @@ own" ("back to the lecture" rejoins at the current step).
 The key is checked here, on the server, against the one the server was started with: a follower's page never
 writes the room, whatever its URL or messages say. The room's state is explorer_model/room.py (SQLite, shared by the
 server's processes); the server reruns a following page when it changes (app/room_push.py). Session state:
-room_presenter (the key matched), room_following, room_detached, room_seen (the room version this page shows,
-once a run that took it drew its view), _room_taking (the version this run took), _room_url (the URL the last
-drawn run gave the page), _room_sent (what the presenter last wrote).
+room_presenter (the key matched), room_following, room_detached, room_whole (the visitor asked for whole views
+while following), room_seen (the room version this page shows, once a run that took it drew its view),
+_room_taking (the version this run took), _room_url (the URL the last drawn run gave the page), _room_sent (what
+the presenter last wrote).
 
 The browser holds a page's widget values: a run it asks for carries them, with its URL. A run the server asks for
 (a step) can cross one the browser asked for before that step reached it (the catch-up's, a reconnecting page's),
@@ -165,6 +166,23 @@ def _pushed_with(r: Room, url: dict | None) -> None:
         room_push.watcher(r).follow(ctx.session_id, urlencode(url))
 
 
+def part_only() -> bool:
+    """Whether this page draws its view only down to the step's part (app/sections.py's down_to): while it
+    follows, until its visitor asks for whole views."""
+    ss = st.session_state
+    return bool(ss.get("room_following")) and not ss.get("room_whole")
+
+
+def _whole(on: bool) -> None:
+    st.session_state["room_whole"] = on
+
+
+def rest_button() -> None:
+    """Under a view drawn down to the step's part: what is left out, and the button that shows whole views."""
+    st.caption(P.tr("room.part_only"))
+    st.button(P.tr("room.show_rest"), key="room_rest", on_click=_whole, args=(True,))
+
+
 def controls() -> None:
     """In the main area, under the player: what this page is in the room, and the way out or back."""
     r, ss = room(), st.session_state
@@ -176,6 +194,8 @@ def controls() -> None:
         c1, c2 = st.columns([3, 1], vertical_alignment="center")
         c1.caption(P.tr("room.following"))
         c2.button(P.tr("room.detach"), key="room_detach", on_click=_detach, use_container_width=True)
+        if ss.get("room_whole"):  # the way back to each step's part only
+            st.button(P.tr("room.part_views"), key="room_part", on_click=_whole, args=(False,))
     elif ss.get("room_detached") and r.version():
         st.button(P.tr("room.rejoin"), key="room_rejoin", on_click=_rejoin)
     _listen(r, bool(ss.get("room_following")) and not is_presenter())

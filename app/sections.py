@@ -9,11 +9,16 @@ screen: what is above it, such as a lecture's caption, stays in view when there 
 figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
 page run that only redraws never scrolls.
 
+A page can be drawn only down to its part (`down_to`): a following student's page in a room is, since the step's
+part is what the class looks at, and every part below it would cost the server and the student's phone at every
+step. `section` then ends the view's drawing at the next part by raising Rest.
+
 State (st.session_state): section  the part the link names (app/url_state.py writes it while it is the view's);
-_landing  the number of the latest request.
+_landing  the number of the latest request; _down_to  (view, part) while a run draws only down to that part.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 
 import streamlit as st
@@ -41,7 +46,27 @@ def section(view: str, key: str):
     """The container one part of a view is drawn in (`with sections.section("residual", "lens"): …`)."""
     if key not in SECTIONS[view]:
         raise KeyError(f"{view} has no section {key!r}")
+    last = st.session_state.get("_down_to")
+    if last and last[0] == view and SECTIONS[view].index(key) > SECTIONS[view].index(last[1]):
+        raise Rest(view)
     return st.container(key=css_key(view, key))
+
+
+class Rest(Exception):
+    """The parts of a view below the one a page is drawn down to (`down_to`) are left out."""
+
+
+@contextlib.contextmanager
+def down_to(view: str, on: bool):
+    """While `on`, `view` is drawn only down to its current part (its first, the main figure, when none is named):
+    the next part's `section` raises Rest, which the caller catches after this block."""
+    ss = st.session_state
+    if on:
+        ss["_down_to"] = (view, current(view) or SECTIONS[view][0])
+    try:
+        yield
+    finally:
+        ss.pop("_down_to", None)
 
 
 def valid(view: str | None, key) -> bool:

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from apptest_util import edit_box, run_app
+from apptest_util import all_text, edit_box, figures, run_app
 
+from app.i18n import t
 from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
 
 
@@ -204,3 +205,29 @@ def test_a_run_the_browser_asked_for_before_the_step_reached_it_takes_the_step_a
     shown = {k: student.session_state[k] for k in ("view", "layer", "head")}
     assert shown == {k: presenter.session_state[k] for k in ("view", "layer", "head")}
     assert dict(student.query_params)["view"] == shown["view"]  # and the URL it then writes is the step's
+
+
+def figure_ids(at) -> list[str]:
+    return [(f["layout"].get("meta") or {}).get("id") for f in figures(at)]
+
+
+def test_a_following_page_draws_the_view_down_to_the_step_s_part_until_asked_for_whole_views(shared_room):
+    """Step 10 of tutorial-000 is about the attention view's first part (one head's map): a follower's page draws
+    that part, not the head grid or the overview below it, and says so; "whole views" draws every part and stays
+    on at the next step, and "only each step's part" goes back. The presenter's page draws the whole view."""
+    presenter = run_app(lecture="tutorial-000", step=10, room_key="the-secret-key")
+    assert presenter.session_state["view"] == "attention"
+    assert {"attn_head", "attn_grid", "attn_entropy"} <= set(figure_ids(presenter))
+    student = run_app()
+    assert student.session_state["room_following"] and student.session_state["view"] == "attention"
+    assert figure_ids(student) == ["attn_head"]
+    assert t("room.part_only", "en") in all_text(student)
+    student.button(key="room_rest").click().run()
+    assert figure_ids(student) == figure_ids(presenter) and student.session_state["room_following"]
+    assert [b.key for b in student.button if b.key == "room_rest"] == []
+    presenter.button(key="lecture_next").click().run()  # step 11: What-if
+    student.run()
+    assert student.session_state["view"] == "whatif" and [b for b in student.button if b.key == "room_rest"] == []
+    student.button(key="room_part").click().run()
+    assert [b.key for b in student.button if b.key == "room_rest"] == ["room_rest"]
+    assert t("room.part_only", "en") in all_text(student)
