@@ -38,10 +38,10 @@ FOLLOW_TIMEOUT = 240  # seconds: a generous bound on a busy machine, not a speed
 # What a page shows: the player's counter and step title, the view selector's choice, the sidebar's prompt and
 # sliders (the sidebar is in the page even when folded away); `running` while a script run is in progress.
 SHOWN = """() => {
-    const text = sel => (document.querySelector(sel)?.innerText || '').trim();
+    const text = sel => (document.querySelector(sel)?.textContent || '').trim();
     const value = sel => document.querySelector(sel)?.value ?? null;
     const counter = [...document.querySelectorAll('[data-testid="stMain"] p')]
-        .map(p => p.innerText).find(t => /^Step \\d+ \\/ \\d+/.test(t)) || '';
+        .map(p => p.textContent).find(t => /^Step \\d+ \\/ \\d+/.test(t)) || '';
     return {counter: counter.split(' · ')[0], title: text('.st-key-lecture_bar h3'),
             view: text('.st-key-view [role="radio"][aria-checked="true"]'), prompt: value('.st-key-prompt textarea'),
             layer: value('.st-key-layer input[type="range"]'), head: value('.st-key-head input[type="range"]'),
