@@ -159,13 +159,13 @@ def main(places: controls.Places, lecture_slot) -> None:
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
                       screen=screen.current(), extras=extras)
     draw = next(v[-1] for v in VIEWS if v[0] == view)
+    part_only = room_follow.part_only() and cmp_spec is None  # a following page: the step's part alone
     try:
-        # a following student's page: the view down to the step's part (sections.down_to), not when comparing
-        with sections.down_to(view, room_follow.part_only() and cmp_spec is None):
+        with sections.only(view, part_only):
             if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
                 draw(ctx)
-    except sections.Rest:
-        room_follow.rest_button()
+    except sections.Rest:  # the parts below the step's
+        pass
     except (gateway.RunRefused, gateway.LabBusy) as e:  # a run this server cannot give now: memory, time, queue
         st.error(error_text(e, ctx.lang))
     except Exception as e:  # a broken view must not take the page down; the log keeps the traceback
@@ -173,6 +173,8 @@ def main(places: controls.Places, lecture_slot) -> None:
         st.error(tr("app.view_failed", error=plain(gateway.visitor_message(e, source))))
     finally:  # widgets and download buttons keep ctx for the whole session: let it hold only the cache key
         ctx.rec = gateway.RecordingRef(source, tuple(ids))
+    if part_only:
+        room_follow.rest_button()
     lecture_editor.note_state(url_state.write(side.url_ids(source, prompt, body), view))  # with the view's choices
     room_follow.step_drawn()
 

@@ -167,8 +167,8 @@ def _pushed_with(r: Room, url: dict | None) -> None:
 
 
 def part_only() -> bool:
-    """Whether this page draws its view only down to the step's part (app/sections.py's down_to): while it
-    follows, until its visitor asks for whole views."""
+    """Whether this page shows only the step's part of its view (app/sections.py's `only`): while it follows,
+    until its visitor asks for whole views."""
     ss = st.session_state
     return bool(ss.get("room_following")) and not ss.get("room_whole")
 
@@ -178,7 +178,7 @@ def _whole(on: bool) -> None:
 
 
 def rest_button() -> None:
-    """Under a view drawn down to the step's part: what is left out, and the button that shows whole views."""
+    """Under the step's part of a view: what is left out, and the button that shows whole views."""
     st.caption(P.tr("room.part_only"))
     st.button(P.tr("room.show_rest"), key="room_rest", on_click=_whole, args=(True,))
 

@@ -9,12 +9,12 @@ screen: what is above it, such as a lecture's caption, stays in view when there 
 figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
 page run that only redraws never scrolls.
 
-A page can be drawn only down to its part (`down_to`): a following student's page in a room is, since the step's
-part is what the class looks at, and every part below it would cost the server and the student's phone at every
-step. `section` then ends the view's drawing at the next part by raising Rest.
+A page can show one part of its view alone (`only`): a following student's page in a room does, since the step's
+part is what the class looks at, and every other part would be drawn again by the server and by each student's
+phone at every step.
 
 State (st.session_state): section  the part the link names (app/url_state.py writes it while it is the view's);
-_landing  the number of the latest request; _down_to  (view, part) while a run draws only down to that part.
+_landing  the number of the latest request; _only  (view, part) while a run shows that part alone.
 """
 from __future__ import annotations
 
@@ -46,27 +46,47 @@ def section(view: str, key: str):
     """The container one part of a view is drawn in (`with sections.section("residual", "lens"): …`)."""
     if key not in SECTIONS[view]:
         raise KeyError(f"{view} has no section {key!r}")
-    last = st.session_state.get("_down_to")
-    if last and last[0] == view and SECTIONS[view].index(key) > SECTIONS[view].index(last[1]):
+    shown = st.session_state.get("_only")
+    if shown and shown[0] == view and SECTIONS[view].index(key) > SECTIONS[view].index(shown[1]):
         raise Rest(view)
-    return st.container(key=css_key(view, key))
+    box = st.container(key=css_key(view, key))
+    return _unsent(box) if shown and shown[0] == view and key != shown[1] else box
 
 
 class Rest(Exception):
-    """The parts of a view below the one a page is drawn down to (`down_to`) are left out."""
+    """The parts of a view below the one a page shows alone (`only`) are left out."""
 
 
 @contextlib.contextmanager
-def down_to(view: str, on: bool):
-    """While `on`, `view` is drawn only down to its current part (its first, the main figure, when none is named):
-    the next part's `section` raises Rest, which the caller catches after this block."""
+def only(view: str, on: bool):
+    """While `on`, the page shows only `view`'s current part (its first, the main figure, when none is named): the
+    parts above it are worked out but not sent (their containers stay, empty), and the next part's `section` raises
+    Rest, which the caller catches after this block."""
     ss = st.session_state
     if on:
-        ss["_down_to"] = (view, current(view) or SECTIONS[view][0])
+        ss["_only"] = (view, current(view) or SECTIONS[view][0])
     try:
         yield
     finally:
-        ss.pop("_down_to", None)
+        ss.pop("_only", None)
+
+
+@contextlib.contextmanager
+def _unsent(box):
+    """Draw into `box` without sending what is drawn: the part's values and widgets are worked out as on any page
+    (later parts may use them), but the browser receives none of its elements. Streamlit hands every element to
+    the run context's `_enqueue` (its one way out to the session); only element deltas are held back, so the
+    container itself, already sent, keeps the page's element positions."""
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    send = ctx._enqueue
+    ctx._enqueue = lambda msg: None if msg.WhichOneof("type") == "delta" else send(msg)
+    try:
+        with box:
+            yield
+    finally:
+        ctx._enqueue = send
 
 
 def valid(view: str | None, key) -> bool:

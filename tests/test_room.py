@@ -211,17 +211,22 @@ def figure_ids(at) -> list[str]:
     return [(f["layout"].get("meta") or {}).get("id") for f in figures(at)]
 
 
-def test_a_following_page_draws_the_view_down_to_the_step_s_part_until_asked_for_whole_views(shared_room):
-    """Step 10 of tutorial-000 is about the attention view's first part (one head's map): a follower's page draws
-    that part, not the head grid or the overview below it, and says so; "whole views" draws every part and stays
-    on at the next step, and "only each step's part" goes back. The presenter's page draws the whole view."""
-    presenter = run_app(lecture="tutorial-000", step=10, room_key="the-secret-key")
+def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for_whole_views(shared_room):
+    """Step 8 of tutorial-000 is about the attention view's fifth part (the scale study), step 10 about its first (one
+    head's map): a follower's page shows that part's figures alone, not the parts above or below it, and says so.
+    "Show whole views" shows every part and stays on at the next step; "Only each step's part" goes back. The
+    presenter's page shows the whole view."""
+    presenter = run_app(lecture="tutorial-000", step=8, room_key="the-secret-key")
     assert presenter.session_state["view"] == "attention"
-    assert {"attn_head", "attn_grid", "attn_entropy"} <= set(figure_ids(presenter))
+    assert {"attn_head", "attn_grid", "attn_scale", "attn_entropy"} <= set(figure_ids(presenter))
     student = run_app()
     assert student.session_state["room_following"] and student.session_state["view"] == "attention"
-    assert figure_ids(student) == ["attn_head"]
+    assert figure_ids(student) == ["attn_scale"]
     assert t("room.part_only", "en") in all_text(student)
+    for _ in range(2):  # step 10 (step 9 is a lesson on another prompt)
+        presenter.button(key="lecture_next").click().run()
+    student.run()
+    assert step_of(student) == 9 and figure_ids(student) == ["attn_head"]
     student.button(key="room_rest").click().run()
     assert figure_ids(student) == figure_ids(presenter) and student.session_state["room_following"]
     assert [b.key for b in student.button if b.key == "room_rest"] == []
