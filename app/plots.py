@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import plotly.io
 import streamlit as st
 
-from app import gateway
+from app import gateway, sections
 
 from .context import ViewContext
 from .figure_layout import fit_figure
@@ -92,7 +92,9 @@ def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: i
     gateway's cache under what the function closes over and the sizes (app/gateway/figures.py), and a page run that
     asks for it again builds nothing. `into`: the container to draw in (an st.empty() slot redrawn as a run goes
     on); the page where it is called when None. chart_args go to st.plotly_chart (e.g. on_select); its return value
-    is returned."""
+    is returned; None in a part of the view that the page does not show (app/sections.py's `unsent`)."""
+    if sections.unsent():
+        return None
     width = ctx.screen.column(share)
     if callable(fig):
         done = gateway.figure(fig, lambda built: finish(built, ctx, height, width),
@@ -173,7 +175,10 @@ def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None 
     page sends is kept in the gateway's cache, named by the values (or by what the function closes over, as
     plots.show names a figure): a page run that asks for it again converts nothing, and given a function, builds
     nothing either.
-    labels: column -> the header shown; formats: column -> a printf format of its numbers ("%.6f")."""
+    labels: column -> the header shown; formats: column -> a printf format of its numbers ("%.6f"). Nothing in a
+    part of the view that the page does not show (app/sections.py's `unsent`)."""
+    if sections.unsent():
+        return
     labels, formats = labels or {}, formats or {}
     shown = gateway.table(data if callable(data) else (lambda: data),  # named by its values when given them
                           lambda built: arrow_table(built, ctx.presenter, labels, formats),
@@ -243,7 +248,10 @@ def csv_button(ctx: ViewContext, label: str, *args, key: str | None = None) -> N
     """csv_button(ctx, label, data, filename, key=…) with the label already translated (ctx.t("view.csv_x")).
     data: a CSV string or a zero-argument callable producing one (computed only on click; it must not read
     st.session_state, which does not exist outside a script run). The older form csv_button(ctx, label_en,
-    label_zh, data, filename, key) is still accepted while panels move to the catalogs."""
+    label_zh, data, filename, key) is still accepted while panels move to the catalogs. Nothing in a part of the
+    view that the page does not show (app/sections.py's `unsent`)."""
+    if sections.unsent():
+        return
     if len(args) >= 3:  # older form: the Chinese label comes second
         label, args = (args[0] if ctx.lang == "zh" else label), args[1:]
     data, filename, *rest = args

@@ -14,7 +14,8 @@ part is what the class looks at, and every other part would be drawn again by th
 phone at every step.
 
 State (st.session_state): section  the part the link names (app/url_state.py writes it while it is the view's);
-_landing  the number of the latest request; _only  (view, part) while a run shows that part alone.
+_landing  the number of the latest request; _only  (view, part) while a run shows that part alone; _unsent  while
+it draws a part above that one.
 """
 from __future__ import annotations
 
@@ -79,14 +80,22 @@ def _unsent(box):
     container itself, already sent, keeps the page's element positions."""
     from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
 
-    ctx = get_script_run_ctx()
+    ctx, ss = get_script_run_ctx(), st.session_state
     send = ctx._enqueue
     ctx._enqueue = lambda msg: None if msg.WhichOneof("type") == "delta" else send(msg)
+    ss["_unsent"] = True
     try:
         with box:
             yield
     finally:
         ctx._enqueue = send
+        ss.pop("_unsent", None)
+
+
+def unsent() -> bool:
+    """Whether what is drawn now goes nowhere (a part above the one the page shows alone): app/plots.py then builds
+    and converts no figure, table or CSV, the dearest elements of a part."""
+    return bool(st.session_state.get("_unsent"))
 
 
 def valid(view: str | None, key) -> bool:

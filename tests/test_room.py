@@ -211,17 +211,25 @@ def figure_ids(at) -> list[str]:
     return [(f["layout"].get("meta") or {}).get("id") for f in figures(at)]
 
 
-def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for_whole_views(shared_room):
+def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for_whole_views(shared_room,
+                                                                                               monkeypatch):
     """Step 8 of tutorial-000 is about the attention view's fifth part (the scale study), step 10 about its first (one
-    head's map): a follower's page shows that part's figures alone, not the parts above or below it, and says so.
-    "Show whole views" shows every part and stays on at the next step; "Only each step's part" goes back. The
+    head's map): a follower's page shows that part's figures alone, not the parts above or below it, builds no
+    figure for them (the projector's figures, in presenter mode, do not serve it), and says so. "Show
+    whole views" shows every part and stays on at the next step; "Only each step's part" goes back. The
     presenter's page shows the whole view."""
-    presenter = run_app(lecture="tutorial-000", step=8, room_key="the-secret-key")
+    from app import plots
+
+    presenter = run_app(lecture="tutorial-000", step=8, room_key="the-secret-key", presenter=1)
     assert presenter.session_state["view"] == "attention"
     assert {"attn_head", "attn_grid", "attn_scale", "attn_entropy"} <= set(figure_ids(presenter))
+    built, finish = [], plots.finish
+    monkeypatch.setattr(plots, "finish",  # handed the figure's spec (app/gateway/figures.py)
+                        lambda fig, *a, **k: built.append(fig["layout"]["meta"]["id"]) or finish(fig, *a, **k))
     student = run_app()
     assert student.session_state["room_following"] and student.session_state["view"] == "attention"
     assert figure_ids(student) == ["attn_scale"]
+    assert built == ["attn_scale"]
     assert t("room.part_only", "en") in all_text(student)
     for _ in range(2):  # step 10 (step 9 is a lesson on another prompt)
         presenter.button(key="lecture_next").click().run()
