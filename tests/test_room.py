@@ -218,12 +218,14 @@ def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for
     figure for them (the projector's figures, in presenter mode, do not serve it), and says so. "Show
     whole views" shows every part and stays on at the next step; "Only each step's part" goes back. The
     presenter's page shows the whole view."""
-    from app import plots
+    from app import gateway, plots
 
     presenter = run_app(lecture="tutorial-000", step=8, room_key="the-secret-key", presenter=1)
     assert presenter.session_state["view"] == "attention"
     assert {"attn_head", "attn_grid", "attn_scale", "attn_entropy"} <= set(figure_ids(presenter))
     built, finish = [], plots.finish
+    for kind in ("figure", "figure_spec"):  # none from an earlier test of this process either
+        gateway.result_cache().discard(kind)
     monkeypatch.setattr(plots, "finish",  # handed the figure's spec (app/gateway/figures.py)
                         lambda fig, *a, **k: built.append(fig["layout"]["meta"]["id"]) or finish(fig, *a, **k))
     student = run_app()
