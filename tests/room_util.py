@@ -22,7 +22,7 @@ from unittest import mock
 
 import pytest
 
-from browser_util import ROOT, free_port, new_page, open_app, query, wait_idle
+from browser_util import ROOT, free_port, new_page, open_app, query, settle_figures, wait_idle
 from explorer_model.cli.room_load import presenter_key
 from explorer_model.cli.visitor import Visitor
 from explorer_model.room import Room, runtime_dir
@@ -287,6 +287,19 @@ def keys_do_not_move_the_room(page, followers, server: SharedServer, now: dict) 
         page.keyboard.press(key)
     follow(now, followers, 0)
     assert server.room.current() == before
+
+
+def shows_whole_views(page, now: dict) -> None:
+    """A following page shows the step's part of its view alone; "Show whole views" shows every part, and the page
+    still shows the room's step."""
+    charts = page.locator('[data-testid="stMain"] .js-plotly-plot')
+    alone = charts.count()
+    page.locator(".st-key-room_rest button").click()
+    wait_idle(page)
+    settle_figures(page)
+    assert charts.count() > alone >= 1, (alone, charts.count())
+    assert page.locator(".st-key-room_rest").count() == 0 and page.locator(".st-key-room_part button").count() == 1
+    assert {k: v for k, v in state(page).items() if k != "shown_running"} == now
 
 
 def cannot_move_the_room(presenter, followers, server: SharedServer, now: dict) -> dict:
