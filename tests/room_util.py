@@ -232,11 +232,12 @@ def room_page(browser, width: int, height: int, **extra):
     return pg
 
 
-def open_room(browser, server: SharedServer, step: int = 1):
+def open_room(browser, server: SharedServer, step: int = 1, followers: int = len(FOLLOWERS)):
+    """The presenter's page and the first `followers` of FOLLOWERS, each with the room open."""
     presenter = room_page(browser, 1280, 720)
     open_app(presenter, server.url, lecture=LECTURE, step=step, room_key=server.key, presenter=1)
     assert "room_key" not in query(presenter)  # the key leaves the address bar
-    followers = [room_page(browser, w, h, **extra) for w, h, extra in FOLLOWERS]
+    followers = [room_page(browser, w, h, **extra) for w, h, extra in FOLLOWERS[:followers]]
     for pg in followers:
         open_app(pg, server.url)
         assert pg.locator(".st-key-lecture_next button").count() == 0  # no way to move the room
