@@ -6,7 +6,8 @@ Per visitor: open the page, then for each of its prompts (all different, 10-60 t
 switch view, layer, head, view, layer, with a random pause ("think time") between actions.
 An error is an exception element or an st.error on the page, a run that did not finish successfully, a
 page whose URL state disagrees with what was asked, a dropped connection, or no answer within --timeout.
-The server's memory is the RSS of its process tree, read from /proc every 0.2 s; it must stay under
+The server's memory is its process tree's, a mapped file's pages counted once (explorer_model/cli/loadtest.py's
+memory_kb), read from /proc every 0.2 s; it must stay under
 model weights + the recording-cache bound (--cache-mb) + a fixed overhead (--overhead-mb, see OVERHEAD_MB).
 
 Determinism is checked apart from the server: the same prompt recorded in several threads at once (plain
@@ -53,7 +54,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from load_determinism import determinism  # noqa: E402
 from explorer_model.cli.loadtest import (ACTIONS, BACKENDS, CpuMeter, MemorySampler, Visitor,  # noqa: E402
-                                     app_torch_threads, free_port, outcomes, percentile, quiet_visitor_cpu, rss_kb,
+                                     app_torch_threads, free_port, outcomes, percentile, quiet_visitor_cpu, memory_kb,
                                      run_visitors, start_server, stop_server, tree_pids, wait_healthy)
 from explorer_model.cli import room_load  # noqa: E402
 
@@ -99,7 +100,7 @@ def run(args) -> dict:
         if args.processes > 1:
             report["processes"] = {"count": args.processes, "balancer": "haproxy"}
         report["server_torch_threads"] = app_torch_threads(proc.pid)  # per app process, from its environment
-        report["rss_idle_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
+        report["memory_idle_mb"] = round(memory_kb(tree_pids(proc.pid))["total"] / 1024)
 
         async def warm_up() -> float:  # the teacher opens the page first: each process loads its model once
             pages = [Visitor(port, args.timeout, sticky=args.processes > 1) for _ in range(args.processes)]
@@ -115,7 +116,7 @@ def run(args) -> dict:
             return slowest
 
         report["first_page_s"] = round(asyncio.run(warm_up()), 2)
-        report["rss_after_first_page_mb"] = round(rss_kb(tree_pids(proc.pid))["VmRSS"] / 1024)
+        report["memory_after_first_page_mb"] = round(memory_kb(tree_pids(proc.pid))["total"] / 1024)
         deadline = t_start + args.max_seconds - 60  # leave a minute to finish the runs in progress
         meter = CpuMeter(proc.pid)
         t0, cpu0 = time.monotonic(), meter.read()
@@ -172,15 +173,15 @@ def run(args) -> dict:
     report["server_log_tracebacks"] = tracebacks
     bound = args.processes * (model_mb + cache_mb + args.overhead_mb)  # each process its own model and cache
     peak = sampler.peak
-    report["memory_mb"] = {"peak_rss": round(peak["VmRSS"] / 1024), "peak_rss_anon": round(peak["RssAnon"] / 1024),
-                           "peak_rss_file": round(peak["RssFile"] / 1024), "samples": sampler.samples,
-                           "p50_rss": round(percentile(sampler.history, 50) / 1024) if sampler.history else 0,
-                           "p95_rss": round(percentile(sampler.history, 95) / 1024) if sampler.history else 0,
+    report["memory_mb"] = {"peak": round(peak["total"] / 1024), "peak_anon": round(peak["anon"] / 1024),
+                           "peak_file": round(peak["file"] / 1024), "samples": sampler.samples,
+                           "p50": round(percentile(sampler.history, 50) / 1024) if sampler.history else 0,
+                           "p95": round(percentile(sampler.history, 95) / 1024) if sampler.history else 0,
                            "model": round(model_mb), "cache_bound": cache_mb, "overhead": args.overhead_mb,
                            "processes": args.processes,
                            "bound": round(bound)}
     report["total_seconds"] = round(time.monotonic() - t_start, 1)
-    report["ok"] = (not errors and not tracebacks and peak["VmRSS"] / 1024 < bound
+    report["ok"] = (not errors and not tracebacks and peak["total"] / 1024 < bound
                     and report.get("determinism", {"identical": True})["identical"])
     if report["ok"]:  # keep the server's log only when something went wrong
         shutil.rmtree(tmp, ignore_errors=True)

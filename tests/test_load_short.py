@@ -137,7 +137,7 @@ def test_five_visitors_no_errors_memory_bounded(bench):
     assert answers["adv_download refused"] == 2, answers  # a long prompt's .npz is over this server's 128 MB cap
     assert set(report["adversaries"]["latency_s"]) == {"adv_long_whatif", "adv_huge_b", "adv_lab_flood"}
     mem = report["memory_mb"]
-    assert 0 < mem["peak_rss"] < mem["bound"], mem
+    assert 0 < mem["peak"] < mem["bound"], mem
     assert set(report["latency_s"]) >= {"open", "new_prompt", "switch_view", "switch_layer", "switch_head"}
 
 

@@ -136,7 +136,7 @@ def run_check(students: int = 30, pace: float = 10.0, duration: float = 60.0, mo
         L.stop_server(proc)
         log = (tmp / "server.log").read_text(errors="replace") if (tmp / "server.log").exists() else ""
         shutil.rmtree(tmp, ignore_errors=True)
-    report.update(verdict(times, cpu_s, load_s, students, sampler.peak["VmRSS"] / 1024,
+    report.update(verdict(times, cpu_s, load_s, students, sampler.peak["total"] / 1024,
                           len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
     report["errors"] = len(errors)
     report["error_examples"] = errors[:5]

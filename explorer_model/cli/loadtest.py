@@ -192,18 +192,24 @@ def app_torch_threads(root: int) -> list[int]:
     return sorted(out)
 
 
-def rss_kb(pids: list[int]) -> dict[str, int]:
-    total = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+def memory_kb(pids: list[int]) -> dict[str, int]:
+    """The memory a server's processes hold (kB): their private pages (RssAnon and RssShmem, summed) and the pages
+    of files they map (RssFile) counted once, as the largest process's. A server and its lab worker map the same
+    libraries, and the server's processes the same memory-mapped weight cache: a sum of their RSS counted those
+    pages once per process, and so depended on whether the worker happened to be running. (Proportional set sizes
+    would not: they also share a page with any process outside the group that maps it, such as a client that
+    loaded the same weights.)"""
+    anon, file = 0, 0
     for p in pids:
         try:
             with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    k, _, v = line.partition(":")
-                    if k in total:
-                        total[k] += int(v.split()[0])
-        except OSError:
-            pass
-    return total
+                fields = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f)
+                          if k in ("RssAnon", "RssFile", "RssShmem")}
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+        anon += fields.get("RssAnon", 0) + fields.get("RssShmem", 0)
+        file = max(file, fields.get("RssFile", 0))
+    return {"total": anon + file, "anon": anon, "file": file}
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -238,24 +244,24 @@ class CpuMeter:
 
 
 class MemorySampler(threading.Thread):
-    """Peak RSS of a process tree, sampled from /proc."""
+    """The peak memory (memory_kb) of process trees, sampled from /proc."""
 
     def __init__(self, pids: list[int], every: float = 0.2):
         super().__init__(daemon=True)
         self.pids, self.every, self.samples = list(pids), every, 0
         self.cpu = [CpuMeter(p) for p in self.pids]  # read at each sample, so short-lived processes are counted
-        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+        self.peak = {"total": 0, "anon": 0, "file": 0}
         self.last = dict(self.peak)
-        self.history: list[int] = []  # VmRSS of every sample, kB
+        self.history: list[int] = []  # the total of every sample, kB
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
-            self.last = rss_kb([p for root in self.pids for p in tree_pids(root)])
+            self.last = memory_kb([p for root in self.pids for p in tree_pids(root)])
             self.cpu_seconds()
             self.samples += 1
-            self.history.append(self.last["VmRSS"])
-            if self.last["VmRSS"] > self.peak["VmRSS"]:
+            self.history.append(self.last["total"])
+            if self.last["total"] > self.peak["total"]:
                 self.peak = self.last
             self._halt.wait(self.every)
 
