@@ -104,3 +104,26 @@ def test_a_machine_too_slow_for_the_targets_is_told_so():
     one = C.verdict(times, cpu_s=80.0, load_s=100.0, students=30, peak_rss_mb=3000, cores=1)
     text = C.answer({**one, "students": 30, "pace_s": 10.0, "errors": 0, "error_examples": []}, "en")
     assert "1.6 s" in text and "not needed" not in text
+
+
+def test_memory_counts_a_mapped_file_once_for_a_group_of_processes(tmp_path):
+    """Two processes mapping one 64 MB file hold its pages once; their private pages add up."""
+    data = tmp_path / "weights.bin"
+    data.write_bytes(os.urandom(64 * 2**20))
+    child = ("import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ);"
+             " sum(m[i] for i in range(0, len(m), 4096)); b = bytearray(32 * 2**20); b[::4096] = b'x' * len(b[::4096]);"
+             " print('ready', flush=True); time.sleep(60)")
+    procs = [subprocess.Popen([sys.executable, "-c", child, str(data)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ready", "ready"]
+        one, both = L.memory_kb([procs[0].pid]), L.memory_kb([p.pid for p in procs])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    mb = 1024
+    assert one["file"] >= 64 * mb and one["anon"] >= 32 * mb, one
+    assert abs(both["file"] - one["file"]) < 8 * mb, (one, both)  # the file's pages once, not twice
+    assert both["anon"] >= one["anon"] + 30 * mb, (one, both)  # each process's own pages
+    assert both["total"] == both["anon"] + both["file"]
