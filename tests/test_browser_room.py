@@ -1,6 +1,6 @@
 """A shared server's room in Chromium: the presenter (projector size, presenter mode) steps through a shipped lecture
-with the clicker's keys (→, PageDown, space), and after each step five followers (two at phone size) show the
-presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores on its own and
+with the clicker's keys (→, PageDown, space), and after each step three followers (a laptop, a phone and a large
+screen) show the presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores on its own and
 rejoins at the current step; the clicker's keys on a following page move nothing; a phone asks for whole views.
 The same room on two processes: test_browser_room_processes.py; what both use: room_util.py."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ def one_process(tmp_path_factory):
     server.stop()
 
 
-def test_five_followers_follow_the_steps_and_one_explores_and_rejoins(browser, one_process):
+def test_three_followers_follow_the_steps_and_one_explores_and_rejoins(browser, one_process):
     # From step 7: three Attention steps (their own heads and queries) and What-if, where a follower leaves to
     # explore; it rejoins on RoPE, where the next press went, and the clicker's keys on its page (which had the
     # player's key script while it explored) move nothing. The two-process test below walks earlier steps.

@@ -28,9 +28,7 @@ def two_processes(tmp_path_factory):
 def test_two_processes_followers_on_both_cannot_move_the_room_and_a_killed_backend_s_follow_again(browser,
                                                                                                   two_processes):
     server = two_processes
-    # Three followers: HAProxy gives each new page the process with fewer connections, so after the presenter's
-    # they land on both processes, two on the one without the presenter (the one killed below).
-    presenter, followers = open_room(browser, server, step=3, followers=3)
+    presenter, followers = open_room(browser, server, step=3)
     try:
         where = [process_of(pg) for pg in followers]
         assert set(where) == {"p1", "p2"}, where  # followers on both processes
