@@ -261,7 +261,8 @@ def steps(presenter, followers, n: int, start: int = 1) -> dict:
 def explore_and_rejoin(presenter, followers, now: dict) -> dict:
     """Follower 3 explores on its own (another view, another layer) while the room moves on, then rejoins at the
     current step."""
-    explorer, others = followers[2], followers[:2]
+    explorer = followers[2]
+    others = [pg for pg in followers if pg is not explorer]
     explorer.locator(".st-key-room_detach button").click()
     wait_idle(explorer)
     labels = explorer.locator('.st-key-view [role="radio"]')

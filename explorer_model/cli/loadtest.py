@@ -197,8 +197,8 @@ def memory_kb(pids: list[int]) -> dict[str, int]:
     of files they map (RssFile) counted once, as the largest process's. A server and its lab worker map the same
     libraries, and the server's processes the same memory-mapped weight cache: a sum of their RSS counted those
     pages once per process, and so depended on whether the worker happened to be running. (Proportional set sizes
-    would not: they also share a page with any process outside the group that maps it, such as a client that
-    loaded the same weights.)"""
+    count them once too, but also split a page with any process outside the group that maps it, such as a client
+    that loaded the same weights.)"""
     anon, file = 0, 0
     for p in pids:
         try:
