@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from pathlib import Path
@@ -10,6 +11,20 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "main.py")
+
+
+def _scan_installed_components_once() -> None:
+    """A server scans the installed packages' metadata for Streamlit components once, when it starts; an AppTest
+    scans them again for every page it opens (~0.1 s of CPU each time, hundreds of times in the suite). The
+    installed packages do not change while the tests run, so the scan's answer is kept for the process."""
+    from streamlit.components.v2 import manifest_scanner
+
+    scan = manifest_scanner.scan_component_manifests
+    if not hasattr(scan, "cache_info"):
+        manifest_scanner.scan_component_manifests = functools.cache(scan)
+
+
+_scan_installed_components_once()
 
 
 def run_app(timeout: float = 120, **query) -> AppTest:
