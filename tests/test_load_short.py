@@ -125,9 +125,10 @@ def test_same_prompt_is_bit_identical_across_threads_cache_and_processes(bench):
 def test_five_visitors_no_errors_memory_bounded(bench):
     # four ordinary visitors and an adversarial one (a what-if link of 2,500 changes, a long prompt against its
     # no-mask twin, the .npz download, the lab button pressed again and again): each of its asks is answered or
-    # refused in one line, and nobody sees an error
+    # refused in one line, and nobody sees an error (without the bench's quiet visitor, which only measures CPU)
     args = bench.parse_args(["--visitors", "5", "--adversaries", "1", "--prompts", "2", "--think", "0.3", "--ramp",
-                             "2", "--timeout", "60", "--max-seconds", "150", "--cache-mb", "256", "--no-determinism"])
+                             "2", "--timeout", "60", "--max-seconds", "150", "--cache-mb", "256", "--no-determinism",
+                             "--quiet-prompts", "0"])
     report = bench.run(args)
     assert report["errors"] == 0, report["error_examples"]
     assert report["server_log_tracebacks"] == 0
