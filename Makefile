@@ -19,11 +19,12 @@ info: setup
 	$(PY) -m explorer_model.cli info smollm2
 
 # Three worker processes on two cores: a browser test's worker waits on its browser and server while they compute,
-# and a third keeps both cores busy. Each test module stays in one worker (module fixtures start servers).
+# and a third keeps both cores busy. Each test module stays in one worker (module fixtures start servers), and the
+# modules go out in the order tests/conftest.py gives them (longest_first), not xdist's.
 WORKERS ?= 3
 
 test: setup browser
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --durations=30
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # Everything that needs neither the real model nor the app, a browser or a server, nor compilers, child
 # processes or training (under a minute), on both cores.
