@@ -193,6 +193,30 @@ def test_gguf_cache_with_damaged_tensor_bytes_is_not_trusted(ckpt, tmp_path, gqa
     assert torch.equal(L.load(path, cache_dir=cache_dir).model(tokens), expected)
 
 
+def test_a_file_is_hashed_and_checksummed_once_per_process_until_it_is_written(ckpt, tmp_path, gqa, monkeypatch):
+    """Loading an unchanged GGUF and its cache again in the same process neither hashes nor checksums them again;
+    a cache damaged in place afterwards (the same inode and size, its mtime set back) is checked again and refused."""
+    model, tokens, ref = gqa
+    path, cache_dir, cache_file, expected = ckpt.gguf_with_cache(model, tokens, tmp_path)
+    L.load(path, cache_dir=cache_dir)  # read and checked in this process
+    calls, sha256, crc32 = [], G.file_sha256, G.cache_crc32
+    monkeypatch.setattr(G, "file_sha256", lambda p: calls.append("sha256") or sha256(p))
+    monkeypatch.setattr(G, "cache_crc32", lambda state, info: calls.append("crc32") or crc32(state, info))
+    assert torch.equal(L.load(path, cache_dir=cache_dir).model(tokens), expected)
+    assert calls == []
+
+    st = cache_file.stat()
+    data = bytearray(cache_file.read_bytes())
+    data[-5] ^= 0x40  # inside the last tensor's data
+    with open(cache_file, "r+b") as f:
+        f.write(data)
+    os.utime(cache_file, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (cache_file.stat().st_ino, cache_file.stat().st_size, cache_file.stat().st_mtime_ns) == \
+           (st.st_ino, st.st_size, st.st_mtime_ns)
+    assert G.read_cache(cache_file) is None
+    assert calls == ["crc32"]
+
+
 def test_gguf_cache_follows_the_file(ckpt, tmp_path, gqa):
     """A rewritten GGUF is not served from the old cache, and the old cache file is removed."""
     model, tokens, ref = gqa

@@ -229,13 +229,33 @@ def convert(reader, meta: dict, path: Path, choose=None) -> tuple[ModelConfig, d
 
 
 # --------------------------------------------------------------------------- cache
-def content_digest(path: Path) -> str:
-    """SHA-256 of the whole file. Size and mtime are not enough (rsync -t or tar keep both across a
-    replacement); hashing only the header and tensor table would miss edited weights. For the 98 MB default
-    GGUF it takes 0.06-0.19 s, ~14% of a cache-hit load (bench/cache_key.py), and the file is in the page cache
-    for the dequantization of a miss anyway."""
+# What this process has already read in full and checked, by the file's identity: device, inode, size, and the
+# modification and status-change times. A file whose identity is unchanged has not been written since (every
+# write moves its ctime, which no tool sets back, and a replacement is another inode), so a model loaded again in
+# the same process (a server reloading one its memory budget evicted, a test suite) is not hashed or checksummed
+# a second time. Size and mtime alone would not do: rsync -t and tar keep both across a replacement.
+_CHECKED: dict[tuple, str] = {}
+
+
+def _identity(path) -> tuple:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of the whole file. Hashing only the header and tensor table would miss edited weights. For the
+    98 MB default GGUF it takes 0.06-0.19 s, ~14% of a first cache-hit load (bench/cache_key.py), and the file is
+    in the page cache for the dequantization of a miss anyway."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def content_digest(path: Path) -> str:
+    """file_sha256, once per process for a file that has not been written since (_CHECKED)."""
+    key = ("sha256", *_identity(path))
+    if key not in _CHECKED:
+        _CHECKED[key] = file_sha256(path)
+    return _CHECKED[key]
 
 
 def cache_file(path: Path, cache_dir=None, digest: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
@@ -277,9 +297,13 @@ def read_cache(file: Path):
             info = f.metadata() or {}
         if info.get("cache_version") != CACHE_VERSION:
             return None
+        before = ("crc32", *_identity(file))
         state = load_file(file)
-        if cache_crc32(state, info) != info.get("crc32"):
-            return None
+        checked = _CHECKED.get(before) == info.get("crc32") and ("crc32", *_identity(file)) == before
+        if not checked:
+            if cache_crc32(state, info) != info.get("crc32"):
+                return None
+            _CHECKED[before] = info["crc32"]
         cfg = ModelConfig.from_dict(json.loads(info["config"]))
         return cfg, state, json.loads(info["tokenizer"]), info.get("note", "")
     except Exception:  # truncated, garbled or from another version: rebuild it
