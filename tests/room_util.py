@@ -163,7 +163,7 @@ def follow(wanted: dict, followers: list, since: float) -> list[tuple[float, flo
             differ = {i: {k: v for k, v in last[i].items() if v != wanted.get(k)} for i in pending}
             pytest.fail(f"followers {pending} did not follow within {FOLLOW_TIMEOUT} s; they show {differ}, "
                         f"the presenter {wanted}")
-        time.sleep(0.05 if pending else 0)
+        time.sleep(0.2 if pending else 0)  # the lag is read from each page's own history, not from this loop
     lags = []
     for pg in followers:
         seen: list = []
