@@ -24,7 +24,24 @@ def _scan_installed_components_once() -> None:
         manifest_scanner.scan_component_manifests = functools.cache(scan)
 
 
+def _compile_the_page_once() -> None:
+    """A server compiles app/main.py once, into its ScriptCache; AppTest makes a new ScriptCache for every run, so
+    each run parsed the page, rewrote it (Streamlit's "magic") and compiled it again. The page does not change
+    while the tests run: one cache serves every run of the process."""
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import app_test, local_script_runner
+
+    if getattr(app_test.ScriptCache, "shared", None) is None:
+        shared = ScriptCache()
+
+        def one_cache() -> ScriptCache:
+            return shared
+        one_cache.shared = shared
+        app_test.ScriptCache = local_script_runner.ScriptCache = one_cache
+
+
 _scan_installed_components_once()
+_compile_the_page_once()
 
 
 def run_app(timeout: float = 120, **query) -> AppTest:
