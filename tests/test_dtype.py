@@ -220,13 +220,14 @@ def test_visitors_asking_a_recordings_size_at_once_compute_its_fit_once(monkeypa
 @pytest.mark.parametrize("variant", [{}, dict(norm_placement="post"), dict(norm_type="layer"), dict(ffn_type="relu"),
                                      dict(tie_embeddings=True)], ids=["pre", "post", "layernorm", "relu", "tied"])
 def test_hook_shapes_of_every_length_are_those_of_a_forward_of_that_length(variant):
-    """hook_shapes reads other lengths off the forwards at 1, 2 and 3 tokens; a forward on the meta device of each
-    length (also across the row counts where the attention goes blockwise) must give the same shapes."""
+    """hook_shapes reads other lengths off the forwards at 1, 2 and 3 tokens of a one-block model; a forward of the
+    whole model on the meta device at each length (also across the row counts where the attention goes
+    blockwise) must give the same shapes."""
     from explorer_model.config import ModelConfig
 
-    cfg = ModelConfig(vocab_size=97, d_model=24, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=4, d_ff=40,
+    cfg = ModelConfig(vocab_size=97, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, head_dim=4, d_ff=40,
                       norm_eps=1e-5, rope_theta=10000.0, max_seq_len=256, tie_embeddings=False,
                       name="shapes").with_(**variant)
-    forward = memory._hook_shapes.__wrapped__  # a forward of that very length, not cached
+    forward = memory._meta_forward_shapes  # the whole model, that very length
     for n in (1, 2, 3, 4, 5, 9, 63, 64, 65, 200):
         assert memory.hook_shapes(cfg, n) == dict(forward(cfg, n)), n
