@@ -8,7 +8,7 @@ the "sampled" total is therefore a little below the CPU the operating system rep
 descendants it waited for ("reaped", from getrusage), which is printed beside it.
 
 Usage: .venv/bin/python bench/suite_cpu.py [--every 0.5] [-- COMMAND ...]
-       (default command: python -m pytest -q -n 3 --dist loadfile, as `make test`)
+       (default command: python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder, as `make test`)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules
 from machine import machine_line  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-DEFAULT = [sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "loadfile"]
+DEFAULT = [sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
 # (kind, words of its command line that tell it), first match wins
 KINDS = (("chromium", (b"chromium", b"chrome")), ("app server", (b"streamlit", b"--server.port")),
          ("app server", (b"explorer_model.cli serve",)), ("load balancer", (b"haproxy",)),
