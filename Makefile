@@ -20,7 +20,7 @@ info: setup
 
 # Three worker processes on two cores: a browser test's worker waits on its browser and server while they compute,
 # and a third keeps both cores busy. Each test module stays in one worker (module fixtures start servers), and the
-# modules go out in the order tests/conftest.py gives them (longest_first), not xdist's.
+# modules go out in the order tests/module_order.py gives them (longest_first), not xdist's.
 WORKERS ?= 3
 
 test: setup browser

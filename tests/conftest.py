@@ -6,7 +6,6 @@ loaders are checked against an outside reference rather than against themselves.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import inspect
@@ -22,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from module_order import longest_first  # tests/ is on the path (pytest puts the rootdir conftest's folder there)
 
 # A message key missing from a catalog raises in tests instead of showing the key (app/i18n.py).
 os.environ.setdefault("LLAMA_EXPLORER_STRICT_I18N", "1")
@@ -486,21 +487,3 @@ def pytest_collection_modifyitems(config, items):
         if _APP.search(_source(item.module)):
             item.add_marker(pytest.mark.app)
     longest_first(items)
-
-
-def longest_first(items) -> None:
-    """Order the modules so the long ones start first: the browser modules, then those with slow tests, then the
-    rest; within each group, the modules with fewer tests first (a module of one or two tests that drives a
-    browser, servers or child processes is among the longest). `make test` keeps this order
-    (--no-loadscope-reorder): xdist would otherwise start the modules with the most tests first, which leaves
-    the one-test browser modules for the end, queued behind each other on one worker while the others idle.
-    A module's tests stay together and in their order."""
-    def module(item) -> str:
-        return item.nodeid.split("::")[0]
-
-    count = collections.Counter(module(item) for item in items)
-    group: dict[str, int] = {}
-    for item in items:
-        rank = 0 if item.get_closest_marker("browser") else 1 if item.get_closest_marker("slow") else 2
-        group[module(item)] = min(group.get(module(item), 2), rank)
-    items.sort(key=lambda item: (group[module(item)], count[module(item)], module(item)))
