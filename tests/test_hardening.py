@@ -273,7 +273,8 @@ def header_edit(cache_file, key, new_value):
 
 
 @pytest.mark.parametrize("key, new", [('norm_eps\\": ', "2"), ('rope_theta\\": ', "9"), ('n_kv_heads\\": ', "4"),
-                                      ('tokenizer.ggml.tokens\\": [\\"', "X"), ('"note":"', "Q")])
+                                      ('tokenizer.ggml.tokens\\": [\\"', "X"), ('"note":"', "Q"),
+                                      ('"crc3', "X")])  # the last: a header without its checksum
 def test_tampered_cache_header_is_rebuilt(ckpt, gqa, tmp_path, capsys, key, new):
     model, tokens, ref = gqa
     path, cache_dir, cache, expected = ckpt.gguf_with_cache(model, tokens, tmp_path)

@@ -299,7 +299,7 @@ def read_cache(file: Path):
             return None
         before = ("crc32", *_identity(file))
         state = load_file(file)
-        checked = _CHECKED.get(before) == info.get("crc32") and ("crc32", *_identity(file)) == before
+        checked = before in _CHECKED and _CHECKED[before] == info.get("crc32") and ("crc32", *_identity(file)) == before
         if not checked:
             if cache_crc32(state, info) != info.get("crc32"):
                 return None
