@@ -1,6 +1,5 @@
-"""What the room's browser tests share (test_browser_room.py, test_browser_room_processes.py): a shared server
-started as `serve --share` starts it, what a page shows and its history, following, and a raw websocket client
-that tries to move the room.
+"""The steps of the room's browser test (test_browser_room.py): a shared server started as `serve --share` starts
+it, what a page shows and its history, following, and a raw websocket client that tries to move the room.
 
 Each follower's lag per step is printed: measured, never asserted (bench/bench_load.py --lecture measures it
 under load); every wait is for a condition, with a generous timeout."""

@@ -1,35 +1,59 @@
-"""A shared server's room in Chromium: the presenter (projector size, presenter mode) steps through a shipped lecture
-with the clicker's keys (→, PageDown, space), and after each step three followers (a laptop, a phone and a large
-screen) show the presenter's view, layer, head, token and prompt, in their URL and on their page. A follower explores on its own and
-rejoins at the current step; the clicker's keys on a following page move nothing; a phone asks for whole views.
-The same room on two processes: test_browser_room_processes.py; what both use: room_util.py."""
+"""A shared server's room in Chromium, served as `serve --share --processes 2` (HAProxy in front of two app servers,
+one room file): the presenter (projector size, presenter mode) steps through a shipped lecture with the clicker's
+keys (→, PageDown, space), and after each step three followers (a laptop, a phone and a large screen), on both
+processes, show the presenter's view, layer, head, token and prompt, in their URL and on their page.
+
+A follower explores on its own and rejoins at the current step; nothing a follower does moves the room (the
+clicker's keys, a lecture link to another step, a wrong key, a raw websocket client pressing the presenter's Next
+button); a phone asks for whole views; a backend killed with SIGKILL is restarted by `serve` and its followers
+follow again. A follower on the presenter's own process is what a one-process room has: the room is the same SQLite
+file read the same way by every process (explorer_model/room.py). What the scenario's steps do: room_util.py."""
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 
 from browser_util import browser  # noqa: F401
-from room_util import (SharedServer, close, explore_and_rejoin, keys_do_not_move_the_room, open_room,
-                       shows_whole_views, steps)
+from room_util import (HAPROXY, SharedServer, cannot_move_the_room, close, explore_and_rejoin, follow, lag_line,
+                       open_room, press, process_of, shows_whole_views, steps, wait_until)
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    server = SharedServer(tmp_path_factory.mktemp("room1"))
+def two_processes(tmp_path_factory):
+    if not HAPROXY.exists():
+        pytest.skip("HAProxy is not installed (apt-get install haproxy)")
+    server = SharedServer(tmp_path_factory.mktemp("room"), processes=2)
     yield server
     server.stop()
 
 
-def test_three_followers_follow_the_steps_and_one_explores_and_rejoins(browser, one_process):
-    # From step 7: three Attention steps (their own heads and queries) and What-if, where a follower leaves to
-    # explore; it rejoins on RoPE, where the next press went, and the clicker's keys on its page (which had the
-    # player's key script while it explored) move nothing. The two-process test below walks earlier steps.
-    presenter, followers = open_room(browser, one_process, step=7)
+def test_followers_on_both_processes_follow_explore_rejoin_cannot_move_the_room_and_survive_a_killed_backend(
+        browser, two_processes):
+    # From step 7: two Attention steps (their own heads and queries), then a follower explores while the room moves
+    # on and rejoins; the followers try to move the room (What-if is the step after); the backend without the
+    # presenter is killed and its followers follow RoPE, the next step, after its restart; a phone asks for whole
+    # views of RoPE.
+    server = two_processes
+    presenter, followers = open_room(browser, server, step=7)
     try:
-        now = steps(presenter, followers, 4, start=7)
+        where = [process_of(pg) for pg in followers]
+        assert set(where) == {"p1", "p2"} and process_of(presenter) in where, where  # followers on both processes
+        now = steps(presenter, followers, 2, start=7)
         now = explore_and_rejoin(presenter, followers, now)
-        keys_do_not_move_the_room(followers[2], followers, one_process, now)
+        now = cannot_move_the_room(presenter, followers, server, now)
+        victim = next(name for name in ("p1", "p2") if name != process_of(presenter))
+        assert victim in where
+        pid = server.backends()[victim]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: server.backends().get(victim, pid) != pid, 60,  # one listing: it changes meanwhile
+                   "serve to restart the killed backend")
+        t0, now = press(presenter, "ArrowRight", int(now["step"]) + 1)
+        print(f"step {now['step']} after the restart: " + lag_line(follow(now, followers, t0)))
+        assert "restarting it (1 in the last minute)" in server.output()
         shows_whole_views(followers[1], now)  # a phone
     finally:
         close([presenter, *followers])
