@@ -431,12 +431,17 @@ def kernels_header() -> str:
 
 
 def pytest_configure(config):
-    """LLAMA_EXPLORER_TEST_THREADS=n runs this test process on n torch threads. torch 2.13 caps OMP_NUM_THREADS at
-    the cores it sees, so the kernel matrix (test_kernel_matrix.py) asks for 4 threads on a 2-core machine this
-    way. A test process only: a server never changes its thread count after start."""
-    wanted = os.environ.get("LLAMA_EXPLORER_TEST_THREADS")
-    if wanted:
-        torch.set_num_threads(int(wanted))
+    """A test process runs on one torch thread, or on n with LLAMA_EXPLORER_TEST_THREADS=n (torch 2.13 caps
+    OMP_NUM_THREADS at the cores it sees, so the kernel matrix, test_kernel_matrix.py, asks for 4 threads on a
+    2-core machine this way). The servers and CLIs the tests start take the same count through OMP_NUM_THREADS,
+    unless it is set already. One thread, because `make test` runs three workers, their browsers and servers on
+    the cores there are: two threads per process spent a third more CPU on the same tests (most of it waiting for
+    each other), and the suite's wall time is its CPU time shared by the cores. The kernel matrix reruns the
+    kernel-sensitive tests on 2 and 4 threads. A test process only: a server never changes its thread count after
+    start."""
+    wanted = os.environ.get("LLAMA_EXPLORER_TEST_THREADS", "1")
+    torch.set_num_threads(int(wanted))
+    os.environ.setdefault("OMP_NUM_THREADS", wanted)
     if not hasattr(config, "workerinput"):
         machine_lines()  # the speed probe and the load before any test runs
 

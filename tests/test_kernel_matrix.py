@@ -2,7 +2,7 @@
 capabilities torch, oneDNN and MKL let a process lower, so an equality that holds on one CPU's kernels only fails
 here too, not first on a user's machine.
 
-The main run covers this machine's default (its thread count, its best ISA); each configuration below is one
+The main run covers one thread (conftest.py) and this machine's best ISA; each configuration below is one
 pytest process. Each child prints a header line with the threads and capability it really ran (conftest.py's
 pytest_report_header), and the parent checks that line, so a setting that did not take effect fails instead of
 passing as a rerun of the default.
@@ -27,14 +27,14 @@ def threads(n: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(n), "LLAMA_EXPLORER_TEST_THREADS": str(n)}
 
 
-# With the main run (this machine's threads and best ISA): 1, 2 and 4 threads, and two lowered ISAs: AVX2
-# everywhere (torch, oneDNN and MKL lowered together) and baseline kernels (torch without SIMD dispatch, MKL on
-# its compatible SSE2 path: on an AVX2-only CPU, where lowering to AVX2 changes nothing, this is the configuration
-# whose matrix products split their sums differently). Each child is a whole pytest run, so one child covers a
-# thread count and an ISA at once.
+# With the main run (`make test`: one torch thread per worker, this machine's best ISA): 1, 2 and 4 threads, and
+# two lowered ISAs: AVX2 everywhere (torch, oneDNN and MKL lowered together) and baseline kernels (torch without
+# SIMD dispatch, MKL on its compatible SSE2 path: on an AVX2-only CPU, where lowering to AVX2 changes nothing, this
+# is the configuration whose matrix products split their sums differently). Each child is a whole pytest run, so
+# one child covers a thread count and an ISA at once.
 BASELINE = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
 CONFIGS = {
-    "1-thread-avx2": ({**threads(1), **LOWERED_AVX2}, 1, "AVX2", None),
+    "2-threads-avx2": ({**threads(2), **LOWERED_AVX2}, 2, "AVX2", None),
     "4-threads-baseline-kernels": ({**threads(4), **BASELINE}, 4, "DEFAULT", "COMPATIBLE"),
 }
 HEADER = re.compile(r"^kernels: torch (\d+) threads, capability ([^,\s]+), mkl branch (\S+)", re.M)
