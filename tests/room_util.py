@@ -88,10 +88,8 @@ class SharedServer:
 
     def backends(self) -> dict[str, int]:
         """{HAProxy's cookie value (p1, p2): the pid of the app server behind it, for those running}."""
-        kids = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True,
-                              text=True).stdout.split()
         by_port, config = {}, None
-        for pid in map(int, kids):
+        for pid in self.children():
             try:
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:  # ended since ps listed it
@@ -103,8 +101,14 @@ class SharedServer:
         return {name: by_port[int(port)] for name, port in re.findall(r"server (p\d+) 127\.0\.0\.1:(\d+)", config)
                 if int(port) in by_port}  # (a killed one is absent until it is started again)
 
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
+    def children(self) -> list[int]:
+        """The pids of the processes `serve` started (app servers, HAProxy)."""
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(pid) for pid in out.stdout.split()]
+
+    def stop(self, sig: int = signal.SIGTERM, group: bool = True) -> None:
+        """`sig` to `serve` and everything it started (group), or to `serve` alone, which must stop the rest."""
+        (os.killpg if group else os.kill)(self.proc.pid, sig)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:

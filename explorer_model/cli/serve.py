@@ -58,7 +58,7 @@ HAPROXY_CFG = Path(__file__).resolve().parents[2] / "docs" / "haproxy.cfg"
 
 def haproxy_config(front: int, backends: list[int], address: str = "127.0.0.1") -> str:
     """docs/haproxy.cfg listening on address:front with one `server` line per process port (docs/classroom.md: "Several
-    processes"; bench/bench_load.py --processes and the balancer's browser test run it)."""
+    processes"; bench/bench_load.py --processes and the room's browser test run it)."""
     text = re.sub(r"bind \S*:\d+", f"bind {address}:{front}", HAPROXY_CFG.read_text())
     head = text[:text.index("    server p1 ")]
     return head + "".join(f"    server p{i} 127.0.0.1:{port} check cookie p{i}\n" for i, port in enumerate(backends, 1))
