@@ -1,8 +1,9 @@
 """Shared by the browser tests: one Streamlit server for all of them, Debian's Chromium through Playwright.
 
 Import the fixtures into a test module (`from browser_util import browser, page, server  # noqa: F401`); all are
-module-scoped, so each module starts one Chromium; the server is started by the first module that asks for it and
-stopped after the last (every visitor has its own session; a fresh server per module only repeated its warm-up).
+module-scoped, but Chromium and the server are started by the first module that asks for them and stopped after the
+last (every page has a context of its own, every visitor a session; a fresh server per module only repeated its
+warm-up).
 Never `playwright install`: the tests drive /usr/bin/chromium and are skipped where it is missing.
 """
 from __future__ import annotations
@@ -39,20 +40,17 @@ _SHARED: dict = {}  # "app": the running server's URL, "stop": what ends it
 
 
 @pytest.fixture(scope="module")
-def server(request):
+def server():
     """The app's URL, served the way `llama-explorer serve` serves it (explorer_model.cli.serve.streamlit_command); one
-    server for the session's browser modules, stopped when no later test of the session asks for it."""
+    server for this process's browser modules, stopped before its first test that needs none or at the session's
+    end (conftest.py). (The browser modules go first: tests/module_order.py.)"""
     if "app" not in _SHARED:
         _SHARED["app"], _SHARED["stop"] = _start_server()
-        atexit.register(_stop_server)  # the run ends early (e.g. -x): do not leave the server behind
+        atexit.register(stop_server)  # the run ends abruptly: do not leave the server behind
     yield _SHARED["app"]
-    items = request.session.items
-    mine = [i for i, item in enumerate(items) if item.module is request.module]
-    if not any("server" in item.fixturenames for item in items[max(mine, default=len(items)) + 1:]):
-        _stop_server()
 
 
-def _stop_server() -> None:
+def stop_server() -> None:
     stop = _SHARED.pop("stop", None)
     _SHARED.pop("app", None)
     if stop:
@@ -110,10 +108,22 @@ class _ServerLog:
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
+    """Chromium, launched by the first module that asks for it and shared by the next ones in this process (each
+    module's pages have contexts of their own; a launch and Playwright's driver cost ~2 s of CPU); closed before
+    the first test that drives no browser or at the session's end (conftest.py)."""
+    if "browser" not in _SHARED:
+        playwright = sync_api.sync_playwright().start()
+        _SHARED["browser"] = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        _SHARED["playwright"] = playwright
+    yield _SHARED["browser"]
+
+
+def stop_browser() -> None:
+    """Close the shared Chromium, if running (conftest.py: before a test that drives none, at the session's end)."""
+    browser, playwright = _SHARED.pop("browser", None), _SHARED.pop("playwright", None)
+    if browser:
+        browser.close()
+        playwright.stop()
 
 
 @pytest.fixture(scope="module")

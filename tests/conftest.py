@@ -15,6 +15,7 @@ import math
 import os
 import re
 import signal
+import sys
 import types
 from pathlib import Path
 
@@ -444,6 +445,25 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", wanted)
     if not hasattr(config, "workerinput"):
         machine_lines()  # the speed probe and the load before any test runs
+
+
+def pytest_runtest_setup(item):
+    """Before a test that needs neither, the Chromium and the app server the browser modules share are stopped
+    (browser_util.py): Playwright's event loop holds the thread, where the test's asyncio.run would fail, and an
+    idle server holds a model's memory. The browser modules go first (tests/module_order.py)."""
+    shared = sys.modules.get("browser_util")
+    if shared is not None:
+        if "browser" not in item.fixturenames:
+            shared.stop_browser()
+        if "server" not in item.fixturenames:
+            shared.stop_server()
+
+
+def pytest_sessionfinish(session):
+    shared = sys.modules.get("browser_util")
+    if shared is not None:
+        shared.stop_browser()
+        shared.stop_server()
 
 
 def pytest_report_header(config):
