@@ -71,7 +71,8 @@ def main() -> int:
     command = [c for c in args.command if c != "--"] or DEFAULT
     print(machine_line(), flush=True)
     t0 = time.monotonic()
-    child = subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as make's recipes run
+    child = subprocess.Popen(command, cwd=ROOT, env=dict(env, OMP_WAIT_POLICY="PASSIVE"))
     seen: dict[int, list] = {}  # pid -> [kind, CPU ticks at its last sample]
     while child.poll() is None:
         table = processes()
