@@ -83,7 +83,7 @@ def test_the_kernel_modules_are_the_ones_that_compare_kernels_results():
 
 
 def test_the_header_pattern_reads_what_conftest_prints():
-    from conftest import kernels_header, mkl_branch
+    from machine_info import kernels_header, mkl_branch
 
     line = kernels_header()
     match = HEADER.search(line)
@@ -100,7 +100,7 @@ def test_the_header_reads_the_branch_mkl_cbwr_asks_for():
     """The baseline configuration's MKL setting is checked through the header: it must read what MKL took."""
     def branch(value: str | None) -> str:
         env = child_env({} if value is None else {"MKL_CBWR": value})
-        code = "import sys; sys.path.insert(0, 'tests'); from conftest import mkl_branch; print(mkl_branch())"
+        code = "import sys; sys.path.insert(0, 'tests'); from machine_info import mkl_branch; print(mkl_branch())"
         return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=120).stdout.strip()
 
