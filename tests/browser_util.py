@@ -1,9 +1,9 @@
 """Shared by the browser tests: one Streamlit server for all of them, Debian's Chromium through Playwright.
 
 Import the fixtures into a test module (`from browser_util import browser, page, server  # noqa: F401`); all are
-module-scoped, but Chromium and the server are started by the first module that asks for them and stopped after the
-last (every page has a context of its own, every visitor a session; a fresh server per module only repeated its
-warm-up).
+module-scoped, but Chromium and the server are started by the first module that asks for them and stopped before
+the process's first test that needs neither (every page has a context of its own, every visitor a session; a fresh
+server per module only repeated its warm-up).
 Never `playwright install`: the tests drive /usr/bin/chromium and are skipped where it is missing.
 """
 from __future__ import annotations
