@@ -106,9 +106,9 @@ class SharedServer:
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
         return [int(pid) for pid in out.stdout.split()]
 
-    def stop(self, sig: int = signal.SIGTERM, group: bool = True) -> None:
-        """`sig` to `serve` and everything it started (group), or to `serve` alone, which must stop the rest."""
-        (os.killpg if group else os.kill)(self.proc.pid, sig)
+    def stop(self) -> None:
+        """SIGTERM to `serve` alone, as a service manager stops it: it must stop what it started (the caller checks)."""
+        os.kill(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:

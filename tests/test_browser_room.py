@@ -38,7 +38,7 @@ def two_processes(tmp_path_factory):
     started = server.children()
     assert len(started) == 3, started  # two app servers and HAProxy
     yield server
-    server.stop(signal.SIGTERM, group=False)  # what a service manager sends to `serve` to stop it
+    server.stop()
     end = time.time() + 1  # they may take up to a second to go; no need to wait that long when they are gone
     while (alive := [pid for pid in started if running(pid)]) and time.time() < end:
         time.sleep(0.05)
