@@ -17,28 +17,30 @@ SEVEN_B = dict(vocab=32000, d_model=4096, n_layers=32, n_heads=32, d_ff=11008)
 THIRTEEN_B = dict(vocab=32000, d_model=5120, n_layers=40, n_heads=40, d_ff=13824)
 
 
-def _meta_tensors(shape: dict, layers, gen: torch.Generator, dtype: torch.dtype, top: bool):
-    """(Meta name, random tensor) for the given layers, plus embedding/norm/output if `top`."""
+def _meta_shapes(shape: dict, layers, top: bool = True):
+    """(Meta name, shape) of every tensor of the given layers, plus embedding/norm/output if `top`, in order."""
     d, f, v = shape["d_model"], shape["d_ff"], shape["vocab"]
-
-    def mat(rows, cols, scale=1.0):  # drawn in the target dtype: no float32 copy to scale and convert
-        return torch.empty(rows, cols, dtype=dtype).normal_(0.0, scale / math.sqrt(cols), generator=gen)
-
-    def norm():
-        return (1.0 + 0.1 * torch.randn(d, generator=gen)).to(dtype)
-
     if top:
-        yield "tok_embeddings.weight", mat(v, d, math.sqrt(d) * 0.5)  # entries of std 0.5, as trained embeddings
-        yield "norm.weight", norm()
-        yield "output.weight", mat(v, d)
+        yield from (("tok_embeddings.weight", (v, d)), ("norm.weight", (d,)), ("output.weight", (v, d)))
     for i in layers:
         p = f"layers.{i}."
         for name, rows, cols in (("attention.wq", d, d), ("attention.wk", d, d), ("attention.wv", d, d),
                                  ("attention.wo", d, d), ("feed_forward.w1", f, d), ("feed_forward.w3", f, d),
                                  ("feed_forward.w2", d, f)):
-            yield p + name + ".weight", mat(rows, cols)
-        yield p + "attention_norm.weight", norm()
-        yield p + "ffn_norm.weight", norm()
+            yield p + name + ".weight", (rows, cols)
+        yield p + "attention_norm.weight", (d,)
+        yield p + "ffn_norm.weight", (d,)
+
+
+def _meta_tensors(shape: dict, layers, gen: torch.Generator, dtype: torch.dtype, top: bool):
+    """(Meta name, random tensor) for the given layers, plus embedding/norm/output if `top`."""
+    for name, size in _meta_shapes(shape, layers, top):
+        if len(size) == 1:  # a norm's scales: around 1
+            yield name, (1.0 + 0.1 * torch.randn(size, generator=gen)).to(dtype)
+        else:  # drawn in the target dtype: no float32 copy to scale and convert; embedding entries of std 0.5,
+            # as trained embeddings
+            scale = math.sqrt(shape["d_model"]) * 0.5 if name == "tok_embeddings.weight" else 1.0
+            yield name, torch.empty(size, dtype=dtype).normal_(0.0, scale / math.sqrt(size[1]), generator=gen)
 
 
 _HF = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
@@ -92,8 +94,10 @@ def write_hf(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None, d
 
 
 def write_meta(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None, dtype=torch.float16,
-               seed: int = 1) -> Path:
-    """params.json + consolidated.00.pth (one model-parallel rank) + tokenizer.model."""
+               seed: int = 1, like: Path | None = None) -> Path:
+    """params.json + consolidated.00.pth (one model-parallel rank) + tokenizer.model. `like`: a folder write_hf
+    wrote with the same shape and at most 4 layers, whose weights are taken (in `dtype`) instead of drawing new
+    ones: drawing is half of the time a 7B-width layer takes to write."""
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
@@ -101,7 +105,12 @@ def write_meta(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None,
     n_layers = n_layers or shape["n_layers"]
     gen = torch.Generator().manual_seed(seed)
     if n_layers <= 4:  # one part (the tests' 2 layers): it fits in memory, so no staging file to write and read
-        torch.save(dict(_meta_tensors(shape, range(n_layers), gen, dtype, top=True)), folder / "consolidated.00.pth")
+        if like is None:
+            state = dict(_meta_tensors(shape, range(n_layers), gen, dtype, top=True))
+        else:
+            hf = {k: v for f in sorted(Path(like).glob("*.safetensors")) for k, v in load_file(f).items()}
+            state = {name: hf[_hf_name(name)].to(dtype) for name, _ in _meta_shapes(shape, range(n_layers))}
+        torch.save(state, folder / "consolidated.00.pth")
         _meta_files(folder, shape, n_layers)
         return folder
     tmp = folder / ".staging"

@@ -1,7 +1,7 @@
 """16-bit checkpoints at the real LLaMA-7B width (2 layers, d_model 4096, d_ff 11008, 32 heads, vocab 32000):
 memory-mapped loading, bf16/fp16 logits against float32, hook names and shapes, the refusal with its estimate.
 
-Writing the 1.3 GB checkpoints takes ~10 s, hence `slow`."""
+Writing the 2.7 GB of checkpoints takes ~10 s, hence `slow`."""
 from __future__ import annotations
 
 import pytest
@@ -22,9 +22,10 @@ def folders(tmp_path_factory):
     from synth_big import SEVEN_B, write_hf, write_meta
 
     root = tmp_path_factory.mktemp("width7b")
-    # bf16 HF in two shards (embedding + layer 0 | layer 1), fp16 Meta in one consolidated.00.pth
-    return {"hf": write_hf(root / "hf", SEVEN_B, n_layers=2, dtype=torch.bfloat16, layers_per_shard=1),
-            "meta": write_meta(root / "meta", SEVEN_B, n_layers=2, dtype=torch.float16)}
+    # bf16 HF in two shards (embedding + layer 0 | layer 1), fp16 Meta in one consolidated.00.pth with the same
+    # weights (drawing new ones would take as long as writing both folders)
+    hf = write_hf(root / "hf", SEVEN_B, n_layers=2, dtype=torch.bfloat16, layers_per_shard=1)
+    return {"hf": hf, "meta": write_meta(root / "meta", SEVEN_B, n_layers=2, dtype=torch.float16, like=hf)}
 
 
 def _rss() -> int:

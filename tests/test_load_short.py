@@ -126,16 +126,16 @@ def test_five_visitors_no_errors_memory_bounded(bench):
     # four ordinary visitors and an adversarial one (a what-if link of 2,500 changes, a long prompt against its
     # no-mask twin, the .npz download, the lab button pressed again and again): each of its asks is answered or
     # refused in one line, and nobody sees an error (without the bench's quiet visitor, which only measures CPU)
-    args = bench.parse_args(["--visitors", "5", "--adversaries", "1", "--prompts", "2", "--think", "0.3", "--ramp",
+    args = bench.parse_args(["--visitors", "5", "--adversaries", "1", "--prompts", "1", "--think", "0.3", "--ramp",
                              "2", "--timeout", "60", "--max-seconds", "150", "--cache-mb", "256", "--no-determinism",
                              "--quiet-prompts", "0"])
     report = bench.run(args)
     assert report["errors"] == 0, report["error_examples"]
     assert report["server_log_tracebacks"] == 0
-    assert report["actions"] == 4 * (1 + 6 * 2)
+    assert report["actions"] == 4 * (1 + 6 * 1)
     answers = report["adversaries"]["answers"]
-    assert answers["adv_long_whatif refused"] == 2, answers  # more changes than the model has heads, each round
-    assert answers["adv_download refused"] == 2, answers  # a long prompt's .npz is over this server's 128 MB cap
+    assert answers["adv_long_whatif refused"] == 1, answers  # more changes than the model has heads
+    assert answers["adv_download refused"] == 1, answers  # a long prompt's .npz is over this server's 128 MB cap
     assert set(report["adversaries"]["latency_s"]) == {"adv_long_whatif", "adv_huge_b", "adv_lab_flood"}
     mem = report["memory_mb"]
     assert 0 < mem["peak"] < mem["bound"], mem

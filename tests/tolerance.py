@@ -15,17 +15,23 @@ EPS = torch.finfo(torch.float32).eps
 
 
 def differences(a, b, ulps: float = ULPS) -> list[str]:
-    """Names of hooks of recording `b` on which `a` is not within `ulps` units of b's scale; masks must agree."""
+    """Names of hooks of recording `b` on which `a` is not within `ulps` units of b's scale; masks must agree.
+    (Compared with `where`, not boolean indexing: indexing copies the selected cells of every hook, 4× the time.)"""
     bad = []
     for name in b.names:
         x, y = a[name].float(), b[name].float()
-        finite = torch.isfinite(y)
-        if x.shape != y.shape or not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite], y[~finite]):
+        if x.shape != y.shape:
             bad.append(name)
             continue
-        scale = y[finite].abs().max().item() if finite.any() else 0.0
-        if finite.any() and (x[finite] - y[finite]).abs().max().item() > ulps * EPS * max(scale, 1e-30):
+        finite = torch.isfinite(y)
+        masked_alike = torch.equal(finite, torch.isfinite(x)) and torch.equal(x.where(~finite, 0), y.where(~finite, 0))
+        if not masked_alike:
             bad.append(name)
+            continue
+        if finite.any():
+            scale = y.abs().where(finite, 0).max().item()
+            if (x - y).abs().where(finite, 0).max().item() > ulps * EPS * max(scale, 1e-30):
+                bad.append(name)
     return bad
 
 
