@@ -454,12 +454,34 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+@functools.lru_cache(maxsize=None)
+def _code_words(code: types.CodeType) -> str:
+    """The names, argument names and string constants of a function's code and of the code nested in it: what
+    _REAL looks for, read from the compiled function (reading each function's source costs ~1 s per collection)."""
+    words, consts = [*code.co_names, *code.co_varnames], list(code.co_consts)
+    while consts:
+        c = consts.pop()
+        if isinstance(c, (tuple, frozenset)):  # a literal list of constants is one tuple constant
+            consts.extend(c)
+        elif isinstance(c, (str, bytes)):
+            words.append(c if isinstance(c, str) else c.decode("latin-1"))
+        elif isinstance(c, types.CodeType):
+            words.append(_code_words(c))
+    return " ".join(words)
+
+
+def _words(func) -> str:
+    code = getattr(inspect.unwrap(func), "__code__", None)
+    return _code_words(code) if code is not None else ""
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
         fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-        if any(_REAL.search(_source(f)) for f in [item.function, *fixtures]):
+        params = repr(item.callspec.params) if hasattr(item, "callspec") else ""  # e.g. a CLI's arguments
+        if _REAL.search(params) or any(_REAL.search(_words(f)) for f in [item.function, *fixtures]):
             item.add_marker(pytest.mark.real)
         if _APP.search(_source(item.module)):
             item.add_marker(pytest.mark.app)
