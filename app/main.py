@@ -160,8 +160,9 @@ def main(places: controls.Places, lecture_slot) -> None:
                       screen=screen.current(), extras=extras)
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     part_only = room_follow.part_only() and cmp_spec is None  # a following page: the step's part alone
+    block = view_block(view)
     try:
-        with sections.only(view, part_only):
+        with block, sections.only(view, part_only):
             if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
                 draw(ctx)
     except sections.Rest:  # the parts below the step's
@@ -177,6 +178,27 @@ def main(places: controls.Places, lecture_slot) -> None:
         room_follow.rest_button()
     lecture_editor.note_state(url_state.write(side.url_ids(source, prompt, body), view))  # with the view's choices
     room_follow.step_drawn()
+
+
+def view_block(view: str):
+    """The container the view draws in. Streamlit shows the last run's elements until this run replaces them, and a
+    block sent where the last run had a block of the same kind takes over that block's children: while a newly
+    chosen view fills, the browser would draw the last view's figures again inside it (a third more figures drawn
+    per view change). So views take turns between two places: a newly chosen view draws in the place that held
+    nothing, and the last view's place is emptied first; a run of the same view keeps its place, and the figures
+    that did not change are not drawn again."""
+    place = st.session_state.get("_view_place", 0)
+    if st.session_state.get("_view_drawn") != view:
+        place = 1 - place
+    st.session_state["_view_place"], st.session_state["_view_drawn"] = place, view
+    outer = st.container()
+    if place == 0:
+        body = outer.container()
+        outer.empty()
+    else:
+        outer.empty()
+        body = outer.container()
+    return body
 
 
 def _view_chosen() -> None:
