@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from app.i18n import t
-from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, garbled, new_page,  # noqa: F401
-                          open_app, server, set_prompt, settle_figures, shots_dir, steady, strings, view_errors)
+from browser_util import (CORE_VIEWS, browser, download, each_view_drawn, figures, forget, garbled,  # noqa: F401
+                          module_page, open_app, server, set_prompt, settle_figures, shots_dir, steady, strings,
+                          view_errors)
 from layout_util import MAIN, clipped_formulas, drawn_for_screen, page_problems, screenshot
 
 pytestmark = pytest.mark.browser
@@ -149,9 +150,9 @@ def chinese_problems(page, view: str) -> list[str]:
 @pytest.fixture(scope="module")
 def page(browser):
     """A tablet's page: 768×1024, a mouse."""
-    pg = new_page(browser, 768, 1024)
+    pg = module_page(browser, 768, 1024)
     yield pg
-    pg.context.close()
+    forget(pg)
 
 
 def test_every_download_button_delivers_a_file_that_opens(server, page):

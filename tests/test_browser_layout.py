@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from browser_util import (CORE_VIEWS, PROMPT, browser, each_view_drawn, new_page, open_app, query,  # noqa: F401
-                          server, settle_figures, shots_dir, steady, sync_api, view_errors, wait_idle)
+from browser_util import (CORE_VIEWS, PROMPT, browser, each_view_drawn, forget, module_page, open_app,  # noqa: F401
+                          query, server, settle_figures, shots_dir, steady, sync_api, view_errors, wait_idle)
 from layout_util import MAIN, drawn_for_screen, page_problems, screenshot
 
 pytestmark = pytest.mark.browser
@@ -79,11 +79,11 @@ def page_for(browser):
     def page(screen: str):
         if screen not in made:
             (width, height), context, _, _ = SCREENS[screen]
-            made[screen] = new_page(browser, width, height, **context)
+            made[screen] = module_page(browser, width, height, **context)
         return made[screen]
     yield page
     for pg in made.values():
-        pg.context.close()
+        forget(pg)
 
 
 @pytest.mark.parametrize("screen", SCREENS)

@@ -3,8 +3,8 @@ preset or a button that is about one part of a view lands with that part on the 
 from __future__ import annotations
 
 import pytest
-from browser_util import (browser, new_page, open_app, query, server, shots_dir, steady, view_errors,  # noqa: F401
-                          wait_idle)
+from browser_util import (browser, forget, module_page, open_app, query, server, shots_dir, steady,  # noqa: F401
+                          view_errors, wait_idle)
 
 pytestmark = pytest.mark.browser
 
@@ -26,9 +26,9 @@ SHOWN_PX = 150  # this much of a section (or all of a shorter one) must be on th
 def projector(browser):
     """One 1280×720 page for the module's tests, each opening its own link (a page load in a page that has loaded the
     app before costs the browser about half of a first one)."""
-    pg = new_page(browser, 1280, FIRST_SCREEN)
+    pg = module_page(browser, 1280, FIRST_SCREEN)
     yield pg
-    pg.context.close()
+    forget(pg)
 
 
 def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projector):
