@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import gateway
+from app import gateway, sidebar as side
 from app.context import ViewContext, plain, token_labels
 from app.i18n import error_text, t
 from app.panels.compare.common import Pair, map_layer, partner
@@ -211,7 +211,7 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
     except gateway.RunRefused as e:
         st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
     else:
-        st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime="application/octet-stream",
+        st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime=side.NPZ_MIME,
                                    data=lambda: gateway.changed_recording_npz(source_b, ids_b, specs_b),
                                    file_name="recording_B.npz", on_click="ignore")  # called after the run: plain values
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))

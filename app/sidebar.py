@@ -24,6 +24,7 @@ from app.plots import waiting
 from app.presets import BY_KEY, PRESETS, opened
 
 OTHER = "__other__"
+NPZ_MIME = "application/zip"  # what an .npz is (download below and compare.py's B)
 PROMPT_STATE = ("prompt", "ids", "ids_text")
 # What "back to my prompt" gives back: the model, the prompt, BOS, the view and its section, the selection, the
 # comparison and its B, the What-if interventions and the lesson.
@@ -241,8 +242,10 @@ def download(source: str, ids) -> None:
     except gateway.RunRefused as e:  # over the server's download cap: said here, before anyone clicks
         st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
         return
+    # An .npz is a zip archive, and named so the server sends it as it is: as application/octet-stream it was
+    # compressed again on every download (0.7 s of CPU at gzip's level 9 for a 23 MB recording, 12 % smaller).
     st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
-                               mime="application/octet-stream", on_click="ignore", key="download_npz")
+                               mime=NPZ_MIME, on_click="ignore", key="download_npz")
 
 
 def model_caption(facts: ModelFacts) -> str:
