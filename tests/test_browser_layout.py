@@ -6,9 +6,10 @@ For each view's main figure: as wide as its column, most of it plot. For every f
 text and its spans) under 12 px (14 px on the projector), no two tick labels of an axis overlapping (their boxes),
 no text outside the figure, no title under Plotly's toolbar. The page never scrolls sideways; on the projector
 tables are HTML tables of 14 px text or larger, the sidebar is folded away and each view's first figure starts on
-the first screen (the eight core views; What-if and the lab open with their choices). On the phone one tap on a
-cell of the attention map selects it (the query/key pair below it changes to that cell), as a click does, and a
-swipe that starts on it scrolls the page and selects nothing. Screenshots go to $SCREENSHOT_DIR (default
+the first screen (the eight core views; What-if and the lab open with their choices). A view chosen draws its own
+figures only, not the last view's again while it fills. On the phone one tap on a cell of the attention map
+selects it (the query/key pair below it changes to that cell), as a click does, and a swipe that starts on it
+scrolls the page and selects nothing. Screenshots go to $SCREENSHOT_DIR (default
 artifacts/screenshots) as layout_<screen>_<view>.png and presenter.png (the attention view's first projector
 screen; `SCREENSHOT_DIR=docs/screenshots` regenerates the README's).
 """
@@ -86,21 +87,42 @@ def page_for(browser):
         forget(pg)
 
 
+# The figures Plotly draws (a new .main-svg), by their chart's key, since the last reset: a view chosen must draw its
+# own figures only, not the last view's again while it fills (app/main.py's view_block).
+DRAWN = """(() => { window.__drawn = new Set();
+    new MutationObserver(records => { for (const r of records) for (const n of r.addedNodes) {
+        if (n.nodeType !== 1) continue;
+        for (const svg of n.matches('.main-svg') ? [n] : n.querySelectorAll('.main-svg')) {
+            const holder = svg.closest('[data-testid="stElementContainer"]');
+            const key = holder && [...holder.classList].find(c => c.startsWith('st-key-'));
+            if (key) window.__drawn.add(key.slice(7));
+        } } }).observe(document, {childList: true, subtree: true});
+})()"""
+SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd =>
+    ([...gd.closest('[data-testid="stElementContainer"]').classList].find(c => c.startsWith('st-key-')) || '').slice(7))"""
+
+
 @pytest.mark.parametrize("screen", SCREENS)
 def test_every_view_fits_the_screen(server, page_for, screen):
     _, _, params, least = SCREENS[screen]
     pg = page_for(screen)
+    pg.add_init_script(DRAWN)
     open_app(pg, server, lang="en", view="tokens", prompt=PROMPT, **params)
     drawn_for_screen(pg)
     problems, seen = [], []
+    pg.evaluate("window.__drawn.clear()")
     for label, view in each_view_drawn(pg):
         seen.append(view)
         if view_errors(pg):
             problems.append(f"{view}: the view shows an error: {view_errors(pg)[0][:200]}")
+        others = sorted(set(pg.evaluate("[...window.__drawn]")) - set(pg.evaluate(SHOWN)))
+        if others:
+            problems.append(f"{view}: figures not on the page were drawn while it filled: {others}")
         problems += page_problems(pg, view, least, presenter=bool(params.get("presenter")))
         if params.get("presenter") and view in CORE_VIEWS:  # What-if and the lab open with their choices
             problems += projector_problems(pg, view)
         screenshot(pg, view, screen)
+        pg.evaluate("window.__drawn.clear()")  # before the next view is chosen
     assert set(seen) == set(MAIN), f"the view selector offered {seen}"
     assert not problems, "\n".join(problems)
 
