@@ -160,7 +160,7 @@ def main(places: controls.Places, lecture_slot) -> None:
                       screen=screen.current(), extras=extras)
     draw = next(v[-1] for v in VIEWS if v[0] == view)
     part_only = room_follow.part_only() and cmp_spec is None  # a following page: the step's part alone
-    block = view_block(view)
+    block = view_block((view, cmp_spec is not None, part_only))  # compare mode and a part alone: other blocks
     try:
         with block, sections.only(view, part_only):
             if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
@@ -180,17 +180,17 @@ def main(places: controls.Places, lecture_slot) -> None:
     room_follow.step_drawn()
 
 
-def view_block(view: str):
-    """The container the view draws in. Streamlit shows the last run's elements until this run replaces them, and a
-    block sent where the last run had a block of the same kind takes over that block's children: while a newly
-    chosen view fills, the browser would draw the last view's figures again inside it (a third more figures drawn
-    per view change). So views take turns between two places: a newly chosen view draws in the place that held
-    nothing, and the last view's place is emptied first; a run of the same view keeps its place, and the figures
-    that did not change are not drawn again."""
+def view_block(shown: tuple):
+    """The container the view draws in; `shown`: the view and its mode. Streamlit shows the last run's elements
+    until this run replaces them, and a block sent where the last run had a block of the same kind takes over that
+    block's children: while a newly chosen view filled, the browser drew the last view's figures again inside it
+    (a quarter more figures drawn over a walk through the views). So views take turns between two places: a newly
+    chosen view draws in the place that held nothing, and the last view's place is emptied first; a run of the same
+    view keeps its place, and the figures that did not change are not drawn again."""
     place = st.session_state.get("_view_place", 0)
-    if st.session_state.get("_view_drawn") != view:
+    if st.session_state.get("_view_drawn") != shown:
         place = 1 - place
-    st.session_state["_view_place"], st.session_state["_view_drawn"] = place, view
+    st.session_state["_view_place"], st.session_state["_view_drawn"] = place, shown
     outer = st.container()
     if place == 0:
         body = outer.container()
