@@ -81,10 +81,13 @@ class Watcher:
 
 def rerun_page(session_id: str, query: str) -> bool:
     """Ask the session for a page run with this URL and no widget change (on the server's event loop, where the
-    session's methods run); False when the session has ended."""
+    session's methods run); False when the session has ended, or when no server runs the pages (AppTest runs a
+    page without one)."""
     from streamlit import runtime
     from streamlit.proto.ClientState_pb2 import ClientState
 
+    if not runtime.exists():
+        return False
     server = runtime.get_instance()
     session = server.get_app_session(session_id)
     if session is None:
