@@ -33,8 +33,9 @@ DRAWN = """() => { window.__drawn = new Set();
       const key = holder && [...holder.classList].find(c => c.startsWith('st-key-'));
       if (key) window.__drawn.add(key.slice(7));
     } } }).observe(document, {childList: true, subtree: true}); }"""
-SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd =>
-  ([...gd.closest('[data-testid="stElementContainer"]').classList].find(c => c.startsWith('st-key-')) || '').slice(7))"""
+SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd => {
+  const holder = gd.closest('[data-testid="stElementContainer"]');
+  return ([...holder.classList].find(c => c.startsWith('st-key-')) || '').slice(7); })"""
 BUTTONS = '.st-key-view [role="radio"]'
 
 

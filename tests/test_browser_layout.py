@@ -15,10 +15,12 @@ screen; `SCREENSHOT_DIR=docs/screenshots` regenerates the README's).
 """
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-from browser_util import (CORE_VIEWS, PROMPT, browser, each_view_drawn, forget, module_page, open_app,  # noqa: F401
-                          query, server, settle_figures, shots_dir, steady, sync_api, view_errors, wait_idle)
+from browser_util import (CORE_VIEWS, PROMPT, ROOT, browser, each_view_drawn, forget, module_page,  # noqa: F401
+                          open_app, query, server, settle_figures, shots_dir, steady, sync_api, view_errors, wait_idle)
 from layout_util import MAIN, drawn_for_screen, page_problems, screenshot
 
 pytestmark = pytest.mark.browser
@@ -87,26 +89,22 @@ def page_for(browser):
         forget(pg)
 
 
-# The figures Plotly draws (a new .main-svg), by their chart's key, since the last reset: a view chosen must draw its
-# own figures only, not the last view's again while it fills (app/main.py's view_block).
-DRAWN = """(() => { window.__drawn = new Set();
-    new MutationObserver(records => { for (const r of records) for (const n of r.addedNodes) {
-        if (n.nodeType !== 1) continue;
-        for (const svg of n.matches('.main-svg') ? [n] : n.querySelectorAll('.main-svg')) {
-            const holder = svg.closest('[data-testid="stElementContainer"]');
-            const key = holder && [...holder.classList].find(c => c.startsWith('st-key-'));
-            if (key) window.__drawn.add(key.slice(7));
-        } } }).observe(document, {childList: true, subtree: true});
-})()"""
-SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd =>
-    ([...gd.closest('[data-testid="stElementContainer"]').classList].find(c => c.startsWith('st-key-')) || '').slice(7))"""
+def view_change_probe():
+    """bench/bench_view_change.py's DRAWN (the chart keys of the figures Plotly draws, since the last reset) and
+    SHOWN (those on the page): a view chosen must draw its own figures only, not the last view's again while it
+    fills (app/main.py's view_block)."""
+    spec = importlib.util.spec_from_file_location("bench_view_change", ROOT / "bench" / "bench_view_change.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.DRAWN, bench.SHOWN
 
 
 @pytest.mark.parametrize("screen", SCREENS)
 def test_every_view_fits_the_screen(server, page_for, screen):
     _, _, params, least = SCREENS[screen]
     pg = page_for(screen)
-    pg.add_init_script(DRAWN)
+    drawn, shown = view_change_probe()
+    pg.add_init_script(f"({drawn})()")
     open_app(pg, server, lang="en", view="tokens", prompt=PROMPT, **params)
     drawn_for_screen(pg)
     problems, seen = [], []
@@ -115,7 +113,7 @@ def test_every_view_fits_the_screen(server, page_for, screen):
         seen.append(view)
         if view_errors(pg):
             problems.append(f"{view}: the view shows an error: {view_errors(pg)[0][:200]}")
-        others = sorted(set(pg.evaluate("[...window.__drawn]")) - set(pg.evaluate(SHOWN)))
+        others = sorted(set(pg.evaluate("[...window.__drawn]")) - set(pg.evaluate(shown)))
         if others:
             problems.append(f"{view}: figures not on the page were drawn while it filled: {others}")
         problems += page_problems(pg, view, least, presenter=bool(params.get("presenter")))
