@@ -138,8 +138,8 @@ def page(browser):
 def module_page(browser, width: int = 1500, height: int = 1100, **context):
     """A page for a module whose tests use one page at a time: this process's page for these context options (a
     desktop's, a phone's), sized width × height and holding nothing of the module before it (forget). A page load
-    in a page that has loaded the app before costs the browser ~2 s of CPU, in a new context ~4.6 s (each context
-    has its own cache: every script fetched and compiled again)."""
+    in a page that has loaded the app before costs the browser about a third of one in a new context, which has a
+    cache of its own: every script fetched and compiled again (bench/bench_page_load.py, docs/testing.md)."""
     pages = _SHARED.setdefault("pages", {})
     key = tuple(sorted(context.items()))
     pg = pages.get(key)
