@@ -183,8 +183,8 @@ def main(places: controls.Places, lecture_slot) -> None:
 def view_block(shown: tuple):
     """The container the view draws in; `shown`: the view and its mode. Streamlit shows the last run's elements
     until this run replaces them, and a block sent where the last run had a block of the same kind takes over that
-    block's children: while a newly chosen view filled, the browser drew the last view's figures again inside it
-    (a quarter more figures drawn over a walk through the views). So views take turns between two places: a newly
+    block's children: while a newly chosen view filled, the browser would draw the last view's figures again inside
+    it (a quarter more figures drawn over a walk through the views). So views take turns between two places: a newly
     chosen view draws in the place that held nothing, and the last view's place is emptied first; a run of the same
     view keeps its place, and the figures that did not change are not drawn again."""
     place = st.session_state.get("_view_place", 0)

@@ -242,7 +242,7 @@ def download(source: str, ids) -> None:
     except gateway.RunRefused as e:  # over the server's download cap: said here, before anyone clicks
         st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
         return
-    # An .npz is a zip archive, and named so the server sends it as it is: as application/octet-stream it was
+    # An .npz is a zip archive, and named so the server sends it as it is: as application/octet-stream it would be
     # compressed again on every download (0.7 s of CPU at gzip's level 9 for a 23 MB recording, 12 % smaller).
     st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
                                mime=NPZ_MIME, on_click="ignore", key="download_npz")
