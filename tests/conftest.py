@@ -398,7 +398,7 @@ _REAL = re.compile(r"smollm2|default_gguf_path|DEFAULT_SOURCE")
 _APP = re.compile(r"^from (apptest_util|streamlit\.testing)|^import apptest_util|bench_load", re.M)
 
 
-@functools.lru_cache(maxsize=None)  # parametrized tests share their function and fixtures: read each once
+@functools.lru_cache(maxsize=None)  # a module's source, read once for all of its tests
 def _source(obj) -> str:
     try:
         return inspect.getsource(obj)
