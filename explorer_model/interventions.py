@@ -300,14 +300,14 @@ class Patch(Intervention):
         src = source[self.hook]
 
         def fn(x, hp):
-            p_src, p_dst = _position(self.pos, src.shape[1]), _position(self.pos, x.shape[1])
+            p_src, p_dst = absolute_position(self.pos, src.shape[1]), absolute_position(self.pos, x.shape[1])
             x = x.clone()
             x[:, p_dst] = src[:, p_src].to(x.dtype)
             return x
         return [(self.hook, fn, _REPLACE)]
 
 
-def _position(pos: int, n: int) -> int:
+def absolute_position(pos: int, n: int) -> int:
     p = pos + n if pos < 0 else pos
     if not 0 <= p < n:
         raise ValueError(f"position {pos} does not exist in a prompt of {n} tokens")

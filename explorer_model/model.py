@@ -135,6 +135,13 @@ class KVCache:
                 grown[0][:, :n0], grown[1][:, :n0] = self.k[layer][:, :n0], self.v[layer][:, :n0]
             self.k[layer], self.v[layer] = grown
 
+    def share(self, rows: int) -> None:
+        """The positions cached so far (one sequence) become the common start of `rows` sequences, each of which
+        the next forward continues: a batch of variants of one prompt that differ only from here on."""
+        for layer, n0 in enumerate(self.lengths):
+            if n0:
+                self.k[layer], self.v[layer] = (t[:, :n0].repeat(rows, 1, 1, 1) for t in (self.k[layer], self.v[layer]))
+
     def layer_length(self, layer: int) -> int:
         return self.lengths[layer]
 

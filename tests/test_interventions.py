@@ -282,6 +282,26 @@ def test_patch(model, clean, hook, pos):
         assert not torch.allclose(rec.logits[:, p_dst + 1:], clean.logits[:, p_dst + 1:])
 
 
+@pytest.mark.parametrize("hook, pos", [("hook_resid_post", -1), ("hook_resid_pre", 4), ("attn.hook_v", 0)])
+def test_the_patch_sweep_is_one_patched_run_per_layer(model, hook, pos):
+    """The what-if lesson's sweep (one batched run: a row patched at each layer, the positions before the patch
+    run once for all rows) against the what-if's own patch, one ordinary run per layer."""
+    from explorer_model.analysis.patch_lesson import patch_layer_sweep
+
+    sweep = patch_layer_sweep(model, TOKENS, SOURCE, hook, pos)
+    clean = F.log_softmax(model(torch.tensor([TOKENS]))[0, -1].double(), -1)
+    assert sweep["top_clean"] == int(clean.argmax())
+    for layer in range(model.cfg.n_layers):
+        with intervene(model, [f"patch:blocks.{layer}.{hook}@{pos}"], SOURCE):
+            lp = F.log_softmax(model(torch.tensor([TOKENS]))[0, -1].double(), -1)
+        kl = float(M.kl_divergence(clean, lp))
+        assert kl > 1e-5  # the patch changes the prediction: the comparison below means something
+        assert sweep["kl"][layer] == pytest.approx(kl, rel=1e-4)
+        assert sweep["top"][layer] == int(lp.argmax())
+        assert sweep["p_top_clean"][layer] == pytest.approx(float(lp[sweep["top_clean"]].exp()), rel=1e-4)
+    assert no_hooks_left(model)
+
+
 def test_patch_needs_a_source_and_valid_positions(model):
     with pytest.raises(ValueError, match="source"):
         record(model, TOKENS, interventions=["patch:blocks.1.hook_resid_pre@2"])

@@ -11,30 +11,45 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..model import LlamaModel
-from ..interventions import Patch
+from ..model import KVCache, LlamaModel
+from ..interventions import absolute_position
 from .measures import kl_divergence
 
 
 @torch.no_grad()
 def patch_layer_sweep(model: LlamaModel, ids, source_ids, hook: str = "hook_resid_post", pos: int = -1) -> dict:
     """{"kl": [layer] KL at the last position, "top": [layer] top token id after patching, "top_clean": id,
-    "p_top_clean": [layer] probability the patched run gives the unchanged top token}. One run per layer."""
-    tokens = torch.as_tensor(list(ids), dtype=torch.long)[None]
-    names = [f"blocks.{layer}.{hook}" for layer in range(model.cfg.n_layers)]
-    src: dict[str, torch.Tensor] = {}  # the source's values, from one run (the what-if Patch recomputes them per run)
-    with model.hooks([(n, lambda x, hp: src.__setitem__(hp.name, x.detach())) for n in names]):
+    "p_top_clean": [layer] probability the patched run gives the unchanged top token}.
+
+    One batched run instead of one run per layer: row L of the batch is patched at layer L, the last row is the
+    unchanged prompt. A patch at position p changes nothing before p in a causal model, so the positions before
+    p run once and every row continues from their keys and values (a KV cache shared by the rows)."""
+    ids, n_layers = list(ids), model.cfg.n_layers
+    p, p_src = absolute_position(pos, len(ids)), absolute_position(pos, len(source_ids))
+    names = [f"blocks.{layer}.{hook}" for layer in range(n_layers)]
+    src: dict[str, torch.Tensor] = {}  # the source's values at its position, from one run
+    with model.hooks([(n, lambda x, hp: src.__setitem__(hp.name, x[0, p_src].detach())) for n in names]):
         model(torch.as_tensor(list(source_ids), dtype=torch.long)[None])
-    clean = F.log_softmax(model(tokens)[0, -1].double(), -1)
-    kl, top, p_keep = [], [], []
+    tokens = torch.as_tensor(ids, dtype=torch.long)[None]
+    cache = KVCache(n_layers)
+    if p:
+        model(tokens[:, :p], cache)
+    cache.share(n_layers + 1)
+
+    def patch(row: int):
+        def fn(x, hp):  # x: [row, position from p on, ...]; this row's position p takes the source's value
+            x = x.clone()
+            x[row, 0] = src[hp.name].to(x.dtype)
+            return x
+        return fn
+
+    with model.hooks([(name, patch(layer)) for layer, name in enumerate(names)]):
+        lp = F.log_softmax(model(tokens[:, p:].expand(n_layers + 1, -1), cache)[:, -1].double(), -1)
+    clean, patched = lp[n_layers], lp[:n_layers]
     top_clean = int(clean.argmax())
-    for name in names:
-        with model.hooks([(h, fn) for h, fn, _ in Patch(name, pos).hooks(model, src)]):  # the what-if's patch
-            lp = F.log_softmax(model(tokens)[0, -1].double(), -1)
-        kl.append(float(kl_divergence(clean, lp)))
-        top.append(int(lp.argmax()))
-        p_keep.append(float(lp[top_clean].exp()))
-    return {"kl": np.array(kl), "top": np.array(top), "top_clean": top_clean, "p_top_clean": np.array(p_keep)}
+    return {"kl": np.array([float(kl_divergence(clean, q)) for q in patched]),
+            "top": patched.argmax(-1).numpy(), "top_clean": top_clean,
+            "p_top_clean": patched[:, top_clean].exp().numpy()}
 
 
 def lesson_layer(sweep: dict, min_kl: float = 0.5) -> int:
