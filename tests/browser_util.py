@@ -173,6 +173,16 @@ def new_page(browser, width: int = 1500, height: int = 1100, **kwargs):
     return pg
 
 
+def another_page(pg):
+    """A second page in pg's context, the same size: its own Streamlit session, pg's cookies and cache."""
+    other = pg.context.new_page()
+    other.set_viewport_size(pg.viewport_size)
+    requests: list[str] = []
+    other.on("request", lambda r: requests.append(r.url))
+    other.requests = requests
+    return other
+
+
 def shots_dir() -> Path:
     d = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "artifacts" / "screenshots"))
     d.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 
-from browser_util import ROOT, free_port, new_page, open_app, query, settle_figures, wait_idle
+from browser_util import ROOT, another_page, free_port, new_page, open_app, query, settle_figures, wait_idle
 from explorer_model.cli.room_load import presenter_key
 from explorer_model.cli.visitor import Visitor
 from explorer_model.room import Room, runtime_dir
@@ -30,10 +30,11 @@ HAPROXY = Path("/usr/sbin/haproxy")
 LECTURE, STEPS = "tutorial-000", 21
 CLICKER = ("ArrowRight", "PageDown", " ")
 # One follower per role: a laptop that only follows, a phone that asks for whole views, a large screen that explores
-# on its own and rejoins (the size of a class is bench/bench_load.py --lecture's to measure). Behind HAProxy, which
-# gives each new page the process with fewer connections, they land on both processes after the presenter's, two
-# on the one without the presenter.
-FOLLOWERS = ((1280, 720, {}), (390, 844, {"is_mobile": True, "has_touch": True}), (1500, 1100, {}))
+# on its own and rejoins (the size of a class is bench/bench_load.py --lecture's to measure). The laptop is a second
+# page of the presenter's browser context (None: its own session, the presenter's balancer cookie, so the
+# presenter's process; the app's scripts not fetched and compiled again); the phone and the large screen have
+# contexts of their own, which HAProxy gives the process with fewer connections: the one without the presenter.
+FOLLOWERS = ((1280, 720, None), (390, 844, {"is_mobile": True, "has_touch": True}), (1500, 1100, {}))
 URL_STATE = ("lecture", "step", "model", "prompt", "view", "layer", "head", "token")
 FOLLOW_TIMEOUT = 240  # seconds: a generous bound on a busy machine, not a speed (bench/ measures that)
 
@@ -243,7 +244,8 @@ def open_room(browser, server: SharedServer, step: int = 1):
     presenter = room_page(browser, 1280, 720)
     open_app(presenter, server.url, lecture=LECTURE, step=step, room_key=server.key, presenter=1)
     assert "room_key" not in query(presenter)  # the key leaves the address bar
-    followers = [room_page(browser, w, h, **extra) for w, h, extra in FOLLOWERS]
+    followers = [another_page(presenter) if extra is None else room_page(browser, w, h, **extra)
+                 for w, h, extra in FOLLOWERS]
     for pg in followers:
         open_app(pg, server.url)
         assert pg.locator(".st-key-lecture_next button").count() == 0  # no way to move the room
@@ -331,7 +333,9 @@ def cannot_move_the_room(presenter, followers, server: SharedServer, now: dict) 
 
 def close(pages) -> None:
     for pg in pages:
-        pg.context.close()
+        pg.close()
+        if not pg.context.pages:
+            pg.context.close()
 
 
 def process_of(pg) -> str:
