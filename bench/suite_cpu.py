@@ -7,7 +7,9 @@ A process that starts and ends between two samples is missed, and one that ends 
 the "sampled" total is therefore a little below the CPU the operating system reports for the command's
 descendants it waited for ("reaped", from getrusage), which is printed beside it.
 
-Usage: .venv/bin/python bench/suite_cpu.py [--every 0.5] [-- COMMAND ...]
+With --top N, the N processes that took the most CPU follow, each with its kind and the start of its command line.
+
+Usage: .venv/bin/python bench/suite_cpu.py [--every 0.5] [--top N] [-- COMMAND ...]
        (default command: python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder, as `make test`)
 """
 from __future__ import annotations
@@ -66,6 +68,7 @@ def descendants(root: int, table: dict[int, tuple[int, int]]) -> set[int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", type=float, default=0.5, help="seconds between two samples of /proc")
+    ap.add_argument("--top", type=int, default=0, help="list the N processes that took the most CPU")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the command to run (after --)")
     args = ap.parse_args()
     command = [c for c in args.command if c != "--"] or DEFAULT
@@ -73,7 +76,7 @@ def main() -> int:
     t0 = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as make's recipes run
     child = subprocess.Popen(command, cwd=ROOT, env=dict(env, OMP_WAIT_POLICY="PASSIVE"))
-    seen: dict[int, list] = {}  # pid -> [kind, CPU ticks at its last sample]
+    seen: dict[int, list] = {}  # pid -> [kind, CPU ticks at its last sample, command line]
     while child.poll() is None:
         table = processes()
         for pid in descendants(child.pid, table):
@@ -83,12 +86,12 @@ def main() -> int:
                 except OSError:
                     continue
                 kind = "the command" if pid == child.pid else kind_of(cmdline)
-                seen[pid] = [kind, 0]
+                seen[pid] = [kind, 0, cmdline.replace(b"\0", b" ").decode(errors="replace").strip()]
             seen[pid][1] = table[pid][1]
         time.sleep(args.every)
     wall = time.monotonic() - t0
     by_kind: dict[str, float] = {}
-    for kind, ticks in seen.values():
+    for kind, ticks, _ in seen.values():
         by_kind[kind] = by_kind.get(kind, 0.0) + ticks / TICK
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     sampled = sum(by_kind.values())
@@ -96,6 +99,10 @@ def main() -> int:
           f"{usage.ru_utime + usage.ru_stime:.0f} s; {len(seen)} processes sampled")
     for kind, seconds in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:<14} {seconds:8.1f} s CPU  {100 * seconds / max(sampled, 1e-9):5.1f} %")
+    if args.top:
+        print(f"the {args.top} processes that took the most CPU:")
+        for kind, ticks, cmdline in sorted(seen.values(), key=lambda v: -v[1])[:args.top]:
+            print(f"  {ticks / TICK:7.1f} s  {kind:<14} {cmdline[:150]}")
     return child.returncode
 
 
