@@ -182,6 +182,28 @@ def test_gguf_cache_hit_and_rebuild(ckpt, tmp_path, gqa, monkeypatch):
     assert not list(cache_dir.glob(".*tmp"))  # no temporary files left behind
 
 
+def test_gguf_config_comes_from_its_cache_header_once_loaded(ckpt, tmp_path, gqa, monkeypatch):
+    """read_config (the estimate `info` prints before loading) takes a loaded GGUF's config from its cache's header
+    instead of parsing the file; without a usable cache it parses the file."""
+    model, _, _ = gqa
+    path = ckpt.write_gguf(model, tmp_path / "m.gguf", qtype="Q8_0")
+    monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path / "cache"))
+    parsed = L.read_config(path)  # no cache yet: from the file
+    loaded = L.load(path)
+    assert parsed == loaded.model.cfg
+
+    def no_parse(*a, **k):
+        raise AssertionError("the GGUF was parsed although its cache exists")
+
+    with monkeypatch.context() as m:
+        m.setattr(G, "open_reader", no_parse)
+        assert L.read_config(path) == parsed
+    [cache_file] = list((tmp_path / "cache").glob("*.safetensors"))
+    del loaded  # it maps the cache file
+    cache_file.write_bytes(b"garbage" * 10)
+    assert L.read_config(path) == parsed
+
+
 def test_gguf_cache_with_damaged_tensor_bytes_is_not_trusted(ckpt, tmp_path, gqa):
     """Damage that keeps the safetensors structure valid (a flipped byte in a weight) is caught by the checksum."""
     model, tokens, ref = gqa

@@ -68,12 +68,11 @@ def memory_lines(cfg) -> list[str]:
 def cmd_info(args) -> None:
     from ..loaders import LoadError, read_config
 
-    try:
-        cfg = read_config(args.source)
-    except LoadError:
-        cfg = None  # the load below says what is wrong with the source, in the loaders' own words
-    if cfg is not None and not args.json:  # before loading: a model too big for this machine is refused below
-        print("\n".join(memory_lines(cfg)), flush=True)
+    if not args.json:  # before loading: a model too big for this machine is refused below
+        try:
+            print("\n".join(memory_lines(read_config(args.source))), flush=True)
+        except LoadError:
+            pass  # the load below says what is wrong with the source, in the loaders' own words
     t0 = time.perf_counter()
     loaded = _load(args.source, args.dtype)
     seconds = time.perf_counter() - t0

@@ -94,14 +94,18 @@ def resolve(source: str | os.PathLike) -> Path:
 def read_config(source: str | os.PathLike = DEFAULT):
     """The ModelConfig of a source without loading its weights (for memory estimates before a load).
 
-    Reads config files, a GGUF's metadata, or for Meta folders the shapes of the memory-mapped first shard."""
+    Reads config files, a GGUF's metadata (or the header of its weight cache), or for Meta folders the shapes of
+    the memory-mapped first shard."""
     from .native import is_native
 
     path = resolve(source)
     try:
         if path.is_file() and _is_gguf(path):
-            from .gguf import convert_config, open_reader, read_metadata
+            from .gguf import cached_config, convert_config, open_reader, read_metadata
 
+            cfg = cached_config(path)  # a load has been here before: its cache's header
+            if cfg is not None:
+                return cfg
             reader = open_reader(path)
             return convert_config(reader, read_metadata(reader), path)[0]
         if is_native(path):
