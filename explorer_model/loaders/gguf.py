@@ -318,6 +318,9 @@ def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
 
     from ..memory import DTYPES
 
+    with open(path, "rb") as f:  # anything else is refused by the parse, before a hash of all its bytes
+        if f.read(4) != b"GGUF":
+            return None
     digest = content_digest(path)
     for dtype in DTYPES.values():
         file = cache_file(path, cache_dir, digest, dtype)
