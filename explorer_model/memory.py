@@ -3,7 +3,7 @@
 Everything here reads only a ModelConfig. Parameter counts and tensor shapes come from the real LlamaModel
 built on PyTorch's "meta" device (shapes without storage, so LLaMA-65B costs nothing), which keeps one
 implementation of what the model contains: the loaded model's `param_counts()` and these figures agree by
-construction.
+construction. The hooks' shapes, once worked out, are kept in the cache folder for the next process.
 
     estimate(cfg, torch.bfloat16, n_tokens=512)   weights + runtime, in bytes
     recording_bytes(cfg, 4096, torch.float16)     what `record(...)` of every hook keeps for 4096 tokens
@@ -12,12 +12,16 @@ construction.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
 import os
 import re
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -131,9 +135,10 @@ def hook_shapes(cfg: ModelConfig, n_tokens: int) -> dict[str, tuple[int, ...]]:
     Each size in a hook's shape is a fixed number or the prompt's length (every hook is [batch, n, …] or
     [batch, heads, n, n]), so the forwards at n = 1, 2, 3, which the size formulas below run anyway, give every
     length: a page asking the shapes of each new prompt does not wait ~0.15 s (SmolLM2) for a forward of its own.
-    A size that is neither would not move in step over 1, 2, 3; then each length is run."""
+    A size that is neither would not move in step over 1, 2, 3; then each length is run. The shapes at 1, 2, 3
+    are kept in the cache folder (_shape_template)."""
     n = int(n_tokens)
-    template = _shape_template(cfg) if n > 3 else None
+    template = _shape_template(cfg)  # made of the shapes at 1, 2 and 3: those lengths too
     if template is None:
         return dict(_hook_shapes(cfg, n))
     return {name: tuple(n if size is None else size for size in sizes) for name, sizes in template}
@@ -141,7 +146,64 @@ def hook_shapes(cfg: ModelConfig, n_tokens: int) -> dict[str, tuple[int, ...]]:
 
 @functools.lru_cache(maxsize=32)
 def _shape_template(cfg: ModelConfig) -> tuple[tuple[str, tuple[int | None, ...]], ...] | None:
-    """Each hook's shape with None where the prompt's length goes, or None if a size is neither fixed nor n."""
+    """Each hook's shape with None where the prompt's length goes, or None if a size is neither fixed nor n.
+
+    Kept in the cache folder too: a process's first operation on the meta device imports torch._dynamo (~1 s
+    of CPU), which every server paid for its first prompt's cost. The file's name holds the config and the
+    source of the modules that make the forward, so an edit of either finds no file and runs the forwards."""
+    stored = _stored_template(cfg)
+    if stored is not None:
+        return stored
+    template = _forward_template(cfg)
+    if template is not None:
+        _store_template(cfg, template)
+    return template
+
+
+_FORWARD_SOURCES = ("model.py", "hooks.py", "rope.py", "kernels.py", "config.py")
+
+
+def _template_file(cfg: ModelConfig):
+    from .cache_folder import cache_root
+
+    which = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    code = hashlib.sha256(torch.__version__.encode())
+    for name in _FORWARD_SOURCES:
+        code.update(Path(__file__).with_name(name).read_bytes())
+    return cache_root() / "shapes" / f"hooks-{which}-{code.hexdigest()[:16]}.json"
+
+
+def _stored_template(cfg: ModelConfig):
+    """The template in the cache folder, if there is one with every hook's name in order and sizes that are
+    positive integers or null; anything else is ignored (and replaced once the forwards have run)."""
+    try:
+        rows = json.loads(_template_file(cfg).read_text())
+        template = tuple((str(name), tuple(sizes)) for name, sizes in rows)
+    except (OSError, ValueError, TypeError):
+        return None
+    fits = [name for name, _ in template] == meta_model(cfg).hook_names() and all(
+        size is None or type(size) is int and size > 0 for _, sizes in template for size in sizes)
+    return template if fits else None
+
+
+def _store_template(cfg: ModelConfig, template) -> None:
+    """Written to a temporary name and renamed; the versions of older code for the same config are removed. A
+    folder that cannot be written only costs the forwards next time."""
+    file = _template_file(cfg)
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(template))
+        os.replace(tmp, file)
+        for stale in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.json"):
+            if stale != file:
+                stale.unlink(missing_ok=True)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _forward_template(cfg: ModelConfig):
     template = []
     for (name, one), (_, two), (_, three) in zip(*(_hook_shapes(cfg, n) for n in (1, 2, 3))):
         if not len(one) == len(two) == len(three):

@@ -4,8 +4,10 @@ dtype, memory estimates and the refusal, recording cost, per-layer progress, the
 The 7B-width checks (memory-mapped loading, refusal at the real width) are in test_dtype_7b.py."""
 from __future__ import annotations
 
-import torch
+import json
+
 import pytest
+import torch
 
 from explorer_model import memory
 from explorer_model.cli import main
@@ -231,3 +233,33 @@ def test_hook_shapes_of_every_length_are_those_of_a_forward_of_that_length(varia
     forward = memory._meta_forward_shapes  # the whole model, that very length
     for n in (1, 2, 3, 4, 5, 9, 63, 64, 65, 200):
         assert memory.hook_shapes(cfg, n) == dict(forward(cfg, n)), n
+
+
+def test_hook_shapes_are_kept_in_the_cache_folder(tmp_path, monkeypatch):
+    """A second process reads the shapes the first worked out (no forward on the meta device); a file that is
+    not a list of every hook with positive sizes is ignored and written again."""
+    from explorer_model.config import ModelConfig
+
+    monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path))
+    cfg = ModelConfig(vocab_size=97, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, head_dim=4, d_ff=40,
+                      norm_eps=1e-5, rope_theta=10000.0, max_seq_len=256, tie_embeddings=False, name="kept")
+    memory._shape_template.cache_clear()
+    first = {n: memory.hook_shapes(cfg, n) for n in (1, 7)}
+    [file] = (tmp_path / "shapes").glob("*.json")
+    good = file.read_text()
+
+    def no_forward(*args):
+        raise AssertionError("the shapes were worked out again although the cache folder holds them")
+
+    memory._shape_template.cache_clear()  # as in a new process
+    with monkeypatch.context() as m:
+        m.setattr(memory, "_hook_shapes", no_forward)
+        assert {n: memory.hook_shapes(cfg, n) for n in (1, 7)} == first
+    rows = json.loads(good)
+    for bad in ("garbage", "[]", json.dumps(rows[1:]), json.dumps([[name, [-1] + sizes[1:]] for name, sizes in rows]),
+                json.dumps([[name, [True] + sizes[1:]] for name, sizes in rows])):
+        file.write_text(bad)
+        memory._shape_template.cache_clear()
+        assert {n: memory.hook_shapes(cfg, n) for n in (1, 7)} == first
+        assert file.read_text() == good
+    memory._shape_template.cache_clear()
