@@ -186,9 +186,9 @@ def test_cache_writer_is_safetensors(tmp_path):
             assert f.get_tensor(k).dtype == v.dtype and torch.equal(f.get_tensor(k), v)
 
 
-def test_visitors_asking_a_recordings_size_at_once_compute_its_fit_once(monkeypatch):
+def test_visitors_asking_a_recordings_size_at_once_compute_its_fit_once(monkeypatch, tmp_path):
     """A server's first visitors ask the cost of their prompts at the same moment: the meta forwards that fit the
-    size formula run once, the others wait for the result."""
+    size formula run once, the others wait for the result (in a cache folder that does not hold the shapes yet)."""
     import threading
 
     from explorer_model.config import ModelConfig
@@ -203,7 +203,9 @@ def test_visitors_asking_a_recordings_size_at_once_compute_its_fit_once(monkeypa
         return real(c, n)
 
     monkeypatch.setattr(memory, "_hook_shapes", counted)
+    monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path))
     memory._quadratic.cache_clear()
+    memory._shape_template.cache_clear()
     sizes = []
 
     def ask():
