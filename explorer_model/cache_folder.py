@@ -1,5 +1,6 @@
 """The explorer's one cache folder (dequantized GGUF weights, the compiled decode step, the hooks' shapes per config:
-memory.py) and the temporaries that a writer killed mid-write leaves behind. Without torch: the compiled step's build and the CLI use it too."""
+shape_store.py) and the temporaries that a writer killed mid-write leaves behind. Without torch: the compiled
+step's build and the CLI use it too."""
 from __future__ import annotations
 
 import contextlib

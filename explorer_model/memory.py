@@ -12,21 +12,18 @@ construction. The hooks' shapes, once worked out, are kept in the cache folder f
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import json
 import os
 import re
 import sys
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
+from . import shape_store
 from .config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,61 +143,15 @@ def hook_shapes(cfg: ModelConfig, n_tokens: int) -> dict[str, tuple[int, ...]]:
 
 @functools.lru_cache(maxsize=32)
 def _shape_template(cfg: ModelConfig) -> tuple[tuple[str, tuple[int | None, ...]], ...] | None:
-    """Each hook's shape with None where the prompt's length goes, or None if a size is neither fixed nor n.
-
-    Kept in the cache folder too: a process's first operation on the meta device imports torch._dynamo (~1 s
-    of CPU), which every server paid for its first prompt's cost. The file's name holds the config and the
-    source of the modules that make the forward, so an edit of either finds no file and runs the forwards."""
-    stored = _stored_template(cfg)
+    """Each hook's shape with None where the prompt's length goes, or None if a size is neither fixed nor n;
+    kept in the cache folder for the next process (shape_store.py)."""
+    stored = shape_store.load(cfg, meta_model(cfg).hook_names())
     if stored is not None:
         return stored
     template = _forward_template(cfg)
     if template is not None:
-        _store_template(cfg, template)
+        shape_store.save(cfg, template)
     return template
-
-
-_FORWARD_SOURCES = ("model.py", "hooks.py", "rope.py", "kernels.py", "config.py")
-
-
-def _template_file(cfg: ModelConfig):
-    from .cache_folder import cache_root
-
-    which = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-    code = hashlib.sha256(torch.__version__.encode())
-    for name in _FORWARD_SOURCES:
-        code.update(Path(__file__).with_name(name).read_bytes())
-    return cache_root() / "shapes" / f"hooks-{which}-{code.hexdigest()[:16]}.json"
-
-
-def _stored_template(cfg: ModelConfig):
-    """The template in the cache folder, if there is one with every hook's name in order and sizes that are
-    positive integers or null; anything else is ignored (and replaced once the forwards have run)."""
-    try:
-        rows = json.loads(_template_file(cfg).read_text())
-        template = tuple((str(name), tuple(sizes)) for name, sizes in rows)
-    except (OSError, ValueError, TypeError):
-        return None
-    fits = [name for name, _ in template] == meta_model(cfg).hook_names() and all(
-        size is None or type(size) is int and size > 0 for _, sizes in template for size in sizes)
-    return template if fits else None
-
-
-def _store_template(cfg: ModelConfig, template) -> None:
-    """Written to a temporary name and renamed; the versions of older code for the same config are removed. A
-    folder that cannot be written only costs the forwards next time."""
-    file = _template_file(cfg)
-    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(template))
-        os.replace(tmp, file)
-        for stale in file.parent.glob(file.name.rsplit("-", 1)[0] + "-*.json"):
-            if stale != file:
-                stale.unlink(missing_ok=True)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def _forward_template(cfg: ModelConfig):
