@@ -285,17 +285,24 @@ def cache_crc32(state: dict, info: dict) -> str:
     return f"{crc:08x}"
 
 
+def _cache_header(file: Path) -> dict | None:
+    """A cache file's header fields if it is of this CACHE_VERSION (raises if it cannot be read)."""
+    from safetensors import safe_open
+
+    with safe_open(file, "pt") as f:
+        info = f.metadata() or {}
+    return info if info.get("cache_version") == CACHE_VERSION else None
+
+
 def read_cache(file: Path):
     """(cfg, state, tokenizer fields, note), or None when the file is absent or unusable."""
-    from safetensors import safe_open
     from safetensors.torch import load_file
 
     if not file.is_file():
         return None
     try:
-        with safe_open(file, "pt") as f:
-            info = f.metadata() or {}
-        if info.get("cache_version") != CACHE_VERSION:
+        info = _cache_header(file)
+        if info is None:
             return None
         before = ("crc32", *_identity(file))
         state = load_file(file)
@@ -314,8 +321,6 @@ def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
     """The config that a cache of this GGUF (any dtype) holds in its header, or None. For an estimate before a
     load, without parsing the file's metadata and vocabulary (~1 s for SmolLM2's 49k tokens): no weight is read
     and the checksum is not verified here, the load that follows does that (read_cache)."""
-    from safetensors import safe_open
-
     from ..memory import DTYPES
 
     with open(path, "rb") as f:  # anything else is refused by the parse, before a hash of all its bytes
@@ -325,9 +330,8 @@ def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
     for dtype in DTYPES.values():
         file = cache_file(path, cache_dir, digest, dtype)
         try:
-            with safe_open(file, "pt") as f:
-                info = f.metadata() or {}
-            if info.get("cache_version") == CACHE_VERSION:
+            info = _cache_header(file)
+            if info is not None:
                 return ModelConfig.from_dict(json.loads(info["config"]))
         except Exception:  # absent, truncated or garbled: the next dtype's, or the GGUF itself
             continue
