@@ -110,7 +110,7 @@ def write_meta(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None,
         else:
             hf = {k: v for f in sorted(Path(like).glob("*.safetensors")) for k, v in load_file(f).items()}
             state = {name: hf[_hf_name(name)].to(dtype) for name, _ in _meta_shapes(shape, range(n_layers))}
-        torch.save(state, folder / "consolidated.00.pth")
+        _save_pth(state, folder / "consolidated.00.pth")
         _meta_files(folder, shape, n_layers)
         return folder
     tmp = folder / ".staging"
@@ -122,13 +122,23 @@ def write_meta(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None,
     state = {}
     for f in sorted(tmp.glob("*.safetensors")):
         state.update(load_file(f))  # memory-mapped: torch.save reads the pages as it writes them
-    torch.save(state, folder / "consolidated.00.pth")
+    _save_pth(state, folder / "consolidated.00.pth")
     del state
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()
     _meta_files(folder, shape, n_layers)
     return folder
+
+
+def _save_pth(state: dict, path: Path) -> None:
+    """torch.save without the zip records' CRC32 (~2 s of CPU a GB; torch.load does not check it): the loaders'
+    own checks are what the tests exercise, and tests/test_loaders.py loads .pth files written with it."""
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(state, path)
+    finally:
+        torch.serialization.set_crc32_options(True)
 
 
 def _meta_files(folder: Path, shape: dict, n_layers: int) -> None:
