@@ -108,7 +108,7 @@ def test_lab_experiments_queue_in_one_worker_and_never_touch_server_threads(monk
             time.sleep(0.005)
     poller = threading.Thread(target=poll)
     poller.start()
-    configs = [lab.RaceConfig(depth=2, steps=40, log_every=5, seq=16, batch=4, seed=s) for s in (11, 12)]
+    configs = [lab.RaceConfig(depth=2, steps=12, log_every=4, seq=16, batch=4, seed=s) for s in (11, 12)]
     jobs = [gateway.lab_race(rc, None) for rc in configs]  # started at once
     positions = []
     while not jobs[1].done():
