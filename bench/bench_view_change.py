@@ -4,7 +4,10 @@ each view change Chromium's CPU seconds (all its processes, from /proc) until th
 figures Plotly drew (a new plot surface) that are not on the page when the view is done (a view drawing the last
 view's figures again: none expected).
 
-Usage: .venv/bin/python bench/bench_view_change.py [--width 1280 --height 720]
+With --js-flags, Chromium's V8 gets those flags (tests/browser_util.py starts the suite's browser with
+--js-flags=--max-opt=1: V8's baseline compiler only), to compare both in one run of this script each.
+
+Usage: .venv/bin/python bench/bench_view_change.py [--width 1280 --height 720] [--js-flags=--max-opt=1]
        (needs /usr/bin/chromium and playwright; prints JSON)
 """
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=1280)
     ap.add_argument("--height", type=int, default=720)
+    ap.add_argument("--js-flags", default="", help="flags for V8, e.g. --max-opt=1 (as the test suite's browser)")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -61,7 +65,7 @@ def main() -> None:
     try:
         wait_healthy(port, proc)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS + ([f"--js-flags={args.js_flags}"] if args.js_flags else []))
             page = browser.new_context(viewport={"width": args.width, "height": args.height}).new_page()
             page.set_default_timeout(180_000)
             page.goto(url, wait_until="domcontentloaded")
@@ -86,7 +90,7 @@ def main() -> None:
             browser.close()
     finally:
         stop_server(proc)
-    print(json.dumps({"viewport": [args.width, args.height], "rounds": rounds,
+    print(json.dumps({"viewport": [args.width, args.height], "js_flags": args.js_flags, "rounds": rounds,
                       "total_cpu_s": [round(sum(v["chromium_cpu_s"] for v in r.values()), 2) for r in rounds],
                       "drawn_not_shown": sum(len(v["drawn_not_shown"]) for r in rounds for v in r.values()),
                       "loadavg": round(os.getloadavg()[0], 2)}, indent=1))

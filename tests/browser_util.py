@@ -27,7 +27,12 @@ from explorer_model.cli.serve import free_port  # noqa: F401  (the test modules 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
+         "--disable-sync", "--no-first-run",
+         # V8's baseline compiler only: a test page lives for a few script runs, and the optimizing compilers
+         # (Maglev, TurboFan) compile the same functions again for every page, on background threads, for runs
+         # that never come (the browser modules: ~6 % less of Chromium's CPU, docs/testing.md). The bench/
+         # scripts, which measure what a visitor's browser does, keep V8's defaults.
+         "--js-flags=--max-opt=1"]
 # the machine is shared by many processes on 2 cores: a script run may take a minute
 RUN_TIMEOUT = 180_000
 
