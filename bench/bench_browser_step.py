@@ -42,6 +42,12 @@ LONG_TASKS = """() => { window.__lastLongTask = 0;
 QUIET_S = 1.0  # a step counts as drawn when no long task started for this long after the script state settled
 
 
+def chromium_args(js_flags: str = "") -> list[str]:
+    """FLAGS, and V8's flags when given: the test suite's browser runs with --max-opt=1 (tests/browser_util.py), a
+    visitor's with V8's defaults; --js-flags on a benchmark's command line compares the two."""
+    return FLAGS + ([f"--js-flags={js_flags}"] if js_flags else [])
+
+
 def main() -> None:
     print(machine_line(), file=sys.stderr, flush=True)
     ap = argparse.ArgumentParser()

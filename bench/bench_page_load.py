@@ -5,7 +5,7 @@ new visitor) and again in a page that has loaded the app before (a link opened i
 A page that loaded the app before has Streamlit's and Plotly's JavaScript compiled, and the screen probe's cookie
 (app/screen.py), so its figures are drawn once for its width instead of for a guess and again.
 
-Usage: .venv/bin/python bench/bench_page_load.py [--rounds 4] [--width 1500 --height 1100]
+Usage: .venv/bin/python bench/bench_page_load.py [--rounds 4] [--width 1500 --height 1100] [--js-flags=--max-opt=1]
        (needs /usr/bin/chromium and playwright; prints JSON)
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 
-from bench_browser_step import FLAGS, LONG_TASKS, STATE  # noqa: E402
+from bench_browser_step import LONG_TASKS, STATE, chromium_args  # noqa: E402
 from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 from machine import machine_line  # noqa: E402
 
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--width", type=int, default=1500)
     ap.add_argument("--height", type=int, default=1100)
+    ap.add_argument("--js-flags", default="", help="flags for V8, e.g. --max-opt=1 (as the test suite's browser)")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -77,7 +78,7 @@ def main() -> None:
     try:
         wait_healthy(port, proc)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=chromium_args(args.js_flags))
             viewport = {"width": args.width, "height": args.height}
             warm = browser.new_context(viewport=viewport)
             load(warm.new_page(), url)  # the server's first page (its model loaded, the prompt recorded)
@@ -93,7 +94,8 @@ def main() -> None:
             browser.close()
     finally:
         stop_server(proc)
-    print(json.dumps({"view": "attention", "viewport": [args.width, args.height], "rounds": args.rounds,
+    print(json.dumps({"view": "attention", "viewport": [args.width, args.height], "js_flags": args.js_flags,
+                      "rounds": args.rounds,
                       "fresh_page_cpu_s": [round(x, 2) for x in fresh], "same_page_cpu_s": [round(x, 2) for x in again],
                       "median_fresh_s": round(statistics.median(fresh), 2),
                       "median_same_page_s": round(statistics.median(again), 2),

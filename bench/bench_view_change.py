@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ modules, imported or run
 
-from bench_browser_step import FLAGS, LONG_TASKS, STATE  # noqa: E402
+from bench_browser_step import LONG_TASKS, STATE, chromium_args  # noqa: E402
 from bench_page_load import PROMPT, QUIET_MS, chromium_cpu  # noqa: E402
 from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 from machine import machine_line  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> None:
     try:
         wait_healthy(port, proc)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS + ([f"--js-flags={args.js_flags}"] if args.js_flags else []))
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=chromium_args(args.js_flags))
             page = browser.new_context(viewport={"width": args.width, "height": args.height}).new_page()
             page.set_default_timeout(180_000)
             page.goto(url, wait_until="domcontentloaded")
