@@ -64,15 +64,6 @@ def projector_problems(pg, view: str) -> list[str]:
     return problems
 
 
-
-
-
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def page_for(browser):
     """One page per screen for the module's tests (the tap test opens its link in the phone's: a page load in a page
