@@ -27,7 +27,7 @@ info: setup
 # modules go out in the order tests/module_order.py gives them (longest_first), not xdist's.
 WORKERS ?= 3
 
-# The install and the browser's packages side by side: each keeps one core busy (~25 and ~20 s here).
+# The install and the browser's packages side by side, each keeping one core busy (docs/testing.md).
 test:
 	@$(MAKE) --no-print-directory -j2 setup browser
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=30

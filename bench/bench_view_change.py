@@ -4,8 +4,8 @@ each view change Chromium's CPU seconds (all its processes, from /proc) until th
 figures Plotly drew (a new plot surface) that are not on the page when the view is done (a view drawing the last
 view's figures again: none expected).
 
-With --js-flags, Chromium's V8 gets those flags (tests/browser_util.py starts the suite's browser with
---js-flags=--max-opt=1: V8's baseline compiler only), to compare both in one run of this script each.
+With --js-flags, Chromium's V8 gets those flags: the suite's browser runs with --js-flags=--max-opt=1 (V8's
+baseline compiler only, tests/browser_util.py); run the script with and without it to compare.
 
 Usage: .venv/bin/python bench/bench_view_change.py [--width 1280 --height 720] [--js-flags=--max-opt=1]
        (needs /usr/bin/chromium and playwright; prints JSON)
