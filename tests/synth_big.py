@@ -132,8 +132,8 @@ def write_meta(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None,
 
 
 def _save_pth(state: dict, path: Path) -> None:
-    """torch.save without the zip records' CRC32 (~2 s of CPU a GB; torch.load does not check it): the loaders'
-    own checks are what the tests exercise, and tests/test_loaders.py loads .pth files written with it."""
+    """torch.save without the zip records' CRC32 (~2 s of CPU a GB; torch.load does not check it). The small Meta
+    checkpoints of conftest.py keep theirs, so the loaders are tested on files with and without."""
     torch.serialization.set_crc32_options(False)
     try:
         torch.save(state, path)
