@@ -26,13 +26,22 @@ def _one_row_kernel():
 
 
 ONE_ROW = _one_row_kernel()
+# A vocabulary's output matrix (tens of thousands of rows) against a prompt's few rows: MKL's sgemm, given fewer
+# than 16 rows, worked through them almost one row at a time on an AVX-512 Xeon (SmolLM2's 49152 x 576 matrix: 54 ms
+# for 13 rows, 26 ms for 16), while oneDNN's inner product streams the matrix once for all of them (18 ms), and was
+# as fast or faster at 4 to 256 rows on 1 and 2 threads, AVX-512, AVX2 and MKL's compatible branch alike
+# (bench/bench_output_product.py). Below 4 rows and above 256 the two are close, and MKL stays.
+WIDE_OUTPUT, WIDE_ROWS = 16384, range(4, 257)
 
 
 def linear(lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """lin's product with x (its forward need not be nn.Linear's); a single float32 row (a decode step) takes the
-    one-row kernel when this torch has it."""
-    if x.numel() == x.shape[-1] and ONE_ROW is not None and x.dtype == lin.weight.dtype == torch.float32 \
+    """lin's product with x (its forward need not be nn.Linear's). float32 takes oneDNN's inner product for a
+    single row (a decode step) and for a prompt's rows against a vocabulary's output matrix, when this torch has
+    it; everything else, and any product that trains, goes through F.linear."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if ONE_ROW is not None and x.dtype == lin.weight.dtype == torch.float32 \
+            and (rows == 1 or (rows in WIDE_ROWS and lin.weight.shape[0] >= WIDE_OUTPUT)) \
             and not (torch.is_grad_enabled() and lin.weight.requires_grad):
-        out = ONE_ROW(x.reshape(1, -1), lin.weight, lin.bias, "none", [], "")
+        out = ONE_ROW(x.reshape(rows, -1), lin.weight, lin.bias, "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
     return F.linear(x, lin.weight, lin.bias)

@@ -78,8 +78,8 @@ def test_kernel_sensitive_tests_pass_under(config):
 
 def test_the_kernel_modules_are_the_ones_that_compare_kernels_results():
     assert [Path(p).name for p in kernel_modules()] == [
-        "test_decode.py", "test_extend.py", "test_load_short.py", "test_native_step.py", "test_parity_hf.py",
-        "test_rebuilt_hooks.py", "test_twins.py"]
+        "test_decode.py", "test_extend.py", "test_kernels.py", "test_load_short.py", "test_native_step.py",
+        "test_parity_hf.py", "test_rebuilt_hooks.py", "test_twins.py"]
 
 
 def test_the_header_pattern_reads_what_conftest_prints():
