@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from tolerance import assert_close_recording
+from tolerance import EPS, ULPS, assert_close_recording
 import torch
 
 from apptest_util import run_app
@@ -299,7 +299,10 @@ def test_a_wider_lens_runs_only_the_added_positions_and_equals_the_lens_at_once(
     fresh_cache(monkeypatch, 4096)
     at_once = gateway.logit_lens(source, ids, n - 9)
     assert rows == [4, 5, 9]
-    assert np.array_equal(wide[0], at_once[0]) and np.array_equal(wide[1], at_once[1])
+    # the same top tokens, their probabilities within float32 rounding (the pieces and the whole are products of
+    # other row counts, which a BLAS may give other kernels: tolerance.py)
+    assert np.array_equal(wide[0], at_once[0])
+    np.testing.assert_allclose(wide[1], at_once[1], rtol=0, atol=ULPS * EPS)
 
 
 def test_a_small_models_recording_does_not_wait_behind_the_forward_lock(monkeypatch):
