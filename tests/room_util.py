@@ -29,12 +29,12 @@ from explorer_model.room import Room, runtime_dir
 HAPROXY = Path("/usr/sbin/haproxy")
 LECTURE, STEPS = "tutorial-000", 21
 CLICKER = ("ArrowRight", "PageDown", " ")
-# One follower per role: a laptop that only follows, a phone that asks for whole views, a large screen that explores
-# on its own and rejoins (the size of a class is bench/bench_load.py --lecture's to measure). The laptop is a second
-# page of the presenter's browser context (None: its own session, the presenter's balancer cookie, so the
-# presenter's process; the app's scripts not fetched and compiled again); the phone and the large screen have
-# contexts of their own, which HAProxy gives the process with fewer connections: the one without the presenter.
-FOLLOWERS = ((1280, 720, None), (390, 844, {"is_mobile": True, "has_touch": True}), (1500, 1100, {}))
+# One follower per role: a laptop that only follows, and a phone that explores on its own, rejoins and asks for whole
+# views (the size of a class is bench/bench_load.py --lecture's to measure). The laptop is a second page of the
+# presenter's browser context (None: its own session, the presenter's balancer cookie, so the presenter's process;
+# the app's scripts not fetched and compiled again); the phone has a context of its own, which HAProxy gives the
+# process with fewer connections: the one without the presenter.
+FOLLOWERS = ((1280, 720, None), (390, 844, {"is_mobile": True, "has_touch": True}))
 URL_STATE = ("lecture", "step", "model", "prompt", "view", "layer", "head", "token")
 FOLLOW_TIMEOUT = 240  # seconds: a generous bound on a busy machine, not a speed (bench/ measures that)
 
@@ -264,9 +264,9 @@ def steps(presenter, followers, n: int, start: int = 1) -> dict:
 
 
 def explore_and_rejoin(presenter, followers, now: dict) -> dict:
-    """Follower 3 explores on its own (another view, another layer) while the room moves on, then rejoins at the
-    current step."""
-    explorer = followers[2]
+    """The last follower (the phone) explores on its own (another view, another layer) while the room moves on, then
+    rejoins at the current step."""
+    explorer = followers[-1]
     others = [pg for pg in followers if pg is not explorer]
     explorer.locator(".st-key-room_detach button").click()
     wait_idle(explorer)
@@ -315,8 +315,8 @@ def shows_whole_views(page, now: dict) -> None:
 def cannot_move_the_room(presenter, followers, server: SharedServer, now: dict) -> dict:
     """A follower's keys, a lecture link, a wrong key and crafted websocket messages leave the room where it is: the
     presenter's next press then moves every page exactly one step."""
-    keys_do_not_move_the_room(followers[2], followers, server, now)
-    before, linker = server.room.current(), followers[1]
+    keys_do_not_move_the_room(followers[-1], followers, server, now)
+    before, linker = server.room.current(), followers[-1]
     open_app(linker, server.url, lecture=LECTURE, step=9)
     wrong = server.key[:-1] + ("y" if server.key.endswith("x") else "x")  # one character off, never the key itself
     open_app(linker, server.url, lecture=LECTURE, step=9, room_key=wrong, presenter=1)

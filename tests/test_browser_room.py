@@ -1,7 +1,7 @@
 """A shared server's room in Chromium, served as `serve --share --processes 2` (HAProxy in front of two app servers,
 one room file): the presenter (projector size, presenter mode) steps through a shipped lecture with the clicker's
-keys (→, PageDown, space), and after each step three followers (a laptop, a phone and a large screen), on both
-processes, show the presenter's view, layer, head, token and prompt, in their URL and on their page.
+keys (→, PageDown, space), and after each step two followers (a laptop on the presenter's process, a phone on the
+other) show the presenter's view, layer, head, token and prompt, in their URL and on their page.
 
 A follower explores on its own and rejoins at the current step; nothing a follower does moves the room (the
 clicker's keys, a lecture link to another step, a wrong key, a raw websocket client pressing the presenter's Next
