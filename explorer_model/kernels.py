@@ -1,4 +1,5 @@
-"""Which kernel a product takes: the one-row inner product for a decode step (used by model.py and decode.py).
+"""Which kernel a product takes: oneDNN's inner product for a decode step's one row and for a prompt's rows against a
+vocabulary's output matrix, F.linear otherwise (used by model.py and decode.py).
 
 Nothing here promises bits. How a BLAS splits a product between threads, and which kernel it picks for a given
 row count and CPU, are the library's own choices; they change between CPUs, library versions and thread counts.
@@ -30,7 +31,8 @@ ONE_ROW = _one_row_kernel()
 # than 16 rows, worked through them almost one row at a time on an AVX-512 Xeon (SmolLM2's 49152 x 576 matrix: 54 ms
 # for 13 rows, 26 ms for 16), while oneDNN's inner product streams the matrix once for all of them (18 ms), and was
 # as fast or faster at 4 to 256 rows on 1 and 2 threads, AVX-512, AVX2 and MKL's compatible branch alike
-# (bench/bench_output_product.py). Below 4 rows and above 256 the two are close, and MKL stays.
+# (bench/bench_output_product.py). At 2 and 3 rows MKL was the faster on AVX-512 (oneDNN 1.3x its time), and beyond
+# 256 rows about as fast (1.1x at 1024): there MKL stays.
 WIDE_OUTPUT, WIDE_ROWS = 16384, range(4, 257)
 
 
