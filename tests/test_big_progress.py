@@ -70,13 +70,13 @@ def test_layer_progress_is_called_per_layer_in_order_and_changes_nothing(folder)
 @pytest.mark.parametrize("n", [1, 7, 33, 64, 100, 128])
 def test_forward_flops_counts_what_a_recording_computes(folder, n, monkeypatch):
     """Against torch's own FLOP counter on the real forward (matrix products and attention batches). The counter
-    sees neither oneDNN's one-row product nor the fused attention kernel, so this pass takes nn.Linear's product
+    sees neither oneDNN's inner product nor the fused attention kernel, so this pass takes nn.Linear's product
     and the written-out attention (stored weights), which compute the same products."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from explorer_model import kernels
 
-    monkeypatch.setattr(kernels, "ONE_ROW", None)  # the counter does not see oneDNN's one-row product
+    monkeypatch.setattr(kernels, "ONE_ROW", None)  # the counter does not see oneDNN's inner product
     loaded = load(folder)
     with FlopCounterMode(display=False) as counter:
         record(loaded.model, torch.arange(3, 3 + n) % loaded.cfg.vocab_size, attention="stored")
