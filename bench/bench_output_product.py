@@ -38,11 +38,20 @@ def seconds(product) -> float:
     return time.perf_counter() - t0
 
 
+def row_counts(text: str) -> list[int]:
+    """--rows: positive integers, comma-separated (argparse turns a ValueError into one line and status 2)."""
+    counts = [int(r) for r in text.split(",")]
+    if not all(n > 0 for n in counts):
+        raise ValueError(text)
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the suite's workers and the app: 1)")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--rows", default="2,4,8,13,16,64,256,1024", help="row counts, comma-separated")
+    ap.add_argument("--rows", type=row_counts, default="2,4,8,13,16,64,256,1024",
+                    help="row counts, comma-separated")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # a benchmark process, set once before any work
     print(machine_line(), file=sys.stderr, flush=True)
@@ -52,7 +61,7 @@ def main() -> None:
     for name, (vocab, width) in SHAPES.items():
         weight = torch.randn(vocab, width)
         rows = {}
-        for n in (int(r) for r in args.rows.split(",")):
+        for n in args.rows:
             x = torch.randn(n, width)
             mkl = lambda: F.linear(x, weight)  # noqa: E731
             onednn = lambda: ONE_ROW(x, weight, None, "none", [], "")  # noqa: E731
