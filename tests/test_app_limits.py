@@ -44,8 +44,9 @@ def test_no_lab_refuses_new_experiments_and_keeps_computed_ones(monkeypatch):
         gateway.lab_init_gradients(lab.LabOptions(), 3)
 
 
-def test_serve_no_lab_sets_the_switch_for_the_server(monkeypatch):
+def test_serve_no_lab_sets_the_switch_for_the_server(monkeypatch, tmp_path):
     seen = {}
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the shared server's room folder: not in the user's /tmp
     monkeypatch.setattr("explorer_model.cli.serve.supervise", lambda commands, envs, restart: seen.update(env=envs[0]))
     assert cli.main(["serve", "--share", "--no-lab", "--port", "8599"]) in (0, None)
     assert seen["env"]["LLAMA_EXPLORER_LAB"] == "0" and seen["env"]["LLAMA_EXPLORER_SHARE"] == "1"

@@ -60,8 +60,8 @@ def test_share_mode_makes_no_outbound_connection(tmp_path):
     log = tmp_path / "outbound.log"
     log.write_text("")
     port = free_port()
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OUTBOUND_LOG=str(log),
-               PYTHONPATH=os.pathsep.join([str(tmp_path / "hook"), str(ROOT)]))
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OUTBOUND_LOG=str(log), XDG_RUNTIME_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "hook"), str(ROOT)]))  # (the room's folder in tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "explorer_model.cli", "serve", "--share", "--port", str(port)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
