@@ -254,6 +254,46 @@ def test_gguf_cache_follows_the_file(ckpt, tmp_path, gqa):
     assert list(cache_dir.glob("*.safetensors")) == [G.cache_file(path, cache_dir)]
 
 
+def test_one_gguf_in_two_places_has_one_cache_and_each_keeps_it(ckpt, tmp_path, gqa, monkeypatch):
+    """The cache is named by the file's content: a copy elsewhere (another installation's default model, a moved
+    folder) loads from it without converting; when one place's file changes, the other place's cache stays."""
+    import shutil
+
+    model, tokens, ref = gqa
+    cache_dir = tmp_path / "cache"
+    for place in ("a", "b"):
+        (tmp_path / place).mkdir()
+    first, second = ckpt.write_gguf(model, tmp_path / "a" / "m.gguf"), tmp_path / "b" / "m.gguf"
+    shutil.copyfile(first, second)
+    L.load(first, cache_dir=cache_dir)
+    [cache] = cache_dir.glob("*.safetensors")
+    convert = G.convert
+    monkeypatch.setattr(G, "convert", lambda *a, **k: pytest.fail("converted again although cached"))
+    assert max_diff(L.load(second, cache_dir=cache_dir).model(tokens), ref) <= TOL
+    assert list(cache_dir.glob("*.safetensors")) == [cache]
+    monkeypatch.setattr(G, "convert", convert)
+    other = ckpt.hf_model("gqa", seed=11)
+    ckpt.write_gguf(other, second)  # the second place's file changes: a cache of its own
+    assert max_diff(L.load(second, cache_dir=cache_dir).model(tokens), ckpt.hf_logits(other, tokens)) <= TOL
+    assert sorted(cache_dir.glob("*.safetensors")) == sorted([cache, G.cache_file(second, cache_dir)])
+    monkeypatch.setattr(G, "convert", lambda *a, **k: pytest.fail("the first place's cache was removed"))
+    assert max_diff(L.load(first, cache_dir=cache_dir).model(tokens), ref) <= TOL
+
+
+def test_a_cache_named_by_path_is_removed_when_a_cache_is_written(ckpt, tmp_path, gqa):
+    """<stem>-<8 hex>-<16 hex>.safetensors, a weight cache named by path and content, is never looked up: it only
+    holds disk space, and goes with the next cache written to the folder; other files stay."""
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    path_named = cache_dir / "SmolLM2-135M-Instruct.Q4_1-72bd4a46-b4c84eab7e0e6876.safetensors"
+    path_named.write_bytes(b"4 bytes a parameter")
+    kept = [cache_dir / "notes.txt", cache_dir / "m-0123abcd.safetensors"]
+    for f in kept:
+        f.write_bytes(b"not a cache of ours")
+    L.load(ckpt.write_gguf(gqa[0], tmp_path / "m.gguf"), cache_dir=cache_dir)
+    assert not path_named.exists() and all(f.exists() for f in kept)
+
+
 def test_gguf_cache_dir_from_environment(ckpt, tmp_path, gqa, monkeypatch):
     monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path / "envcache"))
     path = ckpt.write_gguf(gqa[0], tmp_path / "m.gguf")

@@ -10,7 +10,6 @@ the config and the tokenizer fields into one safetensors file in the user cache;
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import os
@@ -259,15 +258,34 @@ def content_digest(path: Path) -> str:
 
 
 def cache_file(path: Path, cache_dir=None, digest: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
-    """<stem>-<which file, which dtype>-<which content>.safetensors; a changed GGUF gets a new name.
+    """<stem>-w<which content, which dtype>.safetensors: named by what the GGUF holds, not where it lies (the same
+    file in two places has one cache; a file changed in place, a new one). Each dtype has its own cache."""
+    tag = "" if dtype == torch.float32 else f"|{dtype}"
+    version = hashlib.sha256(f"{CACHE_VERSION}|{digest or content_digest(path)}{tag}".encode()).hexdigest()[:16]
+    return cache_root(cache_dir) / f"{path.stem}-w{version}.safetensors"
 
-    Each dtype has its own cache (float32 keeps the historical name), so replacing a stale version of one
-    dtype's cache never deletes another's."""
-    path = path.resolve()
-    tag = b"" if dtype == torch.float32 else f"|{dtype}".encode()
-    which = hashlib.sha256(os.fsencode(path) + tag).hexdigest()[:8]  # a name that is not UTF-8 is bytes
-    version = hashlib.sha256(f"{CACHE_VERSION}|{digest or content_digest(path)}".encode()).hexdigest()[:16]
-    return cache_root(cache_dir) / f"{path.stem}-{which}-{version}.safetensors"
+
+# a cache named by path and content (<stem>-<8 hex>-<16 hex>) is never looked up: only disk, 4 bytes a parameter
+_PATH_NAMED = re.compile(r".+-[0-9a-f]{8}-[0-9a-f]{16}\.safetensors")
+
+
+def drop_replaced(file: Path, source: str) -> None:
+    """After `file` was written for `source` (its header's path and dtype): remove the caches of what that path held
+    before (same dtype, other content) and the path-named ones. Another path's cache stays: it may still be used."""
+    from safetensors import safe_open
+
+    for other in file.parent.glob("*.safetensors"):
+        if other == file:
+            continue
+        if not _PATH_NAMED.fullmatch(other.name):
+            try:
+                with safe_open(other, "pt") as f:
+                    if (f.metadata() or {}).get("source") != source:
+                        continue
+            except Exception:  # unreadable: the load that finds it rebuilds it
+                continue
+        with contextlib.suppress(OSError):  # (another user's file in a shared folder: left)
+            other.unlink(missing_ok=True)
 
 
 def cache_crc32(state: dict, info: dict) -> str:
@@ -361,18 +379,16 @@ def save_streaming(state: dict[str, torch.Tensor], path: Path, metadata: dict[st
             f.write(memoryview(v.contiguous().view(torch.uint8).reshape(-1).numpy()))
 
 
-def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str) -> None:
+def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str, source: str) -> None:
     info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
-            "tokenizer": json.dumps(tok_fields), "note": note}
+            "tokenizer": json.dumps(tok_fields), "note": note, "source": source}
     info["crc32"] = cache_crc32(state, info)
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         save_streaming(state, tmp, info)
         os.replace(tmp, file)  # atomic: readers see the old file or the whole new one
-        for stale in file.parent.glob(glob.escape(file.name.rsplit("-", 1)[0]) + "-*.safetensors"):
-            if stale != file:  # an older version of the same GGUF: 4 bytes per parameter we no longer need
-                stale.unlink(missing_ok=True)
+        drop_replaced(file, source)
     except Exception as e:  # an unwritable cache only costs speed next time
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -430,5 +446,5 @@ def load_gguf(path: Path, cache_dir=None, use_cache: bool = True, dtype=None):
     check_tokenizer_fits(cfg, tokenizer, path)  # load() checks every format; here it must precede the cache
     # only once the file proved loadable, and only if it was not rewritten in place while we read it
     if cache and content_digest(path) == digest:
-        write_cache(cache, cfg, state, tok_fields, note)
+        write_cache(cache, cfg, state, tok_fields, note, f"{os.fsdecode(path.resolve())}|{used}")
     return model, tokenizer, describe(cfg, model, "GGUF", note)
