@@ -92,11 +92,12 @@ class Serve:
 
 
 @pytest.fixture
-def serve():
+def serve(tmp_path):
+    """`serve` with TMPDIR in the test's folder: what a SIGKILL leaves of it (HAProxy's config folder) stays there."""
     started: list[Serve] = []
 
-    def make(*args, **kw) -> Serve:
-        started.append(Serve(*args, **kw))
+    def make(*args, env: dict | None = None) -> Serve:
+        started.append(Serve(*args, env={"TMPDIR": str(tmp_path), **(env or {})}))
         return started[-1]
     try:
         yield make
