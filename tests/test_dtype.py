@@ -176,7 +176,7 @@ def test_cli_dtype(hf_folder, tmp_path, capsys, monkeypatch):
 def test_cache_writer_is_safetensors(tmp_path):
     from safetensors import safe_open
 
-    from explorer_model.loaders.gguf import save_streaming
+    from explorer_model.loaders.common import save_streaming
 
     state = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16), "c": torch.randn(2, 2, 3).half()}
     save_streaming(state, tmp_path / "x.safetensors", {"note": "hi"})

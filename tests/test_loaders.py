@@ -294,6 +294,21 @@ def test_a_cache_named_by_path_is_removed_when_a_cache_is_written(ckpt, tmp_path
     assert not path_named.exists() and all(f.exists() for f in kept)
 
 
+def test_a_disk_without_room_for_the_cache_gets_none_and_says_so(ckpt, tmp_path, gqa, monkeypatch):
+    """A cache that would leave less than CACHE_SPARE free on its disk is not written (4 bytes a parameter could
+    fill the disk for every other program): one warning, the model loads, nothing is left in the folder."""
+    import shutil
+
+    model, tokens, ref = gqa
+    path = ckpt.write_gguf(model, tmp_path / "m.gguf")
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    monkeypatch.setattr(G, "CACHE_SPARE", shutil.disk_usage(cache_dir).free + 2**40)  # more than this disk has
+    with pytest.warns(UserWarning, match="not caching the weights"):
+        assert max_diff(L.load(path, cache_dir=cache_dir).model(tokens), ref) <= TOL
+    assert list(cache_dir.iterdir()) == []  # neither a cache nor a temporary
+
+
 def test_gguf_cache_dir_from_environment(ckpt, tmp_path, gqa, monkeypatch):
     monkeypatch.setenv("LLAMA_EXPLORER_CACHE", str(tmp_path / "envcache"))
     path = ckpt.write_gguf(gqa[0], tmp_path / "m.gguf")

@@ -1,7 +1,10 @@
-"""What every loader shares: the error type, and turning a canonical state dict into a checked model."""
+"""What every loader shares: the error type, turning a canonical state dict into a checked model, and writing one
+as safetensors without a second copy."""
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 
@@ -114,3 +117,26 @@ def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> 
     origin = f"{fmt} {extra}" if extra else fmt
     return (f"{cfg.name}: {size} parameters, {cfg.n_layers} layers, d_model {cfg.d_model}, {heads}, "
             f"vocab {cfg.vocab_size}{tied}; {origin}")
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def save_streaming(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write a safetensors file tensor by tensor from the tensors' own memory.
+
+    safetensors' save_file first turns every tensor into a bytes object, a second copy of all the weights
+    (13 GB for a 7B model in bf16); this writes the same format (8-byte header length, JSON header padded to
+    8 bytes, raw little-endian data in header order) with no copy."""
+    header, offset = {"__metadata__": metadata}, 0
+    for k, v in state.items():
+        n = v.numel() * v.element_size()
+        header[k] = {"dtype": _ST_DTYPES[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for v in state.values():
+            f.write(memoryview(v.contiguous().view(torch.uint8).reshape(-1).numpy()))

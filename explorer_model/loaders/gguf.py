@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import warnings
 import zlib
 from collections import Counter
@@ -25,9 +26,10 @@ import torch
 from ..cache_folder import cache_root, remove_stale_temporaries
 from ..config import ConfigError, ModelConfig, RopeScaling
 from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, one_line,
-                     plan_dtype)
+                     plan_dtype, save_streaming)
 
 CACHE_VERSION = "3"  # bump whenever what is cached or how it is computed changes
+CACHE_SPARE = 256 * 2**20  # bytes a weight cache leaves free on its disk, for everything else
 
 _TOP = {"token_embd.weight": "embed.weight", "output_norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
 _BLOCK = {
@@ -356,36 +358,23 @@ def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
     return None
 
 
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-
-
-def save_streaming(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """Write a safetensors file tensor by tensor from the tensors' own memory.
-
-    safetensors' save_file first turns every tensor into a bytes object, a second copy of all the weights
-    (13 GB for a 7B model in bf16); this writes the same format (8-byte header length, JSON header padded to
-    8 bytes, raw little-endian data in header order) with no copy."""
-    header, offset = {"__metadata__": metadata}, 0
-    for k, v in state.items():
-        n = v.numel() * v.element_size()
-        header[k] = {"dtype": _ST_DTYPES[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for v in state.values():
-            f.write(memoryview(v.contiguous().view(torch.uint8).reshape(-1).numpy()))
-
-
 def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str, source: str) -> None:
-    info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
-            "tokenizer": json.dumps(tok_fields), "note": note, "source": source}
-    info["crc32"] = cache_crc32(state, info)
+    """The cache, unless the disk would keep less than CACHE_SPARE free after it (then a warning: the next load
+    converts again); written to a temporary name, then renamed."""
+    from ..memory import gb
+
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    need = sum(t.numel() * t.element_size() for t in state.values())
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(file.parent).free
+        if free - need < CACHE_SPARE:
+            warnings.warn(f"not caching the weights in {file.parent}: they take {gb(need)} and {gb(free)} is free "
+                          f"(a cache leaves {gb(CACHE_SPARE)}); the next load converts the file again", stacklevel=3)
+            return
+        info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
+                "tokenizer": json.dumps(tok_fields), "note": note, "source": source}
+        info["crc32"] = cache_crc32(state, info)
         save_streaming(state, tmp, info)
         os.replace(tmp, file)  # atomic: readers see the old file or the whole new one
         drop_replaced(file, source)
