@@ -24,6 +24,7 @@ import torch
 
 from .export_path import ExportError, check_target
 from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
+from .memory import gb
 
 
 @contextlib.contextmanager
@@ -84,10 +85,6 @@ def plan(model, ids: list[int], names, dtype: torch.dtype) -> Plan:
     kept = sum(v for k, v in full.items() if "hook_pattern" not in k and "hook_attn_scores" not in k)
     largest = max(full, key=full.get)
     return Plan(sum(full.values()), kept + full[largest], largest)
-
-
-def gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def check_fits(p: Plan, path: Path, memory: int | None = None, disk: int | None = None) -> None:
