@@ -1,12 +1,13 @@
 """The explorer's one cache folder (dequantized GGUF weights, the compiled decode step, the hooks' shapes per config:
-shape_store.py) and the temporaries that a writer killed mid-write leaves behind. Without torch: the compiled
-step's build and the CLI use it too."""
+shape_store.py), the temporaries that a writer killed mid-write leaves behind, and the lock that lets one process
+at a time fill it with a conversion. Without torch: the compiled step's build and the CLI use it too."""
 from __future__ import annotations
 
 import contextlib
 import glob
 import os
 import re
+import time
 from pathlib import Path
 
 
@@ -38,3 +39,32 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError, OSError):
         return True  # another user's live process, or a name we cannot judge: leave it
     return True
+
+
+@contextlib.contextmanager
+def one_at_a_time(root: Path, wait: float = 900.0):
+    """Hold the folder's lock (`.converting.lock`, flock) for the block: processes that would each convert the same
+    GGUF at once (a server's processes starting on a new machine, with a memory of it each) convert it one after
+    the other, and the later ones find the first one's cache. Released when the holder ends, even by SIGKILL. Where
+    the lock cannot be had (no flock, an unwritable folder, a holder stuck for `wait` s) the block runs anyway."""
+    try:
+        import fcntl
+
+        root.mkdir(parents=True, exist_ok=True)
+        handle = open(root / ".converting.lock", "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        end = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    break
+                time.sleep(0.1)
+            except OSError:  # a file system without locks
+                break
+        yield

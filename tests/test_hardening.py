@@ -315,6 +315,29 @@ def test_same_size_same_mtime_replacement_loads_the_new_weights(ckpt, gqa, tmp_p
     assert len(list(cache_dir.glob("*.safetensors"))) == 1  # the old entry was dropped
 
 
+def test_two_first_loads_at_once_convert_once(ckpt, gqa, tmp_path):
+    """Two processes load the same GGUF with no cache yet (a server's processes starting on a new machine): one
+    converts it, the other waits for the folder's lock and loads the cache the first one wrote."""
+    path = ckpt.write_gguf(gqa[0], tmp_path / "m.gguf")
+    cache_dir, log = tmp_path / "cache", tmp_path / "converted.log"
+    code = ("import sys, time, explorer_model.loaders.gguf as g\n"
+            "real = g.convert\n"
+            "def convert(*a, **k):\n"
+            "    open(sys.argv[3], 'a').write('converted\\n')\n"
+            "    time.sleep(1.5)  # long enough for the other process to reach the lock\n"
+            "    return real(*a, **k)\n"
+            "g.convert = convert\n"
+            "from explorer_model.loaders import load\n"
+            "print(float(load(sys.argv[1], cache_dir=sys.argv[2]).model(__import__('torch').tensor([[3, 1, 4]])).sum()))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(cache_dir), str(log)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
+    assert log.read_text().count("converted") == 1
+    assert outs[0][0] == outs[1][0]  # the same weights in both
+    assert len(list(cache_dir.glob("*.safetensors"))) == 1
+
+
 def test_temporaries_of_a_killed_first_load_are_removed(ckpt, gqa, tmp_path):
     path = ckpt.write_gguf(gqa[0], tmp_path / "m.gguf")
     cache_dir = tmp_path / "cache"

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cache_folder import cache_root, remove_stale_temporaries
+from ..cache_folder import cache_root, one_at_a_time, remove_stale_temporaries
 from ..config import ConfigError, ModelConfig, RopeScaling
 from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, one_line,
                      plan_dtype, save_streaming)
@@ -244,9 +244,8 @@ def _identity(path) -> tuple:
 
 
 def file_sha256(path: Path) -> str:
-    """SHA-256 of the whole file. Hashing only the header and tensor table would miss edited weights. For the
-    98 MB default GGUF it takes 0.06-0.19 s, ~14% of a first cache-hit load (bench/cache_key.py), and the file is
-    in the page cache for the dequantization of a miss anyway."""
+    """SHA-256 of the whole file (its header and tensor table alone would miss edited weights): 0.06-0.19 s for the
+    98 MB default GGUF, ~14% of a first cache-hit load (bench/cache_key.py); a miss reads the file anyway."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -338,9 +337,8 @@ def read_cache(file: Path):
 
 
 def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
-    """The config that a cache of this GGUF (any dtype) holds in its header, or None. For an estimate before a
-    load, without parsing the file's metadata and vocabulary (~1 s for SmolLM2's 49k tokens): no weight is read
-    and the checksum is not verified here, the load that follows does that (read_cache)."""
+    """The config in the header of a cache of this GGUF (any dtype), or None: an estimate before a load without
+    parsing the vocabulary (~1 s for SmolLM2's); no weight is read or checksummed (the load does that)."""
     from ..memory import DTYPES
 
     with open(path, "rb") as f:  # anything else is refused by the parse, before a hash of all its bytes
@@ -406,7 +404,6 @@ def _from_cache(file: Path, requested, dtype: torch.dtype, source: Path):
 def load_gguf(path: Path, cache_dir=None, use_cache: bool = True, dtype=None):
     """(model, tokenizer, description) of a GGUF file; `dtype` as in loaders.load."""
     from ..memory import DTYPES, parse_dtype
-    from ..tokenizer import Tokenizer
 
     path = Path(path)
     with open(path, "rb") as f:  # before hashing: a 3 GB file of anything else is refused at once
@@ -416,20 +413,34 @@ def load_gguf(path: Path, cache_dir=None, use_cache: bool = True, dtype=None):
         wanted = parse_dtype(dtype if dtype is not None else os.environ.get("LLAMA_EXPLORER_DTYPE", "auto"))
     except ValueError as e:
         raise LoadError(one_line(e)) from None
-    digest = content_digest(path) if use_cache else None
-    if use_cache:  # "auto" accepts the first cache holding the dtype it resolves to (the config is in the cache)
-        remove_stale_temporaries(cache_root(cache_dir))
+    if not use_cache:
+        return _convert(path, dtype, cache_dir, digest=None)
+    digest = content_digest(path)
+    remove_stale_temporaries(cache_root(cache_dir))
+
+    def cached():  # "auto" accepts the first cache holding the dtype it resolves to (the config is in the cache)
         for dt in [wanted] if wanted is not None else DTYPES.values():
             hit = _from_cache(cache_file(path, cache_dir, digest, dt), dtype, dt, path)
             if hit:
                 return hit
+        return None
+    if hit := cached():
+        return hit
+    with one_at_a_time(cache_root(cache_dir)):  # another process may have converted it while this one waited
+        return cached() or _convert(path, dtype, cache_dir, digest)
+
+
+def _convert(path: Path, dtype, cache_dir, digest: str | None):
+    """Dequantize the GGUF into a model; with the file's digest, write its cache too."""
+    from ..tokenizer import Tokenizer
+
     reader = open_reader(path)
     meta = read_metadata(reader)
     cfg, state, note = convert(reader, meta, path,
                                lambda cfg, stored: plan_dtype(cfg, dtype, stored, path, mapped=False))
     tok_fields = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     used = state["embed.weight"].dtype
-    cache = cache_file(path, cache_dir, digest, used) if use_cache else None
+    cache = cache_file(path, cache_dir, digest, used) if digest else None
     model = build_model(cfg, state, path, used)
     tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, tok_fields, source=str(path))
     check_tokenizer_fits(cfg, tokenizer, path)  # load() checks every format; here it must precede the cache
