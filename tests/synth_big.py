@@ -69,7 +69,7 @@ def hf_config(shape: dict, n_layers: int, dtype: torch.dtype) -> dict:
 
 def write_hf(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None, dtype=torch.bfloat16,
              layers_per_shard: int = 4, seed: int = 0) -> Path:
-    """config.json + model-0000k-of-0000n.safetensors + index (+ tokenizer.json from conftest when importable)."""
+    """config.json + model-0000k-of-0000n.safetensors + index (+ tokenizer.json from checkpoints.py)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -133,7 +133,7 @@ def write_meta(folder: Path, shape: dict = SEVEN_B, n_layers: int | None = None,
 
 def _save_pth(state: dict, path: Path) -> None:
     """torch.save without the zip records' CRC32 (~2 s of CPU a GB; torch.load does not check it). The small Meta
-    checkpoints of conftest.py keep theirs, so the loaders are tested on files with and without."""
+    checkpoints of checkpoints.py keep theirs, so the loaders are tested on files with and without."""
     torch.serialization.set_crc32_options(False)
     try:
         torch.save(state, path)
@@ -149,13 +149,13 @@ def _meta_files(folder: Path, shape: dict, n_layers: int) -> None:
 
 
 def _tokenizer(folder: Path, kind: str) -> None:
-    """The tiny test tokenizers from conftest (a 32000-row embedding works with a smaller vocabulary)."""
-    import conftest
+    """The tiny test tokenizers of checkpoints.py (a 32000-row embedding works with a smaller vocabulary)."""
+    import checkpoints
 
     if kind == "hf":
-        conftest.write_tokenizer_json(folder)
+        checkpoints.write_tokenizer_json(folder)
     else:
-        (folder / "tokenizer.model").write_bytes(conftest.sentencepiece_model())
+        (folder / "tokenizer.model").write_bytes(checkpoints.sentencepiece_model())
 
 
 def file_bytes(folder: Path) -> int:

@@ -26,7 +26,7 @@ DEEP = dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory):
     """(folder, loaded model) of a random 32 × 32 model saved as an HF folder."""
-    from conftest import hf_model, save_hf
+    from checkpoints import hf_model, save_hf
 
     folder = save_hf(hf_model("mha", **DEEP), tmp_path_factory.mktemp("deep") / "deep32")
     return str(folder), load(folder, dtype="float32")

@@ -17,7 +17,7 @@ from explorer_model.recording import record
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from conftest import hf_model, save_hf
+    from checkpoints import hf_model, save_hf
 
     return save_hf(hf_model("gqa", num_hidden_layers=5), tmp_path_factory.mktemp("p") / "five")
 

@@ -144,7 +144,7 @@ def test_packing_leaves_a_model_that_does_not_fit_twice_as_it_is(monkeypatch):
 def test_cli_generate_keeps_the_hooked_forwards_tokens(tmp_path, capsys, n_threads, max_new):
     """8 and 100 tokens: unpacked (the compiled step gains nothing from small pages); 600 (the context ends
     first): packed on huge pages (packing_for). The tokens must be the hooked forward's whatever the step."""
-    from conftest import hf_model, save_hf
+    from checkpoints import hf_model, save_hf
     from explorer_model.cli import main
     from explorer_model.loaders import load
 

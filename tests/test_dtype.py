@@ -17,7 +17,7 @@ from explorer_model.recording import record
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    from conftest import hf_model, save_hf
+    from checkpoints import hf_model, save_hf
 
     folder = tmp_path_factory.mktemp("hf") / "tiny"
     save_hf(hf_model("gqa").to(torch.bfloat16), folder)
@@ -32,7 +32,7 @@ def test_auto_keeps_float32_for_small_models(hf_folder):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16bit_logits_close_to_float32(hf_folder, dtype):
-    from conftest import random_tokens
+    from checkpoints import random_tokens
 
     ref, low = load(hf_folder, dtype="float32"), load(hf_folder, dtype=str(dtype)[6:])
     assert low.dtype == dtype and all(p.dtype == dtype for p in low.model.parameters())
@@ -61,7 +61,7 @@ def test_bf16_weights_used_in_place_from_safetensors(hf_folder):
 
 
 def test_hook_names_and_shapes_match_across_dtypes(hf_folder):
-    from conftest import random_tokens
+    from checkpoints import random_tokens
 
     tokens = random_tokens(9)
     a = record(load(hf_folder, dtype="float32").model, tokens)
@@ -140,7 +140,7 @@ def _unique_bytes(rec) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("names", [None, ["blocks.*.attn.hook_pattern"], ["blocks.1.mlp.*", "hook_embed"]])
 def test_recording_cost_is_known_before_running(hf_folder, dtype, names):
-    from conftest import random_tokens
+    from checkpoints import random_tokens
 
     loaded = load(hf_folder, dtype="float32")
     rec = record(loaded.model, random_tokens(11), names=names, dtype=dtype)

@@ -311,7 +311,7 @@ def test_serve_on_a_port_in_use():
 def test_control_characters_from_files_and_arguments_are_escaped(tmp_path, capsys):
     import gguf
 
-    from conftest import hf_model, write_gguf
+    from checkpoints import hf_model, write_gguf
 
     evil = "\x1b[2J\x1b]0;owned\x07\nfake line\x9b"
     add_name = gguf.GGUFWriter.add_name

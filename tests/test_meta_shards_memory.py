@@ -49,7 +49,7 @@ print(json.dumps({"peak": status("VmHWM") - base, "q_sum": float(q.double().sum(
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     """A 2-shard Meta folder in float16 and the full (unsplit) state it was cut from."""
-    import conftest
+    import checkpoints
     from synth_big import _meta_tensors
 
     folder = tmp_path_factory.mktemp("meta2")
@@ -61,7 +61,7 @@ def sharded(tmp_path_factory):
     (folder / "params.json").write_text(json.dumps({"dim": SHAPE["d_model"], "n_layers": SHAPE["n_layers"],
                                                     "n_heads": SHAPE["n_heads"], "multiple_of": 256,
                                                     "norm_eps": 1e-6, "vocab_size": -1}))
-    (folder / "tokenizer.model").write_bytes(conftest.sentencepiece_model())
+    (folder / "tokenizer.model").write_bytes(checkpoints.sentencepiece_model())
     return folder, state
 
 
