@@ -30,6 +30,14 @@ def ckpt():
 
 
 @pytest.fixture(scope="module")
+def gqa(ckpt):
+    """One random GQA model (seed 7), random tokens and the model's logits on them from transformers."""
+    model = ckpt.hf_model("gqa", seed=7)
+    tokens = ckpt.random_tokens()
+    return model, tokens, ckpt.hf_logits(model, tokens)
+
+
+@pytest.fixture(scope="module")
 def loaded():
     """The real default model (SmolLM2), loaded once per test module that asks for it."""
     from explorer_model.loaders import load

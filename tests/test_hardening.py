@@ -21,13 +21,6 @@ from explorer_model.loaders import LoadError
 TOL = 2e-4
 
 
-@pytest.fixture(scope="module")
-def gqa(ckpt):
-    model = ckpt.hf_model("gqa", seed=7)
-    tokens = ckpt.random_tokens()
-    return model, tokens, ckpt.hf_logits(model, tokens)
-
-
 def refused(source, tmp_path, capsys, *needles):
     """The API raises one LoadError line with the needles; the CLI's `record` exits 2 with the same line and
     writes neither a recording nor a weight cache."""
