@@ -53,6 +53,8 @@ def one_at_a_time(root: Path, wait: float = 900.0):
         root.mkdir(parents=True, exist_ok=True)
         handle = open(root / ".converting.lock", "a")
     except (ImportError, OSError):
+        handle = None
+    if handle is None:  # (outside the except clause: an error of the block is not chained to this one)
         yield
         return
     with handle:

@@ -263,7 +263,7 @@ def cache_file(path: Path, cache_dir=None, digest: str | None = None, dtype: tor
     file in two places has one cache; a file changed in place, a new one). Each dtype has its own cache."""
     tag = "" if dtype == torch.float32 else f"|{dtype}"
     version = hashlib.sha256(f"{CACHE_VERSION}|{digest or content_digest(path)}{tag}".encode()).hexdigest()[:16]
-    return cache_root(cache_dir) / f"{path.stem}-w{version}.safetensors"
+    return cache_root(cache_dir) / f"{path.resolve().stem}-w{version}.safetensors"  # (a link: its target's name)
 
 
 # a cache named by path and content (<stem>-<8 hex>-<16 hex>) is never looked up: only disk, 4 bytes a parameter
