@@ -352,6 +352,24 @@ def test_lens_kl(model, clean):
     assert float(start[2]) == pytest.approx(float((lp.exp() * (lp - lq)).sum(-1)[7:].mean()), rel=1e-4)
 
 
+def test_lens_kl_unembeds_only_the_rows_a_change_reached(model, clean, monkeypatch):
+    """Skipping block 1's MLP leaves layer 0's rows equal in both runs: their KL is 0 without going through the
+    output matrix; every other layer's KL is the one of all rows unembedded."""
+    rec = changed(model, "skip:blocks.1.mlp")
+    n_pos = clean["blocks.0.hook_resid_post"].shape[1]
+    unembedded, lens = [], M.lens_logprobs
+    monkeypatch.setattr(M, "lens_logprobs", lambda m, x: unembedded.append(x.shape[0]) or lens(m, x))
+    kl = M.lens_kl(model, clean, rec)
+    assert sum(unembedded) == 2 * 2 * n_pos  # layers 1 and 2, both runs
+    assert float(kl[0]) == 0.0
+    for layer in (1, 2):
+        lp = lens(model, clean[f"blocks.{layer}.hook_resid_post"][0])
+        lq = lens(model, rec[f"blocks.{layer}.hook_resid_post"][0])
+        assert float(kl[layer]) == pytest.approx(float(M.kl_divergence(lp, lq).mean()), rel=1e-5)
+    unembedded.clear()
+    assert torch.equal(M.lens_kl(model, clean, clean), torch.zeros(3)) and unembedded == []
+
+
 def test_lens_top_of_the_last_layer_is_the_models_own_prediction(model, clean):
     arg, prob = M.lens_top(model, clean.stack("hook_resid_post")[:, 0])  # [layer, pos] each
     probs = torch.softmax(clean.logits[0], -1)  # the model's forward: the last layer's lens must match it
