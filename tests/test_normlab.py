@@ -30,6 +30,32 @@ def test_init_gradients_deterministic_and_shaped():
 
 
 @pytest.mark.trains
+def test_the_workers_kept_probes_serve_a_new_depth_without_running_the_sweep_again(monkeypatch):
+    """The lab's worker keeps each probe: the experiment at another depth runs only the probes it has not run (its
+    own profile's), and its result is the one computed from scratch."""
+    from dataclasses import asdict
+
+    from explorer_model.lab import worker
+
+    worker.kept_probe.cache_clear()
+    ran, probe = [], lab.probe
+    monkeypatch.setattr(lab, "probe", lambda v, d, opts, s: ran.append((v, d, s)) or probe(v, d, opts, s))
+    with lab.threads(1):
+        lab.init_gradients(SMALL, depth=2, depths=(2, 4), sweep_seeds=1, probe_fn=worker.kept_probe)
+        assert sorted(ran) == sorted((v, d, s) for v in lab.VARIANTS for d, s in ((2, 0), (2, 1), (4, 0)))
+        ran.clear()
+        again = lab.init_gradients(SMALL, depth=4, depths=(2, 4), sweep_seeds=1, probe_fn=worker.kept_probe)
+        assert sorted(ran) == sorted((v, 4, 1) for v in lab.VARIANTS)  # depth 4's second seed: new; the rest kept
+        fresh = lab.init_gradients(SMALL, depth=4, depths=(2, 4), sweep_seeds=1)
+    assert _strip(again) == _strip(fresh)
+    worker.kept_probe.cache_clear()
+    seen = {}
+    monkeypatch.setattr(lab, "init_gradients", lambda opts, **kw: seen.update(kw) or {})
+    worker.run_init_gradients(0, asdict(SMALL), 3)
+    assert seen["probe_fn"] is worker.kept_probe and seen["depth"] == 3
+
+
+@pytest.mark.trains
 def test_thread_count_restored():
     before = torch.get_num_threads()
     lab.init_gradients(SMALL, depth=2, depths=(2,), sweep_seeds=1)

@@ -8,6 +8,7 @@ experiments run in a separate process started with `spawn`, whose initializer se
 """
 from __future__ import annotations
 
+import functools
 from contextlib import ExitStack
 
 import torch
@@ -35,9 +36,18 @@ def worker_threads() -> int:
     return torch.get_num_threads()
 
 
+@functools.lru_cache(maxsize=4096)
+def kept_probe(variant: str, depth: int, opts: lab.LabOptions, seed: int) -> dict:
+    """One probe of the init experiment, kept for the worker's life (a few hundred bytes): experiments that share a
+    (variant, depth, options, seed) compute it once. The depth sweep does not depend on the depth slider, so a new
+    depth computes only its own profile. A kept result is the one a new run would give: the same seeded model and
+    tokens, the same operations in the same order on this process's one thread. Read it only."""
+    return lab.probe(variant, depth, opts, seed)
+
+
 def run_init_gradients(job: int, options: dict, depth: int) -> dict:
     opts = lab.LabOptions(**options)
-    return lab.init_gradients(opts, depth=depth, progress=lambda f, msg: _report(job, f, msg))
+    return lab.init_gradients(opts, depth=depth, progress=lambda f, msg: _report(job, f, msg), probe_fn=kept_probe)
 
 
 def run_race(job: int, config: dict, time_limit: float | None) -> dict:
