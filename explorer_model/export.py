@@ -11,6 +11,7 @@ a failed write (disk full, file-size limit, Ctrl+C) leaves the previous file as 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ import torch
 from .export_path import ExportError, check_target
 from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
 from .memory import gb
+from .recording import as_numpy
 
 
 @contextlib.contextmanager
@@ -61,27 +63,17 @@ class Plan:
     largest: str  # the name of the largest array
 
 
-def _array_bytes(rec) -> dict[str, int]:
-    out = {name: _as_numpy(rec[name]).nbytes for name in rec.names}
-    out["token_ids"] = rec.token_ids.numel() * 8
-    return out
-
-
 def plan(model, ids: list[int], names, dtype: torch.dtype) -> Plan:
-    """Bytes of the .npz for `ids` without running the model on them: every hook's size is a + b*pos + c*pos^2
-    (activations grow with pos, attention scores with pos^2), fitted exactly from runs over 1, 2 and 3 tokens."""
-    from .recording import record
+    """Bytes of the .npz for `ids` without running the model: every recorded name (the recorder's selection, logits
+    always) at its shape for this prompt (memory.hook_shapes: the forward's shapes, kept in the cache folder) in
+    the file's dtype (bfloat16 is written as float32), and the token ids as int64."""
+    from .memory import hook_shapes
 
-    sizes = []
-    for n in (1, 2, 3):
-        sizes.append(_array_bytes(record(model, ids[:1] * n, names=names, dtype=dtype)))
-    p = len(ids)
-    full = {}
-    for name in sizes[0]:
-        s1, s2, s3 = (s[name] for s in sizes)
-        c = (s3 - 2 * s2 + s1) // 2
-        b = s2 - s1 - 3 * c
-        full[name] = s1 - b - c + b * p + c * p * p
+    shapes = hook_shapes(model.cfg, len(ids))
+    selected = model.select_hooks(names)
+    itemsize = torch.empty(0, dtype=torch.float32 if dtype == torch.bfloat16 else dtype).element_size()
+    full = {name: math.prod(shapes[name]) * itemsize for name in [*selected, *(["logits"] * ("logits" not in selected))]}
+    full["token_ids"] = len(ids) * 8
     kept = sum(v for k, v in full.items() if "hook_pattern" not in k and "hook_attn_scores" not in k)
     largest = max(full, key=full.get)
     return Plan(sum(full.values()), kept + full[largest], largest)
@@ -99,17 +91,13 @@ def check_fits(p: Plan, path: Path, memory: int | None = None, disk: int | None 
                           f"{p.largest}) but only {gb(memory)} is available; {hint}")
 
 
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-
-
 def save_npz(rec, out: str | os.PathLike) -> Path:
     """Write every recorded name, token_ids and logits (the same members as np.savez(path, **rec.to_numpy())),
     one array at a time, atomically. Returns the exact file written."""
     path = check_target(out)
     with atomic_file(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name in [*rec.names, "token_ids"]:
-            arr = rec.token_ids.numpy() if name == "token_ids" else _as_numpy(rec[name])
+            arr = rec.token_ids.numpy() if name == "token_ids" else as_numpy(rec[name])
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
             del arr  # a rebuilt attention pattern is freed before the next one is made

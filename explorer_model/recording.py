@@ -151,10 +151,9 @@ class Recording(Mapping):
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         """Every recorded name (derived ones materialized), plus token_ids and logits."""
-        out = {name: self[name].float().numpy() if self[name].dtype == torch.bfloat16 else self[name].numpy()
-               for name in self.names}
+        out = {name: as_numpy(self[name]) for name in self.names}
         out["token_ids"] = self.token_ids.numpy()
-        out["logits"] = self.logits.numpy()
+        out["logits"] = as_numpy(self.logits)
         return out
 
 
@@ -220,6 +219,12 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
         yield rec
     last.clear()
     rec._rotated = {k: (v[0], v[1]) for k, v in rotated.items()}
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A recorded tensor as numpy: numpy has no bfloat16, so a bfloat16 tensor becomes float32 (every value exactly);
+    every other dtype stays."""
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[str] | None = None,

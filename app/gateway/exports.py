@@ -18,8 +18,8 @@ import threading
 from app.gateway import state as gw
 from app.gateway.state import RunRefused
 from app.gateway.settings import cache_budget_bytes
-from explorer_model import export as _export
 from explorer_model import memory as _memory
+from explorer_model.recording import as_numpy
 
 _BUILDING = {"bytes": 0}
 _BUILDING_LOCK = threading.Lock()
@@ -99,7 +99,7 @@ def _write_npz(rec, path: str) -> None:
 
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name in [*rec.names, "token_ids"]:
-            arr = rec.token_ids.numpy() if name == "token_ids" else _export._as_numpy(rec[name])
+            arr = rec.token_ids.numpy() if name == "token_ids" else as_numpy(rec[name])
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
             del arr
