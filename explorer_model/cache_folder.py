@@ -1,6 +1,6 @@
 """The explorer's one cache folder (dequantized GGUF weights, the compiled decode step, the hooks' shapes per config:
-shape_store.py), the temporaries that a writer killed mid-write leaves behind, and the lock that lets one process
-at a time fill it with a conversion. Without torch: the compiled step's build and the CLI use it too."""
+shape_store.py), the temporaries that a writer killed mid-write leaves behind, and the locks that let one process
+at a time fill it with a conversion or a build. Without torch: the compiled step's build and the CLI use it too."""
 from __future__ import annotations
 
 import contextlib
@@ -42,16 +42,17 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def one_at_a_time(root: Path, wait: float = 900.0):
-    """Hold the folder's lock (`.converting.lock`, flock) for the block: processes that would each convert the same
-    GGUF at once (a server's processes starting on a new machine, with a memory of it each) convert it one after
-    the other, and the later ones find the first one's cache. Released when the holder ends, even by SIGKILL. Where
-    the lock cannot be had (no flock, an unwritable folder, a holder stuck for `wait` s) the block runs anyway."""
+def one_at_a_time(root: Path, wait: float = 900.0, lock: str = ".converting.lock"):
+    """Hold the folder's lock (`lock`, flock) for the block: processes that would each convert the same GGUF at once
+    (a server's processes starting on a new machine, with a memory of it each), or compile the decode step, do it
+    one after the other, and the later ones find the first one's file. Released when the holder ends, even by
+    SIGKILL. Where the lock cannot be had (no flock, an unwritable folder, a holder stuck for `wait` s) the block
+    runs anyway."""
     try:
         import fcntl
 
         root.mkdir(parents=True, exist_ok=True)
-        handle = open(root / ".converting.lock", "a")
+        handle = open(root / lock, "a")
     except (ImportError, OSError):
         handle = None
     if handle is None:  # (outside the except clause: an error of the block is not chained to this one)

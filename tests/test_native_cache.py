@@ -176,6 +176,25 @@ def test_folder_others_can_write_is_refused(tmp_path, built):
         assert not marker.exists()
 
 
+def test_two_first_uses_at_once_build_once(tmp_path):
+    """Two processes need the compiled step at once with an empty cache (a server's processes starting on a new
+    machine): one compiles, the other waits for the folder's build lock and loads that library."""
+    cache, log = tmp_path / "cache", tmp_path / "compiles.log"
+    slow = tmp_path / "slow-cc"  # logs each compile and takes long enough for the other process to arrive
+    slow.write_text(f'#!/bin/sh\necho compile >> {log}\nsleep 1.5\nexec {GCC} "$@"\n')
+    slow.chmod(0o755)
+    env = dict(os.environ, LLAMA_EXPLORER_CACHE=str(cache), PYTHONPATH=str(ROOT), CC=str(slow))
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
+    got = [json.loads(out) for out, _ in outs]
+    assert log.read_text().count("compile") == 1
+    assert got[0]["loaded"] == got[1]["loaded"] and Path(got[0]["loaded"]).parent == cache / "native-step", got
+    assert sorted(p.name for p in (cache / "native-step").iterdir()) == sorted(
+        [".building.lock", Path(got[0]["loaded"]).name, Path(got[0]["loaded"]).with_suffix(".sha256").name])
+
+
 def test_read_only_cache_builds_privately(tmp_path):
     cache = tmp_path / "cache"
     (cache / "native-step").mkdir(parents=True, mode=0o700)

@@ -137,7 +137,8 @@ def test_without_a_compiler_generate_keeps_its_tokens(biased, monkeypatch, tmp_p
     assert build.library() is None and build.failure().startswith("false failed")
     assert not native.native_applies(biased, KVCache(biased.cfg.n_layers))
     assert generate(biased, prompt, 10) == expected  # the lean step: the same tokens
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no half-written library left behind
+    # no half-written library left behind (only the build lock, which a failed build takes too)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [".building.lock"]
 
 
 @pytest.mark.slow

@@ -94,20 +94,29 @@ def _obtain() -> ctypes.CDLL:
     with contextlib.suppress(OSError):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if _private(folder):
+        from ..cache_folder import one_at_a_time
+
         sweep_temporaries(folder)
         target = folder / f"native_step-{key}.so"
-        cached, opened = _verified(target)
+        cached, opened = _verified(target, forget=False)  # (a library whose record is not yet written: kept)
         if cached is not None:
             return cached
         if not opened:  # a path once opened stays bound to that library in this process: build elsewhere
-            try:
-                _build(target)
-                return _load(target)
-            except OSError:  # read-only or full cache folder: build privately below
-                pass
-            except AttributeError:  # a build without the entry point is no use to the next run either
-                _forget(target)
-                raise
+            # Builds take turns (the processes of one server starting together): the later ones find the first
+            # one's library, and none removes a library that another is between writing and recording.
+            with one_at_a_time(folder, lock=".building.lock"):
+                cached, opened = _verified(target)
+                if cached is not None:
+                    return cached
+                if not opened:
+                    try:
+                        _build(target)
+                        return _load(target)
+                    except OSError:  # read-only or full cache folder: build privately below
+                        pass
+                    except AttributeError:  # a build without the entry point is no use to the next run either
+                        _forget(target)
+                        raise
     with tempfile.TemporaryDirectory(prefix="llama-explorer-native-") as tmp:  # created 0700
         target = Path(tmp) / f"native_step-{key}.so"
         _build(target)
@@ -124,10 +133,11 @@ def _forget(target: Path) -> None:
             path.unlink()
 
 
-def _verified(target: Path) -> tuple[ctypes.CDLL | None, bool]:
+def _verified(target: Path, forget: bool = True) -> tuple[ctypes.CDLL | None, bool]:
     """The cached library, loaded only when its content is the one recorded at build time, and whether it was
-    opened. A file without a record, cut short or changed is removed without being opened (a truncated one maps
-    past its end and dies with SIGBUS, a planted one runs its constructor), and so is one without `llama_forward`."""
+    opened. A file without a record, cut short or changed is never opened (a truncated one maps past its end and
+    dies with SIGBUS, a planted one runs its constructor) and is removed when `forget` (by the build lock's
+    holder), and so is one without `llama_forward`."""
     if not target.exists():
         return None, False
     try:
@@ -135,7 +145,8 @@ def _verified(target: Path) -> tuple[ctypes.CDLL | None, bool]:
     except (OSError, ValueError):
         good = False
     if not good:
-        _forget(target)
+        if forget:
+            _forget(target)
         return None, False
     try:
         return _load(target), True
