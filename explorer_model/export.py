@@ -25,8 +25,8 @@ import torch
 
 from .export_path import ExportError, check_target
 from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
-from .memory import gb
-from .recording import as_numpy
+from .memory import gb, hook_shapes
+from .recording import as_numpy, recorded_names
 
 
 @contextlib.contextmanager
@@ -64,15 +64,12 @@ class Plan:
 
 
 def plan(model, ids: list[int], names, dtype: torch.dtype) -> Plan:
-    """Bytes of the .npz for `ids` without running the model: every recorded name (the recorder's selection, logits
-    always) at its shape for this prompt (memory.hook_shapes: the forward's shapes, kept in the cache folder) in
-    the file's dtype (bfloat16 is written as float32), and the token ids as int64."""
-    from .memory import hook_shapes
-
+    """Bytes of the .npz for `ids` without running the model: every name the recording will hold at its shape for
+    this prompt (memory.hook_shapes: the forward's shapes, kept in the cache folder) in the file's dtype (bfloat16
+    is written as float32), and the token ids as int64."""
     shapes = hook_shapes(model.cfg, len(ids))
-    selected = model.select_hooks(names)
     itemsize = torch.empty(0, dtype=torch.float32 if dtype == torch.bfloat16 else dtype).element_size()
-    full = {name: math.prod(shapes[name]) * itemsize for name in [*selected, *(["logits"] * ("logits" not in selected))]}
+    full = {name: math.prod(shapes[name]) * itemsize for name in recorded_names(model, names)}
     full["token_ids"] = len(ids) * 8
     kept = sum(v for k, v in full.items() if "hook_pattern" not in k and "hook_attn_scores" not in k)
     largest = max(full, key=full.get)

@@ -157,6 +157,16 @@ class Recording(Mapping):
         return out
 
 
+def recorded_names(model: LlamaModel, names: Iterable[str] | None = None,
+                   layers: Iterable[int] | None = None) -> list[str]:
+    """The names a recording of `names` (globs, all if None) in `layers` holds, in forward order: the selected
+    hooks, and the logits always (every view ends in a prediction)."""
+    selected = model.select_hooks(names, layers)
+    if "logits" not in selected:
+        selected.append("logits")
+    return selected
+
+
 def rebuildable_names(cfg: ModelConfig, selected) -> dict[str, tuple[str, ...]]:
     """The selected names a float32 recording may rebuild instead of storing: those whose sources are selected."""
     chosen = set(selected)
@@ -170,9 +180,7 @@ def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iter
     """Attach caching hooks for the selected names; they are removed on exit, even on error."""
     if attention not in ("derived", "stored"):
         raise ValueError("attention must be 'derived' or 'stored'")
-    selected = model.select_hooks(names, layers)
-    if "logits" not in selected:
-        selected.append("logits")  # always kept: every view ends in a prediction
+    selected = recorded_names(model, names, layers)
     store: dict[str, torch.Tensor] = {}
     rotated: dict[int, list] = {}
     last = [None, None]  # the previous hooked tensor and its kept copy

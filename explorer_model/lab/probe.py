@@ -63,7 +63,8 @@ def init_gradients(opts: LabOptions = LabOptions(), depth: int = 12, depths=SWEE
                                    "resid_rms": per layer, "ratio_seeds": per seed}},
              "sweep": {variant: {"last_grad", "first_grad", "output_change", "loss": per depth}}, "seconds"}.
     Gradient norms are averaged over seeds layer by layer (the expected norm that the papers describe).
-    `probe_fn` replaces `probe` (the lab's worker passes one that keeps its results); `progress(fraction, message)` runs between probes.
+    `probe_fn` replaces `probe` (the lab's worker passes one that keeps its results); `progress(fraction, message)`
+    runs between probes.
     """
     probe_fn = probe_fn or probe
     t0 = time.perf_counter()
