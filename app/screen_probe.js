@@ -9,6 +9,10 @@
 //    hover, which a finger makes only after the tap; the emulated mouse events that follow a tap would count as a
 //    second click and undo the selection. So the page keeps such touches from Plotly, lets the browser scroll, and
 //    turns a touch that did not move into what a mouse does: hover, press and release at that point.
+// 3. It loads the fonts of the page's prose, code and formulas (Streamlit's Source Sans and Source Code, KaTeX's)
+//    as soon as the page declares them. Plotly draws every figure again when a font of the page that was not loaded
+//    when the figure's drawing began has loaded by its end, whether or not the figure uses it; a view's formulas
+//    load KaTeX's fonts the first time they appear, while that view's figures draw, and each was drawn twice.
 
 function installTap() {
   if (window.__llamaExplorerTap) return;
@@ -40,8 +44,23 @@ function installTap() {
   }, {capture: true, passive: false});
 }
 
+// Source Serif, the other family Streamlit declares, is not used by the page (~0.8 MB)
+const PAGE_FONTS = /^(KaTeX_|Source Sans|Source Code)/;
+
+function loadFonts() {
+  if (window.__llamaExplorerFonts) return;
+  window.__llamaExplorerFonts = true;
+  const load = () => document.fonts.forEach((face) => {
+    if (face.status === 'unloaded' && PAGE_FONTS.test(face.family)) face.load().catch(() => {});
+  });
+  load();
+  // KaTeX's stylesheet arrives with the first formula: its fonts are declared then
+  new MutationObserver(load).observe(document.head, {childList: true});
+}
+
 export default function ({data, setStateValue}) {
   installTap();
+  loadFonts();
   let sent = null;
   const measure = () => {
     const main = document.querySelector('[data-testid="stMainBlockContainer"]');

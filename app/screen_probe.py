@@ -1,6 +1,7 @@
 """The page's probe of its screen (app/screen_probe.js): the browser reports the main column's width, the window's
-width and whether the pointer is a finger whenever they differ from what the server assumed (app/screen.py), and
-one tap selects a Plotly cell on a touch screen, as a click does."""
+width and whether the pointer is a finger whenever they differ from what the server assumed (app/screen.py), one
+tap selects a Plotly cell on a touch screen, as a click does, and the page loads the fonts of its prose, code and
+formulas before its figures draw (a font loaded during a draw makes Plotly draw the figure again)."""
 from __future__ import annotations
 
 from pathlib import Path

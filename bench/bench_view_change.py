@@ -1,8 +1,8 @@
 """What choosing a view costs the browser: in Debian's Chromium, the ten views of SmolLM2 chosen one after another
 in the view selector, twice (the second round: each view drawn once before, the server's figures cached), and for
-each view change Chromium's CPU seconds (all its processes, from /proc) until the page is drawn and quiet, and the
+each view change Chromium's CPU seconds (all its processes, from /proc) until the page is drawn and quiet, the
 figures Plotly drew (a new plot surface) that are not on the page when the view is done (a view drawing the last
-view's figures again: none expected).
+view's figures again: none expected), and the most times Plotly drew any one figure of the view.
 
 With --js-flags, Chromium's V8 gets those flags: the suite's browser runs with --js-flags=--max-opt=1 (V8's
 baseline compiler only, tests/browser_util.py); run the script with and without it to compare.
@@ -27,15 +27,24 @@ from bench_page_load import PROMPT, QUIET_MS, chromium_cpu  # noqa: E402
 from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 from machine import machine_line  # noqa: E402
 
-# the chart keys (st-key-…) of every plot surface Plotly adds to the page, since the last reset
-DRAWN = """() => { window.__drawn = new Set();
+# the chart keys (st-key-…) of every plot surface Plotly adds to the page, since the last reset (RESET), and how many
+# times Plotly has drawn each figure (its plotly_afterplot events; the listener is attached as the first draw adds
+# the plot's surface, before that draw ends)
+DRAWN = """() => { window.__drawn = new Set(); window.__draws = {};
+  const keyOf = el => { const holder = el.closest('[data-testid="stElementContainer"]');
+    const key = holder && [...holder.classList].find(c => c.startsWith('st-key-')); return key ? key.slice(7) : null; };
   new MutationObserver(records => { for (const r of records) for (const n of r.addedNodes) {
     if (n.nodeType !== 1) continue;
     for (const svg of n.matches('.main-svg') ? [n] : n.querySelectorAll('.main-svg')) {
-      const holder = svg.closest('[data-testid="stElementContainer"]');
-      const key = holder && [...holder.classList].find(c => c.startsWith('st-key-'));
-      if (key) window.__drawn.add(key.slice(7));
+      const key = keyOf(svg);
+      if (key) window.__drawn.add(key);
+      const gd = svg.closest('.js-plotly-plot');
+      if (gd && gd.on && !gd.__counted) {
+        gd.__counted = true;
+        gd.on('plotly_afterplot', () => { const k = keyOf(gd); if (k) window.__draws[k] = (window.__draws[k] || 0) + 1; });
+      }
     } } }).observe(document, {childList: true, subtree: true}); }"""
+RESET = "() => { window.__drawn.clear(); window.__draws = {}; }"
 SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd => {
   const holder = gd.closest('[data-testid="stElementContainer"]');
   return ([...holder.classList].find(c => c.startsWith('st-key-')) || '').slice(7); })"""
@@ -77,7 +86,7 @@ def main() -> None:
             for _ in range(2):
                 views = {}
                 for i in [*range(1, n), 0]:  # from the page's first view on, ending where it began
-                    page.evaluate("window.__drawn.clear()")
+                    page.evaluate(RESET)
                     before = chromium_cpu()
                     page.locator(BUTTONS).nth(i).click()
                     page.wait_for_function("() => new URLSearchParams(location.search).get('view') !== null")
@@ -85,7 +94,8 @@ def main() -> None:
                     settled(page)
                     view = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query).get("view", ["?"])[0]
                     others = sorted(set(page.evaluate("[...window.__drawn]")) - set(page.evaluate(SHOWN)))
-                    views[view] = {"chromium_cpu_s": round(chromium_cpu() - before, 2), "drawn_not_shown": others}
+                    views[view] = {"chromium_cpu_s": round(chromium_cpu() - before, 2), "drawn_not_shown": others,
+                                   "most_draws": max(page.evaluate("window.__draws").values(), default=0)}
                 rounds.append(views)
             browser.close()
     finally:
@@ -93,6 +103,7 @@ def main() -> None:
     print(json.dumps({"viewport": [args.width, args.height], "js_flags": args.js_flags, "rounds": rounds,
                       "total_cpu_s": [round(sum(v["chromium_cpu_s"] for v in r.values()), 2) for r in rounds],
                       "drawn_not_shown": sum(len(v["drawn_not_shown"]) for r in rounds for v in r.values()),
+                      "most_draws": [max(v["most_draws"] for v in r.values()) for r in rounds],
                       "loadavg": round(os.getloadavg()[0], 2)}, indent=1))
 
 
