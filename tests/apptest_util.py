@@ -40,8 +40,18 @@ def _compile_the_page_once() -> None:
         app_test.ScriptCache = local_script_runner.ScriptCache = one_cache
 
 
+def _no_usage_stats() -> None:
+    """`llama-explorer serve` runs the page with --browser.gatherUsageStats false; AppTest reads the option's
+    default (true), and Streamlit then inspects every command's arguments for its usage statistics (~200 commands
+    in a page run)."""
+    from streamlit import config
+
+    config.set_option("browser.gatherUsageStats", False)
+
+
 _scan_installed_components_once()
 _compile_the_page_once()
+_no_usage_stats()
 
 
 def run_app(timeout: float = 120, **query) -> AppTest:
