@@ -9,10 +9,10 @@
 //    hover, which a finger makes only after the tap; the emulated mouse events that follow a tap would count as a
 //    second click and undo the selection. So the page keeps such touches from Plotly, lets the browser scroll, and
 //    turns a touch that did not move into what a mouse does: hover, press and release at that point.
-// 3. It loads the fonts of the page's prose, code and formulas (Streamlit's Source Sans and Source Code, KaTeX's)
-//    as soon as the page declares them. Plotly draws every figure again when a font of the page that was not loaded
-//    when the figure's drawing began has loaded by its end, whether or not the figure uses it; a view's formulas
-//    load KaTeX's fonts the first time they appear, while that view's figures draw, and each was drawn twice.
+// 3. It loads the fonts of the page's prose, code and formulas (PAGE_FONTS: Streamlit's Source Sans and Source
+//    Code, KaTeX's) as soon as the page declares them. Plotly draws a figure again when a font of the page that was
+//    not loaded as its drawing began has loaded by its end, whether or not the figure uses it; a view's formulas
+//    load KaTeX's fonts the first time they appear, while that view's figures draw, and each was drawn again.
 
 function installTap() {
   if (window.__llamaExplorerTap) return;
@@ -44,14 +44,21 @@ function installTap() {
   }, {capture: true, passive: false});
 }
 
-// Source Serif, the other family Streamlit declares, is not used by the page (~0.8 MB)
-const PAGE_FONTS = /^(KaTeX_|Source Sans|Source Code)/;
+// The faces the views use ("family|weight|style"), the ones a walk through every view, every explanation open, in
+// both languages loads (tests/test_browser_downloads.py checks that such a walk loads no other)
+const PAGE_FONTS = new Set([
+  'Source Sans|100 900|normal', 'Source Sans|100 900|italic', 'Source Code Pro|100 900|normal',
+  'Material Symbols Rounded|400|normal', 'KaTeX_Main|400|normal', 'KaTeX_Math|400|italic', 'KaTeX_AMS|400|normal',
+  'KaTeX_Caligraphic|400|normal', 'KaTeX_Size1|400|normal', 'KaTeX_Size2|400|normal', 'KaTeX_Size3|400|normal',
+  'KaTeX_Size4|400|normal']);
 
 function loadFonts() {
   if (window.__llamaExplorerFonts) return;
   window.__llamaExplorerFonts = true;
   const load = () => document.fonts.forEach((face) => {
-    if (face.status === 'unloaded' && PAGE_FONTS.test(face.family)) face.load().catch(() => {});
+    if (face.status === 'unloaded' && PAGE_FONTS.has(`${face.family}|${face.weight}|${face.style}`)) {
+      face.load().catch(() => {});
+    }
   });
   load();
   // KaTeX's stylesheet arrives with the first formula: its fonts are declared then

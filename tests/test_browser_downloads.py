@@ -37,6 +37,9 @@ NPZ_LAYER_NAMES = ("blocks.{L}.hook_resid_pre", "blocks.{L}.attn.hook_pattern", 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LANG, ZH_PROMPT = "zh", "\u6df1\u5ea6\u5b66\u4e60\u5f88"  # 深度学习很: 10 SmolLM2 tokens, 9 of them parts of a character
 TABLET_TEXT_PX = 12  # the smallest text a figure or table may have on a tablet, as on a phone
+# the page's font faces loaded or loading, as screen_probe.js's PAGE_FONTS names them
+LOADED_FONTS = ("() => [...document.fonts].filter(f => f.status !== 'unloaded')"
+                ".map(f => `${f.family}|${f.weight}|${f.style}`)")
 FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as the token labels name it
 
 
@@ -177,6 +180,8 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             problems.append(f"{what} delivered {name}, expected a {kind} file")
         opened.setdefault(view, []).append(name)
 
+    page.evaluate("document.fonts.ready")
+    fonts = page.evaluate(LOADED_FONTS)
     seen = []
     for label, view in each_view_drawn(page):
         seen.append(view)
@@ -201,6 +206,11 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             attempt(view, camera.click, f"the PNG camera of figure {i} in the {label} view", ".png")
         if view_errors(page):
             problems.append(f"the {label} view shows an error: {view_errors(page)[0][:200]}")
+    # every font the walk needed (every view, every explanation open) was loaded with the page (app/screen_probe.js's
+    # PAGE_FONTS): one loaded while a view's figures drew would have had Plotly draw them again
+    late = sorted(set(page.evaluate(LOADED_FONTS)) - set(fonts))
+    if late:
+        problems.append(f"fonts first loaded during the walk (add them to screen_probe.js's PAGE_FONTS): {late}")
     # the sidebar, folded away on a tablet, opened last (open, it narrows the main area the walk measured): once it
     # has slid open, the page is drawn again for its narrower column (the screen probe's run), and a download
     # button pressed during that run would name a file the run has just replaced
