@@ -44,8 +44,8 @@ function installTap() {
   }, {capture: true, passive: false});
 }
 
-// The faces the views use ("family|weight|style"), the ones a walk through every view, every explanation open, in
-// both languages loads (tests/test_browser_downloads.py checks that such a walk loads no other)
+// The faces the views use ("family|weight|style"): those a walk through every view, every explanation open, loads
+// in either language (tests/test_browser_downloads.py checks that its walk, in Chinese, loads no other)
 const PAGE_FONTS = new Set([
   'Source Sans|100 900|normal', 'Source Sans|100 900|italic', 'Source Code Pro|100 900|normal',
   'Material Symbols Rounded|400|normal', 'KaTeX_Main|400|normal', 'KaTeX_Math|400|italic', 'KaTeX_AMS|400|normal',

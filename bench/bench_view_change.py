@@ -27,12 +27,14 @@ from bench_page_load import PROMPT, QUIET_MS, chromium_cpu  # noqa: E402
 from load_server import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 from machine import machine_line  # noqa: E402
 
+# the chart key (st-key-…) of the page element a node is in, null if none
+CHART_KEY = """el => { const holder = el.closest('[data-testid="stElementContainer"]');
+    const key = holder && [...holder.classList].find(c => c.startsWith('st-key-')); return key ? key.slice(7) : null; }"""
 # the chart keys (st-key-…) of every plot surface Plotly adds to the page, since the last reset (RESET), and how many
 # times Plotly has drawn each figure (its plotly_afterplot events; the listener is attached as the first draw adds
 # the plot's surface, before that draw ends)
 DRAWN = """() => { window.__drawn = new Set(); window.__draws = {};
-  const keyOf = el => { const holder = el.closest('[data-testid="stElementContainer"]');
-    const key = holder && [...holder.classList].find(c => c.startsWith('st-key-')); return key ? key.slice(7) : null; };
+  const keyOf = """ + CHART_KEY + """;
   new MutationObserver(records => { for (const r of records) for (const n of r.addedNodes) {
     if (n.nodeType !== 1) continue;
     for (const svg of n.matches('.main-svg') ? [n] : n.querySelectorAll('.main-svg')) {
@@ -45,9 +47,8 @@ DRAWN = """() => { window.__drawn = new Set(); window.__draws = {};
       }
     } } }).observe(document, {childList: true, subtree: true}); }"""
 RESET = "() => { window.__drawn.clear(); window.__draws = {}; }"
-SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].map(gd => {
-  const holder = gd.closest('[data-testid="stElementContainer"]');
-  return ([...holder.classList].find(c => c.startsWith('st-key-')) || '').slice(7); })"""
+SHOWN = """() => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')]
+  .map(gd => (""" + CHART_KEY + """)(gd) || '')"""
 BUTTONS = '.st-key-view [role="radio"]'
 
 
