@@ -135,8 +135,9 @@ def prepare(data: bytes, steps: list[dict]) -> None:
 
 def _prepare_step(step: dict) -> None:
     preset = BY_KEY.get(step.get("lesson"))
-    source = dict(preset.args).get("model_pick", step.get("model")) if preset else step.get("model")
-    source = source or gateway.DEFAULT_SOURCE
+    # the model a comparison needs is in its state pairs (presets.opened); other lessons' args are their words
+    picked = dict(preset.args).get("model_pick") if preset is not None and preset.kind == "compare" else None
+    source = picked or step.get("model") or gateway.DEFAULT_SOURCE
     if source not in gateway.offered_models():
         return
     facts, _ = gateway.try_load(source)

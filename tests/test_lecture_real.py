@@ -100,15 +100,20 @@ def test_a_server_prepares_every_steps_recording_in_the_background(monkeypatch):
 
     gateway.result_cache().clear()
     monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "1")
-    data = (P.SHIPPED / "tutorial-001.toml").read_bytes() + b"\n# prepared by the test\n"
-    lecture, _ = L.parse(data, P.view_keys(), P.lessons())
-    P.prepare(data, lecture.steps)
-    for t in threading.enumerate():
-        if t.name == "lecture-prepare":
-            t.join(600)
+    # tutorial-001 whole; of tutorial-000 its step 7, a lesson whose preset has words as its args (coref: "it",
+    # "animal"), not a comparison's state pairs
+    for name, steps in (("tutorial-001", None), ("tutorial-000", [7])):
+        data = (P.SHIPPED / f"{name}.toml").read_bytes() + b"\n# prepared by the test\n"
+        lecture, _ = L.parse(data, P.view_keys(), P.lessons())
+        P.prepare(data, lecture.steps if steps is None else [lecture.steps[i - 1] for i in steps])
+        for t in threading.enumerate():
+            if t.name == "lecture-prepare":
+                t.join(600)
     monkeypatch.setenv("LLAMA_EXPLORER_WARM_UP", "0")
     before = forwards()
-    for step in (1, 7):  # the pipeline's shapes; BOS then 深度学习很, each on its own tokens view
-        at = run_app(timeout=600, lecture="tutorial-001", step=step)
-        assert not at.exception and at.session_state["view"] == "tokens"
-    assert forwards() == before  # both opened from the recordings prepared in the background
+    # the pipeline's shapes; BOS then 深度学习很, each on its own tokens view; the coreference lesson's head
+    for name, step, view in (("tutorial-001", 1, "tokens"), ("tutorial-001", 7, "tokens"),
+                             ("tutorial-000", 7, "attention")):
+        at = run_app(timeout=600, lecture=name, step=step)
+        assert not at.exception and at.session_state["view"] == view, (name, step)
+        assert forwards() == before, f"{name} step {step} was not prepared in the background"
