@@ -135,8 +135,7 @@ def prepare(data: bytes, steps: list[dict]) -> None:
 
 def _prepare_step(step: dict) -> None:
     preset = BY_KEY.get(step.get("lesson"))
-    # the model a comparison needs is in its state pairs (presets.opened); other lessons' args are their words
-    picked = dict(preset.args).get("model_pick") if preset is not None and preset.kind == "compare" else None
+    picked = opened(preset.key).get("active_model") if preset is not None else None  # a comparison's model
     source = picked or step.get("model") or gateway.DEFAULT_SOURCE
     if source not in gateway.offered_models():
         return
