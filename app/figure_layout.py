@@ -7,6 +7,9 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
 - the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
   room a label's line needs (its box is 1.33 font sizes high), so labels never overlap; on a numeric x axis as many
   ticks as labels fit;
+- a legend under the plot: at the figure's foot, below the x axis's labels and title, the figure grown for its rows;
+- subplots side by side: room between them for each one's y axis labels and title; above the first row, room for
+  the title's lines and the subplot titles' lines;
 - its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
 
 Every function here is pure: a figure (its spec, app/figure_spec.py) and sizes in, the figure changed in place.
@@ -30,6 +33,9 @@ PRESENTER_MAX_H = 680  # px: the tallest figure in presenter mode (the main figu
 COLORBAR_PX = 14  # thickness of a colour bar
 PAD, TICK_GAP, STANDOFF = 8, 6, 8  # px: a heatmap's edge, between its tick labels and the plot, axis title to labels
 COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colour bar of their own
+TITLE_GAP = 6  # px between a figure's title and the subplot titles under it
+MIN_SUBPLOT = 0.2  # of a row's width: side-by-side subplots are never made narrower to fit their axes' labels
+LEGEND_ITEM_PX, LEGEND_ROW = 46, 1.6  # a legend item's symbol and gaps (px), a row's height (× its font size)
 
 
 # --------------------------------------------------------------------------- heatmaps
@@ -157,15 +163,19 @@ def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, heigh
             fig.update_layout(height=min(int(fig.layout.height * 1.2), PRESENTER_MAX_H))
         if width < NARROW:
             _colorbar_under(fig, sizes)
+        _room_for_y_labels(fig, width, sizes)
         wrap_subplot_titles(fig, plot_area(fig, width, sizes)[0], sizes)
-        extra = len(place_title(fig, width, sizes, touch)) - 1
+        lines = place_title(fig, width, sizes, touch)
+        extra = len(lines) - 1
         if extra > 0:  # room for the title's added lines
             grow = int(extra * (fig.layout.title.font.size or sizes.title) * LINE)
             top = fig.layout.margin.t
             fig.update_layout(margin_t=(top if top is not None else 100) + grow)
             if fig.layout.height:
                 fig.update_layout(height=fig.layout.height + grow)
+        _room_above(fig, len(lines), sizes)
         thin_ticks(fig, width, sizes)
+        _legend_under(fig, width, sizes)
     raise_fonts(fig, sizes.text)
     fig.update_layout(width=None)
     if touch:  # a finger on a figure scrolls the page; Plotly's drag modes would hold it
@@ -198,6 +208,78 @@ def _colorbar_under(fig: Figure, sizes: Sizes) -> None:
     fig.update_layout(height=height, margin_b=(b if b is not None else 80) + extra)
     for bar in bars:
         _lay_under(bar, height)
+
+
+def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
+    """The top margin holds the title's lines and, under them, the first row's subplot titles (which grow upwards
+    from the plot): the figure grows by what is missing. A figure's margin is set for one line of each; on a phone
+    both wrap."""
+    notes = [n for n in fig.layout.annotations if n.xref == "paper" and n.yref == "paper" and not n.showarrow
+             and n.text and n.y is not None and n.y >= 0.99 and n.yanchor == "bottom"]
+    if not title_lines or not notes:
+        return
+    size = fig.layout.title.font.size or sizes.title
+    # the title's top is padded (n - 1) half lines down (place_title); its lines then take n lines or fewer
+    title = TITLE_TOP + (title_lines - 1) * LINE / 2 * size + title_lines * size * LINE
+    below = max(len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE for n in notes)
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
+    missing = math.ceil(title + below + TITLE_GAP - top)
+    if missing > 0:
+        fig.update_layout(margin_t=top + missing, height=(fig.layout.height or 450) + missing)
+
+
+def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
+    """Subplots side by side kept apart by what each one's y axis writes at its left (tick labels, title): the grid's
+    gap is a share of the width (plots.grid_layout), which on a phone left the right subplot's axis title over its
+    neighbour's bars. A row's subplots stay equally wide; their titles (annotations centred over them) move along."""
+    plot_w = plot_area(fig, width, sizes)[0]
+    rows: dict[tuple, list] = {}
+    for xa in axes(fig, "x"):
+        ya = getattr(fig.layout, "yaxis" + (xa.anchor or "y")[1:])
+        if xa.domain and ya.domain:
+            rows.setdefault(tuple(ya.domain), []).append((tuple(xa.domain), xa, ya))
+    for row in rows.values():
+        if len(row) < 2:
+            continue
+        row.sort(key=lambda r: r[0][0])
+        gaps = [b[0][0] - a[0][1] for a, b in zip(row, row[1:])]
+        need = max((_label_px(fig, ya, "y", ya.tickfont.size or sizes.tick) + PAD) / plot_w
+                   for _, _, ya in row[1:] if ya.side != "right")
+        start, end, n = row[0][0][0], row[-1][0][1], len(row)
+        each = (end - start - (n - 1) * need) / n
+        if min(gaps) >= need or each < MIN_SUBPLOT * (end - start):
+            continue
+        for i, (old, xa, _) in enumerate(row):
+            new = [start + i * (each + need), start + i * (each + need) + each]
+            xa.update(domain=new)
+            for note in fig.layout.annotations:  # the subplot's title, centred over it
+                if note.xref == "paper" and note.x is not None and abs(note.x - (old[0] + old[1]) / 2) < 0.01:
+                    note.x = (new[0] + new[1]) / 2
+
+
+def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
+    """A horizontal legend under the plot goes to the figure's foot, below the x axis's tick labels and title, and
+    the figure grows by its rows. Placed a fraction of the plot's height below the plot (Plotly's paper
+    coordinates), it landed on the axis title whenever the labels were long (upright token names) or the plot
+    short (a phone)."""
+    legend = fig.layout.legend
+    if legend.orientation != "h" or legend.y is None or legend.y >= 0 or legend.yref == "container":
+        return
+    font = legend.font.size or fig.layout.font.size or sizes.text
+    names = [tr.name for tr in fig.data if tr.name and tr.showlegend is not False]
+    if not names:
+        return
+    plot_w = plot_area(fig, width, sizes)[0]
+    items = [LEGEND_ITEM_PX + text_px(name, font) for name in names]
+    # one row when every item fits side by side; otherwise Plotly lays them in columns as wide as the widest
+    rows = 1 if sum(items) <= plot_w else math.ceil(len(items) / max(1, int(plot_w // max(items))))
+    rows_px = int(rows * font * LEGEND_ROW + PAD)
+    labels = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in axes(fig, "x")
+                  if a.side != "top"), default=0.0)
+    height = (fig.layout.height or 450) + rows_px
+    b = fig.layout.margin.b
+    fig.update_layout(height=height, margin_b=int(max(b if b is not None else 80, labels)) + rows_px)
+    legend.update(yref="container", y=PAD / height, yanchor="bottom")
 
 
 def _axis_categories(fig: Figure, axis, letter: str) -> list[str]:

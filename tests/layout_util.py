@@ -1,7 +1,8 @@
 """What the layout tests measure on a drawn page (test_browser_layout.py on a phone and a projector,
 test_browser_downloads.py on a tablet): each view's main figure as wide as its column and mostly plot, no text
-under the screen's smallest size, no overlapping tick labels, no text outside its figure, no title under Plotly's
-toolbar, no sideways scrolling, tables of readable text, no formula clipped."""
+under the screen's smallest size, no overlapping tick labels, no two parts' texts overlapping (a legend, the title,
+an axis title, a subplot's title, a colour bar) nor an axis's text inside another subplot's plot, no text outside its
+figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no formula clipped."""
 from __future__ import annotations
 
 from browser_util import LAYOUT, open_expanders, settle_figures, shots_dir, steady, wait_idle
@@ -34,11 +35,28 @@ MEASURE = """() => {
         const outside = texts.filter(t => t.tagName === 'text').filter(t => { const r = box(t);
             return r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1 ||
                    r.bottom > frame.bottom + 1; }).map(t => t.textContent.slice(0, 24));
+        // texts of different parts of the figure that overlap (a legend on an axis title, the title on a subplot's
+        // title), and an axis's labels or title inside another subplot's plot area
+        const part = t => t.closest('.legend') ? 'legend' : t.closest('.colorbar') ? 'colour bar' :
+            t.closest('.xaxislayer-above, .yaxislayer-above') ? 'tick labels' : t.closest('.g-gtitle') ? 'title' :
+            t.closest('.annotation') ? 'annotation' : t.closest('.infolayer') && /title/.test(t.getAttribute('class'))
+            ? 'axis title' : null;
+        const parts = texts.filter(t => t.tagName === 'text' && part(t)).map(t => ({t, p: part(t), r: box(t)}));
+        const crossings = [];
+        for (let i = 0; i < parts.length; i++) for (let j = i + 1; j < parts.length; j++)
+            if (parts[i].p !== parts[j].p && overlap(parts[i].r, parts[j].r))
+                crossings.push(`${parts[i].p} “${parts[i].t.textContent.slice(0, 20)}” / ${parts[j].p} ` +
+                               `“${parts[j].t.textContent.slice(0, 20)}”`);
+        const plots = [...gd.querySelectorAll('.nsewdrag')].map(box);
+        if (plots.length > 1)
+            for (const o of parts.filter(o => o.p === 'axis title' || o.p === 'tick labels'))
+                if (plots.some(r => overlap(o.r, r))) crossings.push(`${o.p} “${o.t.textContent.slice(0, 20)}” ` +
+                                                                    'inside a plot area');
         const bar = gd.querySelector('.modebar'), title = gd.querySelector('.g-gtitle');
         return {key, title: String((gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, ' '),
                 width: frame.width, room: column.clientWidth - parseFloat(style.paddingLeft) -
                 parseFloat(style.paddingRight), plot: gd._fullLayout._size.w,
-                smallest: sizes.sort((a, b) => a[0] - b[0])[0] || null, clashes, outside,
+                smallest: sizes.sort((a, b) => a[0] - b[0])[0] || null, clashes, outside, crossings,
                 covered: !!(bar && title && title.textContent.trim() && overlap(box(bar), box(title)))};
     });
 }"""
@@ -76,6 +94,8 @@ def figure_problems(view: str, figures: list[dict], least: int) -> list[str]:
             problems.append(f"{name}: {len(f['clashes'])} overlapping tick labels, e.g. {f['clashes'][:2]}")
         if f["outside"]:
             problems.append(f"{name}: text outside the figure: {f['outside'][:3]}")
+        if f["crossings"]:
+            problems.append(f"{name}: {len(f['crossings'])} overlapping texts, e.g. {f['crossings'][:2]}")
         if f["covered"]:
             problems.append(f"{name}: Plotly's toolbar covers the title")
     return problems

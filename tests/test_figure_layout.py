@@ -10,8 +10,9 @@ import pytest
 
 from app import plots
 from app.figure_spec import Figure, spec
-from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PRESENTER_MAX_H, fit_figure, plot_area
-from app.figure_text import CHAR_EM, MIN_TEXT, PRESENTER_MIN_TEXT, Sizes, text_px, toolbar_px, wrap
+from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PAD, PRESENTER_MAX_H, fit_figure, plot_area
+from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_TOP, Sizes, text_px, toolbar_px,
+                             wrap)
 from app.screen import DESKTOP, PHONE, TABLET, Screen, from_cookie, from_report, guess
 
 TOKENS = [f"{i}:{w}" for i, w in enumerate(
@@ -121,6 +122,50 @@ def test_a_bar_chart_of_many_categories_turns_and_thins_its_labels_for_a_phone()
     few = go.Figure(go.Bar(x=["a", "b", "c"], y=[1, 2, 3]), layout=dict(height=300))
     few = fit(few, DESKTOP.main, presenter=False, touch=False)
     assert few.layout.xaxis.tickangle == 0 and list(few.layout.xaxis.tickvals) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("width", [PHONE.main, DESKTOP.main])
+def test_a_legend_under_the_plot_lies_at_the_figure_s_foot_below_the_axis_labels_and_title(width):
+    """Four series over upright token labels: the legend's rows take the bottom of the figure, and the margin above
+    them holds the longest label and the axis title (a legend placed a share of the plot's height below the plot
+    lay on the axis title)."""
+    fig = go.Figure([go.Bar(x=TOKENS, y=np.arange(len(TOKENS)) + s, name=name)
+                     for s, name in enumerate(["raw (49152)", "Temperature (49152)", "top-k (50)", "top-p (23)"])],
+                    layout=dict(height=400, margin=dict(l=10, r=10, t=50, b=10), xaxis_title="token (rank: text)",
+                                legend=dict(orientation="h", y=-0.3)))
+    fig = fit(fig, width, presenter=False, touch=width == PHONE.main)
+    lay = fig.layout
+    assert (lay.legend.yref, lay.legend.yanchor, lay.legend.y * lay.height) == ("container", "bottom",
+                                                                                pytest.approx(PAD))
+    grown = lay.height - 400  # the legend's rows: one on a desktop, more on a phone
+    rows = round((grown - PAD) / (12 * 1.6))
+    assert rows == (1 if width == DESKTOP.main else 4)
+    labels = max(text_px(t, 12) for t in lay.xaxis.ticktext)  # upright: their length reaches down
+    assert lay.xaxis.tickangle == -90
+    assert lay.margin.b - grown >= labels + (12 + 2) * LINE  # the labels and the title above the legend
+
+
+def test_side_by_side_subplots_keep_room_for_the_right_one_s_axis_and_the_title_for_both_rows_of_titles():
+    layout = plots.grid_layout(1, 2, ["added to the input: sizes per token", "RoPE in layer 0: what changes"],
+                               hspace=0.1)
+    layout["yaxis2"]["title"] = "relative change"
+    layout.update(height=420, margin=dict(l=10, r=10, t=60, b=10),
+                  title="Where position enters: added to every input (left) or turning only Q and K (right)")
+    fig = go.Figure([go.Bar(x=TOKENS[:8], y=np.arange(8.0)), go.Bar(x=TOKENS[:8], y=np.arange(8.0) / 10,
+                                                                   xaxis="x2", yaxis="y2")], layout=layout)
+    fig = fit(fig, PHONE.main, presenter=False, touch=True)
+    lay = fig.layout
+    (a0, a1), (b0, b1) = lay.xaxis.domain, lay.xaxis2.domain
+    assert a1 - a0 == pytest.approx(b1 - b0)  # as wide as each other
+    plot_w = plot_area(fig, PHONE.main, Sizes.for_screen(False))[0]
+    ticks = text_px("0.0000", 12)  # Plotly's labels of this axis are shorter
+    assert (b0 - a1) * plot_w >= ticks + (12 + 2) * LINE  # the right plot's tick labels and axis title
+    titles = [n for n in lay.annotations]
+    assert [n.x for n in titles] == [pytest.approx((a0 + a1) / 2), pytest.approx((b0 + b1) / 2)]
+    # the top margin: the title's lines (wrapped on a phone), then the subplot titles' lines under them
+    n, sub = len(lay.title.text.split("<br>")), max(len(t.text.split("<br>")) for t in titles)
+    assert n >= 3 and sub >= 2
+    assert lay.margin.t >= TITLE_TOP + (n - 1) * LINE / 2 * 16 + n * 16 * LINE + sub * 12 * LINE
 
 
 def test_a_numeric_axis_gets_no_more_ticks_than_labels_fit():

@@ -142,7 +142,7 @@ def layernorm_figure(c: dict, t) -> go.Figure:
     ]
     layout["xaxis2"]["title"] = t("norm.dim_axis")
     layout.update(height=460, margin=dict(l=10, r=10, t=60, b=10), hovermode="x unified",
-                  title=t("norm.layernorm_title"), legend=dict(orientation="h", y=1.1, x=1, xanchor="right"))
+                  title=t("norm.layernorm_title"), legend=dict(orientation="h", y=-0.1))  # three names: under the plot
     return _meta(go.Figure(data=traces, layout=layout), "norm_layernorm")
 
 
