@@ -3,7 +3,7 @@
 Plotly is told no width: a figure fills its column, whatever the screen. What the server sizes for that width:
 
 - a heatmap's height, margins and colour bar: cells about square, every row labelled when the rows fit, a colour
-  bar under the plot on a phone, no label cut;
+  bar under the plot on a phone (beside it, no more ticks than fit along it), no label cut;
 - the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
   room a label's line needs (its box is 1.33 font sizes high), so labels never overlap; on a numeric x axis as many
   ticks as labels fit;
@@ -123,8 +123,10 @@ def size_heatmap(fig: Figure, width: float, sizes: Sizes, max_height: float | No
         if frame.colorbar_under:
             _lay_under(tr.colorbar, height)
         else:
+            # as many ticks as labels of a line each fit along it (a one-row strip's bar is a few lines long)
             tr.colorbar.update(orientation="v", x=1, xanchor="left", xref="paper", xpad=10, len=1, lenmode="fraction",
-                               thickness=COLORBAR_PX, title_side="right")
+                               thickness=COLORBAR_PX, title_side="right",
+                               nticks=max(2, int(plot_h // (sizes.text * LABEL_ROOM * 1.5))))
     _thin(lay.xaxis, x, cell_w, sizes.tick, frame.label_chars, rotate=True)
     _thin(lay.yaxis, y, plot_h / len(y), sizes.tick, frame.label_chars)
 

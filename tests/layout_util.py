@@ -26,8 +26,9 @@ MEASURE = """() => {
             !t.closest('.hoverlayer') && box(t).width > 0);
         const sizes = texts.map(t => [parseFloat(getComputedStyle(t).fontSize), t.textContent.trim().slice(0, 24)]);
         const clashes = [];
-        for (const layer of gd.querySelectorAll('.xaxislayer-above, .yaxislayer-above')) {
-            const labels = [...layer.querySelectorAll('text')].filter(t => t.textContent.trim() && box(t).width);
+        for (const layer of gd.querySelectorAll('.xaxislayer-above, .yaxislayer-above, .colorbar')) {
+            const labels = [...layer.querySelectorAll('text')].filter(t => t.textContent.trim() && box(t).width &&
+                                                                     !/title/.test(t.parentElement.getAttribute('class')));
             for (let i = 0; i < labels.length; i++) for (let j = i + 1; j < labels.length; j++)
                 if (overlap(box(labels[i]), box(labels[j])))
                     clashes.push(labels[i].textContent + ' / ' + labels[j].textContent);

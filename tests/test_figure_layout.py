@@ -69,6 +69,15 @@ def test_a_phone_heatmap_has_its_colour_bar_under_the_plot_and_a_desktop_one_bes
     assert wide.layout.dragmode is None
 
 
+def test_a_one_row_strip_s_colour_bar_has_no_more_ticks_than_lines_fit_along_it():
+    strip = plots.heatmap(np.random.default_rng(0).random((1, 14)) * 9, TOKENS[:14], ["loss"], title="loss per token")
+    strip = fit(strip, DESKTOP.main, presenter=False, touch=False)
+    lay, bar = strip.layout, strip.data[0].colorbar
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    assert bar.orientation == "v" and plot_h <= 80
+    assert bar.nticks * MIN_TEXT * LABEL_ROOM <= plot_h  # each tick label's line has room along the bar
+
+
 def test_cells_with_text_get_rows_for_it_and_margins_for_text_wider_than_a_cell():
     fig = heat(TOKENS[:6], ["loss"])
     fig.update_traces(text=[["␣because"] * 6], texttemplate="%{text}", textfont=dict(size=10))
