@@ -8,8 +8,8 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
   room a label's line needs (its box is 1.33 font sizes high), so labels never overlap; on a numeric x axis as many
   ticks as labels fit;
 - a legend under the plot: at the figure's foot, below the x axis's labels and title, the figure grown for its rows;
-- subplots side by side: room between them for each one's y axis labels and title; above the first row, room for
-  the title's lines and the subplot titles' lines;
+- subplots side by side: room between them for each one's y axis labels and title; between rows, room for the
+  lower row's titles; above the first row, room for the title's lines and the subplot titles' lines;
 - its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
 
 Every function here is pure: a figure (its spec, app/figure_spec.py) and sizes in, the figure changed in place.
@@ -167,6 +167,7 @@ def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, heigh
             _colorbar_under(fig, sizes)
         _room_for_y_labels(fig, width, sizes)
         wrap_subplot_titles(fig, plot_area(fig, width, sizes)[0], sizes)
+        _room_between_rows(fig, width, sizes)
         lines = place_title(fig, width, sizes, touch)
         extra = len(lines) - 1
         if extra > 0:  # room for the title's added lines
@@ -228,6 +229,45 @@ def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
     missing = math.ceil(title + below + TITLE_GAP - top)
     if missing > 0:
         fig.update_layout(margin_t=top + missing, height=(fig.layout.height or 450) + missing)
+
+
+def _room_between_rows(fig: Figure, width: float, sizes: Sizes) -> None:
+    """Rows of subplots kept apart by the titles of the row below (they stand in the gap above their subplots) and
+    the tick labels of the row above: the grid's gap is a share of the height, a line's worth, and a title
+    wrapped on a phone reached into the row above. The rows keep their heights; the figure grows."""
+    ys = {tuple(a.domain) for a in axes(fig, "y") if a.domain}
+    rows = sorted(ys, key=lambda d: -d[1])
+    if len(rows) < 2 or any(above[0] < row[1] - 1e-6 for above, row in zip(rows, rows[1:])):
+        return  # one row, or subplots that are not rows of a grid
+    plot_h = plot_area(fig, width, sizes)[1]
+    notes = [n for n in fig.layout.annotations if n.xref == "paper" and n.yref == "paper" and not n.showarrow
+             and n.text and n.y is not None and n.yanchor == "bottom"]
+    gaps = []
+    for above, row in zip(rows, rows[1:]):
+        lines = [len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE
+                 for n in notes if abs(n.y - row[1]) < 0.01]
+        labels = max((_label_px(fig, xa, "x", xa.tickfont.size or sizes.tick) for xa in axes(fig, "x")
+                      if xa.showticklabels is not False and xa.side != "top" and
+                      tuple(getattr(fig.layout, "yaxis" + (xa.anchor or "y")[1:]).domain or ()) == above),
+                     default=0.0)
+        gaps.append(max((above[0] - row[1]) * plot_h, max(lines, default=0.0) + labels + TITLE_GAP))
+    heights = [(d[1] - d[0]) * plot_h for d in rows]
+    total = sum(heights) + sum(gaps)
+    grow = math.ceil(total - (rows[0][1] - rows[-1][0]) * plot_h)
+    if grow <= 0:
+        return
+    new, top = {}, 1.0 - (1 - rows[0][1]) * plot_h / (plot_h + grow)
+    for i, d in enumerate(rows):
+        bottom = top - heights[i] / (plot_h + grow)
+        new[d] = [bottom, top]
+        top = bottom - (gaps[i] / (plot_h + grow) if i < len(gaps) else 0)
+    moved = [(a, new[tuple(a.domain)]) for a in axes(fig, "y") if a.domain and tuple(a.domain) in new]
+    titled = [(n, new[d][1]) for n in notes for d in rows if abs(n.y - d[1]) < 0.01]  # a title stays on its row
+    for a, domain in moved:
+        a.update(domain=domain)
+    for n, y in titled:
+        n.y = y
+    fig.update_layout(height=(fig.layout.height or 450) + grow)
 
 
 def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:

@@ -177,6 +177,32 @@ def test_side_by_side_subplots_keep_room_for_the_right_one_s_axis_and_the_title_
     assert lay.margin.t >= TITLE_TOP + (n - 1) * LINE / 2 * 16 + n * 16 * LINE + sub * 12 * LINE
 
 
+def test_rows_of_subplots_keep_room_for_the_titles_of_the_row_below():
+    """Three rows of small multiples with titles that wrap on a phone: each gap between rows holds the lower row's
+    title lines, the rows keep their heights, and the figure grows for it."""
+    titles = [f"head {h} (KV {h // 3})" for h in range(9)]
+    layout = plots.grid_layout(3, 3, titles, hspace=0.06, vspace=0.08)
+    layout.update(height=500, margin=dict(l=90, r=10, t=70, b=90), title="every head")
+    traces = [go.Heatmap(z=np.eye(4), x=TOKENS[:4], y=TOKENS[:4], xaxis=f"x{i + 1}".replace("x1", "x"),
+                         yaxis=f"y{i + 1}".replace("y1", "y"), coloraxis="coloraxis") for i in range(9)]
+    before = Figure(spec(go.Figure(traces, layout)))
+    fig = fit(go.Figure(traces, layout), PHONE.main, presenter=False, touch=True)
+    lay = fig.layout
+    plot_h = lay.height - lay.margin.t - lay.margin.b
+    rows = sorted({tuple(a.domain) for a in (lay.yaxis, lay.yaxis4, lay.yaxis7)}, key=lambda d: -d[1])
+    old = sorted({tuple(a.domain) for a in (before.layout.yaxis, before.layout.yaxis4, before.layout.yaxis7)},
+                 key=lambda d: -d[1])
+    old_h = before.layout.height - before.layout.margin.t - before.layout.margin.b
+    assert lay.height > before.layout.height
+    for (b0, b1), (o0, o1) in zip(rows, old):
+        assert (b1 - b0) * plot_h == pytest.approx((o1 - o0) * old_h, abs=1)  # each row as tall as before
+    for above, row in zip(rows, rows[1:]):
+        notes = [n for n in lay.annotations if n.y == pytest.approx(row[1])]
+        lines = max(len(n.text.split("<br>")) for n in notes)
+        assert len(notes) == 3 and lines >= 2  # the row's three titles, wrapped
+        assert (above[0] - row[1]) * plot_h >= lines * 12 * LINE  # the gap holds them
+
+
 def test_a_numeric_axis_gets_no_more_ticks_than_labels_fit():
     fig = go.Figure(go.Scatter(x=np.arange(600), y=np.arange(600)), layout=dict(height=300))
     fig = fit(fig, 300, presenter=True, touch=False)
