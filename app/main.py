@@ -9,8 +9,8 @@ import explorer_model  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import streamlit as st
 from explorer_model.runtime import keep_freed_memory
 
-from app import (choice_state, compare, controls, gateway, lecture_editor, lecture_player, prompt_cost, room_follow,
-                 screen, screen_probe, sections, share, state_guard, url_state)
+from app import (choice_state, compare, controls, gateway, lecture_editor, lecture_player, page_style, prompt_cost,
+                 room_follow, screen, screen_probe, sections, share, state_guard, url_state)
 from app import sidebar as side
 from app.context import ViewContext, display_piece, plain, token_labels
 from app.panels import VIEWS
@@ -75,6 +75,7 @@ def page_top() -> controls.Places:
     sb = st.sidebar
     with sb:
         screen_probe.probe()
+        page_style.apply()
     sb.radio("Language / \u8bed\u8a00", ["en", "zh"], key="lang", horizontal=True,
              format_func=lambda v: "English" if v == "en" else "\u4e2d\u6587")
     sb.toggle(tr("app.presenter"), key="presenter", help=tr("app.presenter_help"))

@@ -16,11 +16,15 @@ screen; `SCREENSHOT_DIR=docs/screenshots` regenerates the README's).
 from __future__ import annotations
 
 import importlib.util
+import io
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from browser_util import (CORE_VIEWS, PROMPT, ROOT, browser, each_view_drawn, forget, module_page,  # noqa: F401
-                          open_app, query, server, settle_figures, shots_dir, steady, sync_api, view_errors, wait_idle)
+                          open_app, open_expanders, query, server, settle_figures, shots_dir, steady, sync_api,
+                          view_errors, wait_idle)
 from layout_util import MAIN, drawn_for_screen, page_problems, screenshot
 
 pytestmark = pytest.mark.browser
@@ -173,3 +177,30 @@ def test_one_tap_selects_a_cell_and_a_swipe_only_scrolls(server, page_for):
         "a swipe that starts on the map does not scroll the page"
     wait_idle(pg, started_within=2_000)
     assert pg.evaluate(PAIR) == target, "a swipe over the map selected a cell"
+
+    # the formulas (attention's scores and mask) are wider than a phone: the edge a formula continues past shows a
+    # shadow (app/page_style.py), which goes when it is scrolled to that end
+    open_expanders(pg)
+    formula = pg.locator('[data-testid="stMain"] .katex-display').first
+    formula.scroll_into_view_if_needed()
+    assert formula.evaluate("e => e.scrollWidth - e.clientWidth") > 20, "the formula fits a phone: nothing to show"
+    start = edge_shades(formula)
+    formula.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+    end = edge_shades(formula)
+    assert start["right"] > SHADE and start["left"] < 1, f"at its start: {start}"
+    assert end["left"] > SHADE and end["right"] < 1, f"scrolled to its end: {end}"
+
+
+SHADE = 8  # of 255: how much darker the shadow makes the strip at an edge, on average, at least
+
+
+def edge_shades(el) -> dict:
+    """How much darker the page's style makes the outermost 4 px of the element's box on each side, against the
+    same box without its background (the formula's own glyphs are in both)."""
+    steady(el.page, "String(document.querySelector('[data-testid=\"stMain\"] .katex-display').scrollLeft)", 200)
+    shaded = Image.open(io.BytesIO(el.screenshot())).convert("L")
+    el.evaluate("e => { e.style.background = 'none'; }")
+    plain = Image.open(io.BytesIO(el.screenshot())).convert("L")
+    el.evaluate("e => { e.style.background = ''; }")
+    darker = np.asarray(plain, dtype=float) - np.asarray(shaded, dtype=float)  # rows × columns
+    return {"left": round(float(darker[:, :4].mean()), 1), "right": round(float(darker[:, -4:].mean()), 1)}
