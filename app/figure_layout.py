@@ -17,10 +17,11 @@ Every function here is pure: a figure (its spec, app/figure_spec.py) and sizes i
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from app.figure_spec import Figure, axes
+from app.figure_spec import Figure, Node, axes
 from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, cut, place_title, presenter_fonts, raise_fonts, text_px,
                              wrap_subplot_titles)
 
@@ -248,8 +249,7 @@ def _room_between_rows(fig: Figure, width: float, sizes: Sizes) -> None:
                  for n in notes if abs(n.y - row[1]) < 0.01]
         labels = max((_label_px(fig, xa, "x", xa.tickfont.size or sizes.tick) for xa in axes(fig, "x")
                       if xa.showticklabels is not False and xa.side != "top" and
-                      tuple(getattr(fig.layout, "yaxis" + (xa.anchor or "y")[1:]).domain or ()) == above),
-                     default=0.0)
+                      tuple(_y_of(fig, xa).domain or ()) == above), default=0.0)
         gaps.append(max((above[0] - row[1]) * plot_h, max(lines, default=0.0) + labels + TITLE_GAP))
     heights = [(d[1] - d[0]) * plot_h for d in rows]
     total = sum(heights) + sum(gaps)
@@ -277,7 +277,7 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
     plot_w = plot_area(fig, width, sizes)[0]
     rows: dict[tuple, list] = {}
     for xa in axes(fig, "x"):
-        ya = getattr(fig.layout, "yaxis" + (xa.anchor or "y")[1:])
+        ya = _y_of(fig, xa)
         if xa.domain and ya.domain:
             rows.setdefault(tuple(ya.domain), []).append((tuple(xa.domain), xa, ya))
     for row in rows.values():
@@ -285,18 +285,26 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
             continue
         row.sort(key=lambda r: r[0][0])
         gaps = [b[0][0] - a[0][1] for a, b in zip(row, row[1:])]
-        need = max((_label_px(fig, ya, "y", ya.tickfont.size or sizes.tick) + PAD) / plot_w
-                   for _, _, ya in row[1:] if ya.side != "right")
+        need = max(((_label_px(fig, ya, "y", ya.tickfont.size or sizes.tick) + PAD) / plot_w
+                    for _, _, ya in row[1:] if ya.side != "right"), default=0.0)
         start, end, n = row[0][0][0], row[-1][0][1], len(row)
         each = (end - start - (n - 1) * need) / n
         if min(gaps) >= need or each < MIN_SUBPLOT * (end - start):
             continue
+        top = row[0][2].domain[1]
         for i, (old, xa, _) in enumerate(row):
             new = [start + i * (each + need), start + i * (each + need) + each]
             xa.update(domain=new)
-            for note in fig.layout.annotations:  # the subplot's title, centred over it
-                if note.xref == "paper" and note.x is not None and abs(note.x - (old[0] + old[1]) / 2) < 0.01:
+            for note in fig.layout.annotations:  # the subplot's title, centred over it on the row's top
+                if note.xref == "paper" and note.yref == "paper" and note.x is not None and note.y is not None \
+                        and abs(note.x - (old[0] + old[1]) / 2) < 0.01 and abs(note.y - top) < 0.01:
                     note.x = (new[0] + new[1]) / 2
+
+
+def _y_of(fig: Figure, xa):
+    """The y axis an x axis is anchored to (an empty one for a free axis)."""
+    anchor = xa.anchor or "y"
+    return getattr(fig.layout, "yaxis" + anchor[1:]) if re.fullmatch(r"y\d*", anchor) else Node(None)
 
 
 def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
