@@ -311,9 +311,10 @@ def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
     """A horizontal legend under the plot goes to the figure's foot, below the x axis's tick labels and title, and
     the figure grows by its rows. Placed a fraction of the plot's height below the plot (Plotly's paper
     coordinates), it landed on the axis title whenever the labels were long (upright token names) or the plot
-    short (a phone)."""
+    short (a phone). A legend above the plot goes there too on a phone or when it needs more than one row: it
+    grew into the title and the plot."""
     legend = fig.layout.legend
-    if legend.orientation != "h" or legend.y is None or legend.y >= 0 or legend.yref == "container":
+    if legend.orientation != "h" or legend.y is None or legend.yref == "container":
         return
     font = legend.font.size or fig.layout.font.size or sizes.text
     names = [tr.name for tr in fig.data if tr.name and tr.showlegend is not False]
@@ -323,6 +324,8 @@ def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
     items = [LEGEND_ITEM_PX + text_px(name, font) for name in names]
     # one row when every item fits side by side; otherwise Plotly lays them in columns as wide as the widest
     rows = 1 if sum(items) <= plot_w else math.ceil(len(items) / max(1, int(plot_w // max(items))))
+    if legend.y >= 0 and rows == 1 and width >= NARROW:  # one row above the plot, beside a title that fits: kept
+        return
     rows_px = int(rows * font * LEGEND_ROW + PAD)
     labels = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in axes(fig, "x")
                   if a.side != "top"), default=0.0)

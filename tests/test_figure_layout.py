@@ -154,6 +154,19 @@ def test_a_legend_under_the_plot_lies_at_the_figure_s_foot_below_the_axis_labels
     assert lay.margin.b - grown >= labels + (12 + 2) * LINE  # the labels and the title above the legend
 
 
+def test_a_legend_above_the_plot_stays_there_on_one_row_and_goes_to_the_foot_on_a_phone():
+    def figure():
+        return go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name="q·k(Δ)"),
+                          go.Scatter(x=[0, 1], y=[1, 0], name="envelope (smoothed max |q·k|)")],
+                         layout=dict(height=360, margin=dict(l=10, r=10, t=40, b=10), title="score by distance",
+                                     legend=dict(orientation="h", y=1.12, x=1, xanchor="right")))
+    wide, narrow = fit(figure(), DESKTOP.main, presenter=False, touch=False), fit(figure(), PHONE.main,
+                                                                                   presenter=False, touch=True)
+    assert (wide.layout.legend.y, wide.layout.legend.yref, wide.layout.height) == (1.12, None, 360)
+    assert (narrow.layout.legend.yref, narrow.layout.legend.yanchor) == ("container", "bottom")
+    assert narrow.layout.height > 360  # grown by the legend's rows
+
+
 def test_side_by_side_subplots_keep_room_for_the_right_one_s_axis_and_the_title_for_both_rows_of_titles():
     layout = plots.grid_layout(1, 2, ["added to the input: sizes per token", "RoPE in layer 0: what changes"],
                                hspace=0.1)
