@@ -214,12 +214,24 @@ def _colorbar_under(fig: Figure, sizes: Sizes) -> None:
         _lay_under(bar, height)
 
 
+def _subplot_titles(fig: Figure) -> list:
+    """The annotations that title a subplot (plots.grid_layout's): in paper coordinates, no arrow, standing on a
+    subplot's top (anchored at their bottom)."""
+    return [n for n in fig.layout.annotations if n.xref == "paper" and n.yref == "paper" and not n.showarrow
+            and n.text and n.x is not None and n.y is not None and n.yanchor == "bottom"]
+
+
+def _bottom_labels_px(fig: Figure, sizes: Sizes) -> float:
+    """How far the x axes' tick labels and titles reach below the plot (px)."""
+    return max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in axes(fig, "x") if a.side != "top"),
+               default=0.0)
+
+
 def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
     """The top margin holds the title's lines and, under them, the first row's subplot titles (which grow upwards
     from the plot): the figure grows by what is missing. A figure's margin is set for one line of each; on a phone
     both wrap."""
-    notes = [n for n in fig.layout.annotations if n.xref == "paper" and n.yref == "paper" and not n.showarrow
-             and n.text and n.y is not None and n.y >= 0.99 and n.yanchor == "bottom"]
+    notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]  # the first row's
     if not title_lines or not notes:
         return
     size = fig.layout.title.font.size or sizes.title
@@ -241,8 +253,7 @@ def _room_between_rows(fig: Figure, width: float, sizes: Sizes) -> None:
     if len(rows) < 2 or any(above[0] < row[1] - 1e-6 for above, row in zip(rows, rows[1:])):
         return  # one row, or subplots that are not rows of a grid
     plot_h = plot_area(fig, width, sizes)[1]
-    notes = [n for n in fig.layout.annotations if n.xref == "paper" and n.yref == "paper" and not n.showarrow
-             and n.text and n.y is not None and n.yanchor == "bottom"]
+    notes = _subplot_titles(fig)
     gaps = []
     for above, row in zip(rows, rows[1:]):
         lines = [len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE
@@ -295,9 +306,8 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
         for i, (old, xa, _) in enumerate(row):
             new = [start + i * (each + need), start + i * (each + need) + each]
             xa.update(domain=new)
-            for note in fig.layout.annotations:  # the subplot's title, centred over it on the row's top
-                if note.xref == "paper" and note.yref == "paper" and note.x is not None and note.y is not None \
-                        and abs(note.x - (old[0] + old[1]) / 2) < 0.01 and abs(note.y - top) < 0.01:
+            for note in _subplot_titles(fig):  # the subplot's title, centred over it on the row's top
+                if abs(note.x - (old[0] + old[1]) / 2) < 0.01 and abs(note.y - top) < 0.01:
                     note.x = (new[0] + new[1]) / 2
 
 
@@ -327,8 +337,7 @@ def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
     if legend.y >= 0 and rows == 1 and width >= NARROW:  # one row above the plot, beside a title that fits: kept
         return
     rows_px = int(rows * font * LEGEND_ROW + PAD)
-    labels = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in axes(fig, "x")
-                  if a.side != "top"), default=0.0)
+    labels = _bottom_labels_px(fig, sizes)
     height = (fig.layout.height or 450) + rows_px
     b = fig.layout.margin.b
     fig.update_layout(height=height, margin_b=int(max(b if b is not None else 80, labels)) + rows_px)
@@ -376,8 +385,7 @@ def plot_area(fig: Figure, width: float, sizes: Sizes) -> tuple[float, float]:
     lay, m = fig.layout, fig.layout.margin
     left = max((_label_px(fig, a, "y", a.tickfont.size or sizes.tick) for a in axes(fig, "y")
                 if a.side != "right"), default=0.0)
-    bottom = max((_label_px(fig, a, "x", a.tickfont.size or sizes.tick) for a in axes(fig, "x")
-                  if a.side != "top"), default=0.0)
+    bottom = _bottom_labels_px(fig, sizes)
     plot_w = width - max(m.l or 0, left) - max(m.r or 0, _colorbar_px(fig, sizes))
     plot_h = (lay.height or 450) - (m.t if m.t is not None else 100) - max(m.b if m.b is not None else 80, bottom)
     return max(plot_w, 40.0), max(plot_h, 40.0)
