@@ -181,7 +181,7 @@ def test_one_tap_selects_a_cell_and_a_swipe_only_scrolls(server, page_for):
     # the formulas (attention's scores and mask) are wider than a phone: the edge a formula continues past shows a
     # shadow (app/page_style.py), which goes when it is scrolled to that end
     open_expanders(pg)
-    formula = pg.locator('[data-testid="stMain"] .katex-display').first
+    formula = pg.locator(FORMULA).first
     formula.scroll_into_view_if_needed()
     assert formula.evaluate("e => e.scrollWidth - e.clientWidth") > 20, "the formula fits a phone: nothing to show"
     start = edge_shades(formula)
@@ -191,13 +191,14 @@ def test_one_tap_selects_a_cell_and_a_swipe_only_scrolls(server, page_for):
     assert end["left"] > SHADE and end["right"] < 1, f"scrolled to its end: {end}"
 
 
+FORMULA = '[data-testid="stMain"] .katex-display'  # a display formula's box (KaTeX's, which scrolls sideways)
 SHADE = 8  # of 255: how much darker the shadow makes the strip at an edge, on average, at least
 
 
 def edge_shades(el) -> dict:
-    """How much darker the page's style makes the outermost 4 px of the element's box on each side, against the
-    same box without its background (the formula's own glyphs are in both)."""
-    steady(el.page, "String(document.querySelector('[data-testid=\"stMain\"] .katex-display').scrollLeft)", 200)
+    """How much darker the page's style makes the outermost 4 px of the page's first formula box (el) on each side,
+    against the same box without its background (the formula's own glyphs are in both), once its scroll holds."""
+    steady(el.page, f"String(document.querySelector({FORMULA!r}).scrollLeft)", 200)
     shaded = Image.open(io.BytesIO(el.screenshot())).convert("L")
     el.evaluate("e => { e.style.background = 'none'; }")
     plain = Image.open(io.BytesIO(el.screenshot())).convert("L")
