@@ -274,8 +274,10 @@ def bar():
                         use_container_width=True)
             right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,),
                          disabled=i == len(steps) - 1, use_container_width=True)
+        # the counter and the step's title between the buttons, the caption under them: the bar stays this low
+        # because on a large screen it stays at the top while the page scrolls to the step's part (page_style.py)
         mid.markdown(tr("lecture.counter", i=i + 1, n=len(steps), lecture=plain(_lang_text(ss["lecture"]["title"]))))
-        st.subheader(plain(_lang_text(step.get("title"))), anchor=False)
+        mid.subheader(plain(_lang_text(step.get("title"))), anchor=False)
         if ss.get("lecture_missing"):
             st.warning(tr("lecture.model_missing", model=plain(ss["lecture_missing"])))
         slot = st.empty()

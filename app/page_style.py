@@ -1,5 +1,11 @@
 """CSS for the whole page that belongs to no view.
 
+A lecture's player (app/lecture_player.py: step i / N, the step's title and caption) stays at the top of the main
+area while the page scrolls, on a screen large enough to spare it (a projector, a laptop): a step that lands on a
+part further down its view (app/sections.py) used to scroll the step's title and caption off the screen, so the class
+saw a figure without the words that say what to look at, and two steps on one view looked the same. On a phone the
+player would take half of the screen: it scrolls with the page there.
+
 A display formula wider than its column (on a phone: attention's scores and mask, the residual stream's update)
 scrolls sideways inside its own box, and nothing on the page said so: the formula simply ended at the screen's edge.
 Each edge it continues past now shows a soft shadow, which goes when the formula is scrolled to that end (two
@@ -19,6 +25,17 @@ FORMULA_EDGES = (
     " radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,0.25), rgba(0,0,0,0))"
     " right center / 0.9rem 100% no-repeat scroll;}")
 
+# Streamlit's header is 3.75rem high and lies over the main area's top; the player's block (the layout wrapper
+# around its keyed container) sticks just under it, opaque, with a shadow over what scrolls beneath.
+PINNED_MIN = "(min-width: 700px) and (min-height: 560px)"
+LECTURE_BAR = (
+    f"@media {PINNED_MIN} {{"
+    "[data-testid='stMain'] [data-testid='stLayoutWrapper']:has(> .st-key-lecture_bar) {"
+    f"position: sticky; top: 3.75rem; z-index: 99; background: {PAGE};"
+    # a shadow under it, and page colour a little past its sides (a slider's knob may reach past the column)
+    f" box-shadow: 0 0.6rem 0.6rem -0.6rem rgba(0,0,0,0.25), 0 -1rem 0 0.5rem {PAGE};}}}}"
+    ".st-key-lecture_bar h3 {padding: 0;}")
+
 
 def apply() -> None:
-    st.html(f"<style>{FORMULA_EDGES}</style>")
+    st.html(f"<style>{FORMULA_EDGES}{LECTURE_BAR}</style>")

@@ -5,7 +5,8 @@ Each view draws its parts inside `section(view, key)` containers, in the order o
 its element a class the page can find (`st-key-section_{view}_{key}`). `request` (in a callback, or before the
 widgets exist) names the part to land on, or the top of the page; `landing` puts a script on the page that scrolls
 the main area as little as brings the whole part into the first screen (its top first, when it is taller than the
-screen: what is above it, such as a lecture's caption, stays in view when there is room), and holds it there while
+screen: what is above it stays in view when there is room; a lecture's player, pinned under the page's header on a
+large screen, is counted as covering the top), and holds it there while
 figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
 page run that only redraws never scrolls.
 
@@ -152,9 +153,14 @@ LAND_JS = """(function (target, number) {
       main.scrollTop = 0;
       offset = main.scrollTop;
     } else if (main && el) {
+      // what lies over the main area's top: Streamlit's header, and under it a lecture's player where it stays
+      // pinned (app/page_style.py)
       const header = doc.querySelector('[data-testid="stHeader"]');
+      const bar = doc.querySelector(".st-key-lecture_bar");
       const box = main.getBoundingClientRect(), rect = el.getBoundingClientRect();
-      const covered = (header ? Math.max(header.getBoundingClientRect().bottom - box.top, 0) : 0) + 8;
+      let covered = (header ? Math.max(header.getBoundingClientRect().bottom - box.top, 0) : 0) + 8;
+      if (bar && getComputedStyle(bar.parentElement).position === "sticky")
+        covered += bar.parentElement.getBoundingClientRect().height;
       const top = rect.top - box.top + main.scrollTop;  // the part's top in the main area's content
       const wanted = Math.max(0, top + Math.min(rect.height, main.clientHeight - covered) - main.clientHeight);
       if (Math.abs(main.scrollTop - wanted) > 1) main.scrollTop = wanted;

@@ -1,5 +1,6 @@
 """A shipped lecture on the projector (1280×720, presenter mode): the clicker's keys step through it, and a step, a
-preset or a button that is about one part of a view lands with that part on the first screen."""
+preset or a button that is about one part of a view lands with that part on the first screen (a step's with the
+lecture's player, pinned at the top, above it)."""
 from __future__ import annotations
 
 import pytest
@@ -62,10 +63,26 @@ def section_box(pg, view: str, key: str) -> dict:
     return pg.evaluate(f"() => {{ const r = {where}.getBoundingClientRect(); return {{top: r.top, height: r.height}}; }}")
 
 
+# the bottom of Streamlit's header, and the lecture player's box (None outside a lecture)
+COVERS = """() => { const bar = document.querySelector('.st-key-lecture_bar');
+    const r = bar && bar.getBoundingClientRect();
+    return {header: document.querySelector('[data-testid="stHeader"]').getBoundingClientRect().bottom,
+            player: r && {top: r.top, bottom: r.bottom}}; }"""
+
+
 def assert_landed(pg, view: str, key: str, what: str) -> None:
+    """The part is on the first screen, below the header; in a lecture the player (the step's counter, title and
+    caption) is on that screen too, above the part."""
     box = section_box(pg, view, key)
-    header = pg.evaluate("() => document.querySelector('[data-testid=\"stHeader\"]').getBoundingClientRect().bottom")
-    assert header <= box["top"] and box["top"] + min(SHOWN_PX, box["height"]) <= FIRST_SCREEN, \
+    covers = pg.evaluate(COVERS)
+    free = covers["header"]
+    if covers["player"]:
+        player = covers["player"]
+        assert covers["header"] - 1 <= player["top"] and player["bottom"] <= box["top"], \
+            f"{what}: the lecture's player is at y={player['top']:.0f}..{player['bottom']:.0f} px, not on the " \
+            f"screen above the {view} view's {key} section (at y={box['top']:.0f} px)"
+        free = player["bottom"]
+    assert free <= box["top"] and box["top"] + min(SHOWN_PX, box["height"]) <= FIRST_SCREEN, \
         f"{what}: the {view} view's {key} section is at y={box['top']:.0f} px (height {box['height']:.0f}): not on " \
         f"the first 1280×720 screen"
 
