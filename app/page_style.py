@@ -2,9 +2,9 @@
 
 A lecture's player (app/lecture_player.py: step i / N, the step's title and caption) stays at the top of the main
 area while the page scrolls, on a screen large enough to spare it (a projector, a laptop): a step that lands on a
-part further down its view (app/sections.py) used to scroll the step's title and caption off the screen, so the class
-saw a figure without the words that say what to look at, and two steps on one view looked the same. On a phone the
-player would take half of the screen: it scrolls with the page there.
+part further down its view (app/sections.py) would otherwise scroll the step's title and caption off the screen, and
+the class would see a figure without the words that say what to look at (two steps on one view would look the same).
+On a phone the player would take half of the screen: it scrolls with the page there.
 
 A display formula wider than its column (on a phone: attention's scores and mask, the residual stream's update)
 scrolls sideways inside its own box, and nothing on the page said so: the formula simply ended at the screen's edge.
