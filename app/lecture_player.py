@@ -274,8 +274,8 @@ def bar():
                         use_container_width=True)
             right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,),
                          disabled=i == len(steps) - 1, use_container_width=True)
-        # the counter and the step's title between the buttons, the caption under them: the bar stays this low
-        # because on a large screen it stays at the top while the page scrolls to the step's part (page_style.py)
+        # the counter and the step's title between the buttons, the caption under them: as short a player as it
+        # can be, for on a large screen it stays pinned at the top while the page scrolls (page_style.py)
         mid.markdown(tr("lecture.counter", i=i + 1, n=len(steps), lecture=plain(_lang_text(ss["lecture"]["title"]))))
         mid.subheader(plain(_lang_text(step.get("title"))), anchor=False)
         if ss.get("lecture_missing"):
