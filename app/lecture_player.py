@@ -257,19 +257,25 @@ def _plain_lines(text: str) -> str:
     return "  \n".join(plain(line) for line in text.split("\n"))
 
 
-def bar():
-    """The player, in the main area (never the folded sidebar): step i / N, Previous / Next, title and caption.
-    Returns the caption's slot (filled by caption() once the lesson's values are computed) or None."""
+def bar(room_controls=None):
+    """The player, in the main area (never the folded sidebar): step i / N, Previous / Next, title and caption,
+    and under them `room_controls` (what the page is in a room: following, exploring, presenting), which stay with
+    the player where it is pinned. Returns the caption's slot (filled by caption() once the lesson's values are
+    computed) or None."""
     ss = st.session_state
     for line in ss.pop("lecture_problems", None) or []:
         st.error(line)
     if not ss.get("lecture"):
+        if room_controls:
+            room_controls()
         return None
     steps, i = ss["lecture"]["steps"], ss.get("lecture_step", 0)
     step = steps[i]
     with st.container(border=True, key="lecture_bar"):
-        left, mid, right = st.columns([1, 6, 1], vertical_alignment="center")
-        if not ss.get("room_following"):  # a follower's step is the presenter's (app/room_follow.py)
+        if ss.get("room_following"):  # a follower's step is the presenter's (app/room_follow.py): no buttons
+            mid = st.container()
+        else:
+            left, mid, right = st.columns([1, 6, 1], vertical_alignment="center")
             left.button(tr("lecture.previous"), key="lecture_prev", on_click=_move, args=(-1,), disabled=i == 0,
                         use_container_width=True)
             right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,),
@@ -280,10 +286,12 @@ def bar():
         mid.subheader(plain(_lang_text(step.get("title"))), anchor=False)
         if ss.get("lecture_missing"):
             st.warning(tr("lecture.model_missing", model=plain(ss["lecture_missing"])))
-        slot = st.empty()
+        slot = st.container(key="lecture_caption").empty()  # (its box scrolls on a phone: page_style.py)
         text = _lang_text(step.get("caption"))
         if text and not any(m.group(1) for m in L.PLACEHOLDER.finditer(text)):
             slot.markdown(_plain_lines(L.fill(text, {})))
+        if room_controls:
+            room_controls()
     if not ss.get("room_following"):
         keyboard()
     return slot

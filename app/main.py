@@ -111,8 +111,7 @@ def head():
     places = page_top()
     if dropped:
         st.info(tr("app.state_reset"))
-    lecture_slot = lecture_player.bar()
-    room_follow.controls()
+    lecture_slot = lecture_player.bar(room_follow.controls)
     return places, lecture_slot
 
 

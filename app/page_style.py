@@ -1,10 +1,11 @@
 """CSS for the whole page that belongs to no view.
 
 A lecture's player (app/lecture_player.py: step i / N, the step's title and caption) stays at the top of the main
-area while the page scrolls, on a screen large enough to spare it (a projector, a laptop): a step that lands on a
-part further down its view (app/sections.py) would otherwise scroll the step's title and caption off the screen, and
-the class would see a figure without the words that say what to look at (two steps on one view would look the same).
-On a phone the player would take half of the screen: it scrolls with the page there.
+area while the page scrolls, on any screen at least 560 px high: a step that lands on a part further down its view
+(app/sections.py) would otherwise scroll the step's title and caption off the screen, and the class (or a student
+following on a phone) would see a figure without the words that say what to look at (two steps on one view would
+look the same). On a phone the player keeps to a quarter of the screen: Previous and Next share a row, and a long
+caption scrolls inside its own box.
 
 A display formula wider than its column (on a phone: attention's scores and mask, the residual stream's update)
 scrolls sideways inside its own box, and nothing on the page said so: the formula simply ended at the screen's edge.
@@ -25,16 +26,30 @@ FORMULA_EDGES = (
     " radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,0.25), rgba(0,0,0,0))"
     " right center / 0.9rem 100% no-repeat scroll;}")
 
-# Streamlit's header is 3.75rem high and lies over the main area's top; the player's block (the layout wrapper
-# around its keyed container) sticks just under it, opaque, with a shadow over what scrolls beneath.
-PINNED_MIN = "(min-width: 700px) and (min-height: 560px)"
+# Streamlit's header is 3.75rem high and lies over the main area's top (see-through: made opaque while the player
+# is pinned, or what scrolls past the player would show above it); the player's block (the layout wrapper around
+# its keyed container) sticks just under it, opaque, with a shadow over what scrolls beneath.
+PINNED_MIN = "(min-height: 560px)"
+BUTTONS = ".st-key-lecture_bar [data-testid='stHorizontalBlock']:has(.st-key-lecture_prev)"
+ROOM_ROW = ".st-key-lecture_bar [data-testid='stHorizontalBlock']:has(.st-key-room_detach)"
 LECTURE_BAR = (
     f"@media {PINNED_MIN} {{"
     "[data-testid='stMain'] [data-testid='stLayoutWrapper']:has(> .st-key-lecture_bar) {"
     f"position: sticky; top: 3.75rem; z-index: 99; background: {PAGE};"
     # a shadow under it, and page colour a little past its sides (a slider's knob may reach past the column)
-    f" box-shadow: 0 0.6rem 0.6rem -0.6rem rgba(0,0,0,0.25), 0 -1rem 0 0.5rem {PAGE};}}}}"
-    ".st-key-lecture_bar h3 {padding: 0;}")
+    f" box-shadow: 0 0.6rem 0.6rem -0.6rem rgba(0,0,0,0.25), 0 0 0 0.5rem {PAGE};}}"
+    f"body:has(.st-key-lecture_bar) [data-testid='stHeader'] {{background: {PAGE};}}}}"
+    ".st-key-lecture_bar h3 {padding: 0;}"
+    # on a phone, where Streamlit stacks columns, Previous and Next share the first row and the counter and title
+    # follow (stacked in page order, Next came between the title and the caption); a room's line and its button
+    # share a row
+    "@media (max-width: 640px) {"
+    f"{BUTTONS} {{flex-flow: row wrap;}}"
+    f"{BUTTONS} > [data-testid='stColumn'] {{min-width: 0; flex: 1 1 40%;}}"
+    f"{BUTTONS} > [data-testid='stColumn']:nth-child(2) {{order: 1; flex-basis: 100%;}}"
+    f"{ROOM_ROW} {{flex-flow: row nowrap;}} {ROOM_ROW} > [data-testid='stColumn'] {{min-width: 0; flex: 1 1 0;}}"
+    f"{ROOM_ROW} > [data-testid='stColumn']:last-child {{flex: 0 0 auto; width: auto;}}"
+    ".st-key-lecture_caption {max-height: 5.4em; overflow-y: auto;}}")
 
 
 def apply() -> None:

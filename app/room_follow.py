@@ -184,7 +184,8 @@ def rest_button() -> None:
 
 
 def controls() -> None:
-    """In the main area, under the player: what this page is in the room, and the way out or back."""
+    """In the main area, in the player (under the step's caption) or where it would be: what this page is in the
+    room, and the way out or back."""
     r, ss = room(), st.session_state
     if r is None:
         return

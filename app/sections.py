@@ -5,8 +5,8 @@ Each view draws its parts inside `section(view, key)` containers, in the order o
 its element a class the page can find (`st-key-section_{view}_{key}`). `request` (in a callback, or before the
 widgets exist) names the part to land on, or the top of the page; `landing` puts a script on the page that scrolls
 the main area as little as brings the whole part into the first screen (its top first, when it is taller than the
-screen: what is above it stays in view when there is room; a lecture's player, pinned under the page's header on a
-large screen, is counted as covering the top), and holds it there while
+screen: what is above it stays in view when there is room; a lecture's player, pinned under the page's header, is
+counted as covering the top), and holds it there while
 figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
 page run that only redraws never scrolls.
 

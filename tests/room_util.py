@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 
-from browser_util import ROOT, another_page, free_port, new_page, open_app, query, settle_figures, wait_idle
+from browser_util import ROOT, another_page, free_port, new_page, open_app, query, settle_figures, steady, wait_idle
 from explorer_model.cli.room_load import presenter_key
 from explorer_model.cli.visitor import Visitor
 from explorer_model.room import Room, runtime_dir
@@ -260,7 +260,29 @@ def steps(presenter, followers, n: int, start: int = 1) -> dict:
     for step in range(start + 1, start + 1 + n):
         t0, now = press(presenter, CLICKER[step % len(CLICKER)], step)
         print(f"step {step} ({now['view']}): " + lag_line(follow(now, followers, t0)))
+        for pg in followers:
+            player_on_screen(pg, f"step {step}")
     return now
+
+
+# the player's box (counter, title, caption and the follower's Explore button) against the screen's free part
+PLAYER_BOX = """() => { const bar = document.querySelector('.st-key-lecture_bar');
+    const r = bar && bar.getBoundingClientRect();
+    return r && {top: r.top, bottom: r.bottom, screen: innerHeight,
+                 header: document.querySelector('[data-testid="stHeader"]').getBoundingClientRect().bottom}; }"""
+
+
+def player_on_screen(pg, what: str) -> None:
+    """Once the page has landed on the step's part (its scroll held still), the player is whole on the screen under
+    the header: a student reads which step this is and what to look at beside the part, and can explore."""
+    steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 600)
+    box = pg.evaluate(PLAYER_BOX)
+    size = pg.viewport_size
+    assert box and box["header"] - 1 <= box["top"] and box["bottom"] <= box["screen"] + 1, \
+        f"{what}: the player of the {size['width']}×{size['height']} follower is at y={box and round(box['top'])}.." \
+        f"{box and round(box['bottom'])} px, not whole on its screen under the header"
+    assert pg.locator(".st-key-lecture_bar .st-key-room_detach button").count() == 1, \
+        f"{what}: the follower's player holds no Explore button"
 
 
 def explore_and_rejoin(presenter, followers, now: dict) -> dict:
