@@ -1,11 +1,14 @@
 """Authoring a lecture in the page (the sidebar's "Lecture" box): open a file or a shipped lecture, add the view on
-screen as a step, edit the current step's title and caption, move it, delete it, download the file.
+screen as a step, edit the lecture's title and the current step's title and caption, move the step, delete it,
+download the file (named after the lecture's English title).
 
 A new step is the state the page's link holds (app/main.py hands it to note_state each run): the view, its section
 and its own choices, the preset's lesson when one is active (its target is then found again on the model when the
 step opens).
 """
 from __future__ import annotations
+
+import re
 
 import streamlit as st
 
@@ -90,6 +93,18 @@ def edit_key(name: str, i: int, step: dict) -> str:
     return f"lecture_edit_{name}_{i}_{id(step)}"
 
 
+def title_key(lang: str, lecture: dict) -> str:
+    """The lecture title's box in `lang`, named by the lecture it edits (another lecture's boxes start afresh)."""
+    return f"lecture_title_{lang}_{id(lecture)}"
+
+
+def file_name(lecture: dict, name: str | None) -> str:
+    """The downloaded file's name: a shipped lecture's own, else the English title's words in lower case joined by
+    hyphens (`inside-one-llama-block.toml`), else lecture.toml."""
+    words = re.findall(r"[a-z0-9]+", ((lecture.get("title") or {}).get("en") or "").lower())
+    return f"{name or '-'.join(words)[:60].strip('-') or 'lecture'}.toml"
+
+
 def _save_texts(i: int, ident: int) -> None:
     """The Save button of the boxes: what the lecturer typed into the step. The boxes are a form, committed only
     by that button: a box's own change event also fires for boxes the browser has not shown yet (the folded
@@ -99,6 +114,12 @@ def _save_texts(i: int, ident: int) -> None:
     if i >= len(steps) or id(steps[i]) != ident:  # the boxes of a step no longer there
         return
     changed = False
+    lecture = ss["lecture"]
+    for lang in L.LANGS:  # an emptied title box keeps the title: a lecture file needs one
+        text = (ss.get(title_key(lang, lecture)) or "").strip()
+        if text and text != lecture["title"].get(lang, ""):
+            lecture["title"][lang] = text
+            changed = True
     for name in EDITED:
         part, lang = name.split("_")
         text = ss.get(edit_key(name, i, steps[i])) or ""
@@ -134,8 +155,13 @@ def editor() -> None:
         if not ss.get("lecture"):
             return
         steps, i = ss["lecture"]["steps"], ss["lecture_step"]
-        st.caption(P.tr("lecture.editing", i=i + 1, n=len(steps)))
         with st.form("lecture_texts", border=False):
+            for lang in L.LANGS:
+                key = title_key(lang, ss["lecture"])
+                if key not in ss:
+                    ss[key] = ss["lecture"]["title"].get(lang, "")
+                st.text_input(P.tr(f"lecture.edit_lecture_title_{lang}"), key=key, max_chars=L.MAX_TEXT)
+            st.caption(P.tr("lecture.editing", i=i + 1, n=len(steps)))
             for name in EDITED:
                 key = edit_key(name, i, steps[i])
                 if key not in ss:  # this step's box, new: the step's text in it
@@ -149,12 +175,15 @@ def editor() -> None:
         P.check_step(steps[i], i + 1, problems)
         for p in problems:
             st.warning(P.problem_line(p))
-        c = st.columns(3)
-        c[0].button(P.tr("lecture.up"), key="lecture_up", on_click=_swap, args=(-1,), disabled=i == 0)
-        c[1].button(P.tr("lecture.down"), key="lecture_down", on_click=_swap, args=(1,), disabled=i == len(steps) - 1)
-        c[2].button(P.tr("lecture.delete"), key="lecture_delete", on_click=_delete)
+        up, down = st.columns(2)  # (three in a row cut their labels short in the sidebar)
+        up.button(P.tr("lecture.up"), key="lecture_up", on_click=_swap, args=(-1,), disabled=i == 0,
+                  use_container_width=True)
+        down.button(P.tr("lecture.down"), key="lecture_down", on_click=_swap, args=(1,),
+                    disabled=i == len(steps) - 1, use_container_width=True)
+        st.button(P.tr("lecture.delete"), key="lecture_delete", on_click=_delete, use_container_width=True)
         data = P.lecture_text(ss["lecture"]).encode("utf-8")  # built here: the callback has no session
-        st.download_button(P.tr("lecture.download"), data=data, file_name=f"{ss.get('lecture_name') or 'lecture'}.toml",
+        st.download_button(P.tr("lecture.download"), data=data,
+                           file_name=file_name(ss["lecture"], ss.get("lecture_name")),
                            mime="application/toml", on_click="ignore", key="lecture_download",
                            use_container_width=True)
         st.button(P.tr("lecture.close"), key="lecture_close", on_click=P._close)

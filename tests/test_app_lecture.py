@@ -72,7 +72,7 @@ def test_add_edit_reorder_delete_and_download(tmp_path):
     assert counter(at) == "**Step 1 / 1** · My lecture"
     step = at.session_state["lecture"]["steps"][0]
     assert step["view"] == "norm" and step["layer"] == 2 and step["prompt"] == "Hello there"
-    assert step["title"] == {"en": "RMSNorm", "zh": "RMSNorm"} or step["title"]["en"]
+    assert step["title"] == {"en": "RMSNorm", "zh": "RMSNorm"}  # the view's name in each language
     edit_box(at, "caption_en").input("<b>not bold</b> [x](http://e)")
     edit_box(at, "title_zh").input("第一步")
     at.button(key="lecture_save").click().run()
@@ -85,15 +85,45 @@ def test_add_edit_reorder_delete_and_download(tmp_path):
     at.button(key="lecture_up").click().run()
     assert [s["view"] for s in at.session_state["lecture"]["steps"]] == ["attention", "norm"]
     assert at.session_state["lecture_step"] == 0
-    data = at.get("download_button")[0]
-    lec, found = L.parse(L.dumps(L.Lecture(at.session_state["lecture"]["title"], at.session_state["lecture"]["steps"])))
+    box = [w for w in at.sidebar.text_input if str(w.key).startswith("lecture_title_en_")]
+    assert [w.value for w in box] == ["My lecture"]
+    box[0].input("Norms, then attention!")
+    at.button(key="lecture_save").click().run()
+    files = offered_files(at)
+    lec, found = L.parse(files["norms-then-attention.toml"])
     assert found == [] and [s["view"] for s in lec.steps] == ["attention", "norm"]
-    assert data is not None
+    assert lec.title == {"en": "Norms, then attention!", "zh": "我的讲座"}
+    assert counter(at) == f"**Step 1 / 2** · {plain('Norms, then attention!')}"  # shown as typed
     at.button(key="lecture_delete").click().run()
     assert [s["view"] for s in at.session_state["lecture"]["steps"]] == ["norm"]
-    assert counter(at) == "**Step 1 / 1** · My lecture"
+    assert counter(at) == f"**Step 1 / 1** · {plain('Norms, then attention!')}"
     at.button(key="lecture_delete").click().run()
     assert "lecture" not in at.session_state and not at.exception
+
+
+def offered_files(at: AppTest) -> dict[str, bytes]:
+    """Run `at` and return {file name: bytes} of the download buttons that hand over their bytes with the page."""
+    from unittest import mock
+
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    seen, real = {}, MediaFileManager.add
+
+    def keep(self, data, mimetype, coordinates, file_name=None, **kw):
+        seen[file_name] = data
+        return real(self, data, mimetype, coordinates, file_name, **kw)
+    with mock.patch.object(MediaFileManager, "add", keep):
+        at.run()
+    return seen
+
+
+@pytest.mark.parametrize("title,name", [("Inside one LLaMA block", "inside-one-llama-block.toml"),
+                                        ("拆开一个块", "lecture.toml"), ("  RoPE: (2) turns ", "rope-2-turns.toml")])
+def test_the_lecture_file_is_named_after_its_english_title(title, name):
+    from app.lecture_editor import file_name
+
+    assert file_name({"title": {"en": title, "zh": "讲"}}, None) == name
+    assert file_name({"title": {"en": title, "zh": "讲"}}, "tutorial-000") == "tutorial-000.toml"
 
 
 def test_a_step_whose_model_is_missing_says_so_and_the_others_open(tmp_path, monkeypatch):

@@ -1,11 +1,15 @@
 """A shipped lecture on the projector (1280×720, presenter mode): the clicker's keys step through it, and a step, a
 preset or a button that is about one part of a view lands with that part on the first screen (a step's with the
-lecture's player, pinned at the top, above it)."""
+lecture's player, pinned at the top, above it); a lecture made in the sidebar's Lecture box downloads as its file
+and opens again."""
 from __future__ import annotations
 
 import pytest
-from browser_util import (browser, forget, module_page, open_app, query, server, shots_dir, steady,  # noqa: F401
-                          view_errors, wait_idle)
+from browser_util import (browser, download, forget, module_page, open_app, query, server, shots_dir,  # noqa: F401
+                          steady, view_errors, wait_idle)
+
+from app.i18n import t
+from explorer_model import lecture as L
 
 pytestmark = pytest.mark.browser
 
@@ -88,8 +92,6 @@ def assert_landed(pg, view: str, key: str, what: str) -> None:
 
 
 def test_steps_and_presets_land_on_their_section_on_the_projector(server, projector):
-    from app.i18n import t
-
     pg = projector
     open_app(pg, server, lecture="tutorial-000", step=14, presenter=1)
     assert query(pg)["section"] == "shift"
@@ -130,3 +132,32 @@ def test_the_block_views_changes_open_the_part_that_shows_them(server, projector
     wait_idle(pg)
     assert query(pg)["view"] == "rope" and query(pg)["section"] == "sinusoidal"
     assert_landed(pg, "rope", "sinusoidal", "the RoPE change's button")
+
+
+def test_a_lecture_made_in_the_page_downloads_as_its_file_and_opens_again(server, projector, tmp_path):
+    """The sidebar's Lecture box: add the view as a step, give the lecture a title, download the file (clicked in
+    Chromium: named after the title, a lecture file with that title and step), and open that file again."""
+    pg = projector
+    open_app(pg, server, view="norm", prompt="Hello there", layer=2)
+    side = pg.locator('[data-testid="stSidebar"]')
+    side.locator('[data-testid="stExpander"] summary').filter(has_text=t("lecture.box", "en")).click()
+    side.locator(".st-key-lecture_add button").click()
+    wait_idle(pg)
+    assert counter(pg).startswith("Step 1 / 1")
+    side.locator('[class*="st-key-lecture_title_en_"] input').fill("Norms in class")
+    side.locator('[class*="st-key-lecture_title_en_"] input').press("Tab")
+    side.locator('[data-testid="stFormSubmitButton"] button').click()
+    wait_idle(pg)
+    assert "Norms in class" in counter(pg)
+    name, data = download(pg, side.locator(".st-key-lecture_download button").click, "the lecture's download", server)
+    lecture, problems = L.parse(data)
+    assert name == "norms-in-class.toml" and problems == []
+    assert lecture.title["en"] == "Norms in class" and [(s["view"], s["layer"]) for s in lecture.steps] == [("norm", 2)]
+    side.locator(".st-key-lecture_close button").click()
+    wait_idle(pg)
+    assert pg.locator(".st-key-lecture_bar").count() == 0
+    path = tmp_path / name
+    path.write_bytes(data)
+    side.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
+    wait_idle(pg)
+    assert counter(pg).startswith("Step 1 / 1 · Norms in class") and query(pg)["view"] == "norm"
