@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import gateway, sidebar as side
+from app import gateway, sections, sidebar as side
 from app.context import ViewContext, plain, token_labels
 from app.i18n import error_text, t
 from app.panels.compare.common import Pair, map_layer, partner
@@ -217,7 +217,8 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))
     st.caption(describe(pair, spec))
     st.caption(tr(LESSON_KEYS[pair.lesson], specs=plain(spec["specs"]), model_b=plain(spec["source"])))
-    HOOKS[view](pair)
+    with st.container(key=sections.COMPARISON):  # where a page that shows a comparison lands (app/sections.py)
+        HOOKS[view](pair)
     if st.session_state.get("cmp_full"):
         st.divider()
         st.caption(tr("compare.full_view_below"))

@@ -10,6 +10,10 @@ counted as covering the top), and holds it there while
 figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
 page run that only redraws never scrolls.
 
+A page that shows a comparison of A and B (app/compare.py) and names no part lands on the comparison's figures
+(COMPARISON), not on the top of the page, where the lesson's sentence, the view selector and the comparison's
+heading would fill a projector's first screen.
+
 A page can show one part of its view alone (`only`): a following student's page in a room does, since the step's
 part is what the class looks at, and every other part would be drawn again by the server and by each student's
 phone at every step.
@@ -38,6 +42,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "whatif": ("choose", "results", "sweep"),
     "normlab": ("twins", "init", "race"),
 }
+
+
+COMPARISON = "compare_figures"  # the container of a comparison's figures
 
 
 def css_key(view: str, key: str) -> str:
@@ -149,7 +156,7 @@ LAND_JS = """(function (target, number) {
     const running = !app || app.getAttribute("data-test-script-state") === "running";
     const el = target ? doc.querySelector(".st-key-" + target) : null;
     let offset = null;
-    if (main && !target) {
+    if (main && (!target || (!el && !running))) {  // the top, or a part the finished run did not draw
       main.scrollTop = 0;
       offset = main.scrollTop;
     } else if (main && el) {
@@ -194,6 +201,8 @@ def landing() -> None:
     view = ss.get("view")
     key = ss.get("section")
     target = css_key(view, key) if valid(view, key) else None  # checked against SECTIONS: only known names
+    if target is None and ss.get("cmp"):  # compare mode: its figures (the top of the page if none are drawn)
+        target = COMPARISON
     call = f"{LAND_JS}({json.dumps(target)}, {number});"
     with st.sidebar:
         st.iframe(FRAME % json.dumps(call), height=1)

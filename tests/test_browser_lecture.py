@@ -9,6 +9,7 @@ from browser_util import (browser, download, forget, module_page, open_app, quer
                           steady, view_errors, wait_idle)
 
 from app.i18n import t
+from app.sections import COMPARISON
 from explorer_model import lecture as L
 
 pytestmark = pytest.mark.browser
@@ -60,8 +61,10 @@ def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projecto
 
 
 def section_box(pg, view: str, key: str) -> dict:
-    """Where the section is on the screen, once the page has landed there and held still (app/sections.py)."""
-    where = f"document.querySelector('.st-key-section_{view}_{key}')"
+    """Where the section is on the screen, once the page has landed there and held still (app/sections.py); the
+    view None: the part is the comparison's figures."""
+    css = f"section_{view}_{key}" if view else COMPARISON
+    where = f"document.querySelector('.st-key-{css}')"
     steady(pg, f"{where} && [{where}.getBoundingClientRect().top, "
                f"document.querySelector('[data-testid=\"stMain\"]').scrollTop].join('|')", 2000)
     return pg.evaluate(f"() => {{ const r = {where}.getBoundingClientRect(); return {{top: r.top, height: r.height}}; }}")
@@ -74,20 +77,21 @@ COVERS = """() => { const bar = document.querySelector('.st-key-lecture_bar');
             player: r && {top: r.top, bottom: r.bottom}}; }"""
 
 
-def assert_landed(pg, view: str, key: str, what: str) -> None:
+def assert_landed(pg, view: str | None, key: str, what: str) -> None:
     """The part is on the first screen, below the header; in a lecture the player (the step's counter, title and
     caption) is on that screen too, above the part."""
     box = section_box(pg, view, key)
+    part = f"the {view} view's {key} section" if view else "the comparison's figures"
     covers = pg.evaluate(COVERS)
     free = covers["header"]
     if covers["player"]:
         player = covers["player"]
         assert covers["header"] - 1 <= player["top"] and player["bottom"] <= box["top"], \
             f"{what}: the lecture's player is at y={player['top']:.0f}..{player['bottom']:.0f} px, not on the " \
-            f"screen above the {view} view's {key} section (at y={box['top']:.0f} px)"
+            f"screen above {part} (at y={box['top']:.0f} px)"
         free = player["bottom"]
     assert free <= box["top"] and box["top"] + min(SHOWN_PX, box["height"]) <= FIRST_SCREEN, \
-        f"{what}: the {view} view's {key} section is at y={box['top']:.0f} px (height {box['height']:.0f}): not on " \
+        f"{what}: {part} is at y={box['top']:.0f} px (height {box['height']:.0f}): not on " \
         f"the first 1280×720 screen"
 
 
@@ -99,10 +103,9 @@ def test_steps_and_presets_land_on_their_section_on_the_projector(server, projec
     pg.screenshot(path=str(shots_dir() / "lecture_section.png"))
     press(pg, "ArrowRight")  # the clocks, further down the same view
     assert_landed(pg, "rope", "clock", "step 15")
-    press(pg, "ArrowRight")  # a comparison: the top of the page, the step's caption in view
-    assert counter(pg).startswith("Step 16 / 21") and "section" not in query(pg)
-    steady(pg, "String(document.querySelector('[data-testid=\"stMain\"]').scrollTop)", 1500)
-    assert pg.locator(".st-key-lecture_next button").bounding_box()["y"] >= 0
+    press(pg, "ArrowRight")  # a comparison without a section: its figures
+    assert counter(pg).startswith("Step 16 / 21") and "section" not in query(pg) and query(pg)["cmp"]
+    assert_landed(pg, None, "figures", "step 16, a comparison")
     press(pg, "ArrowRight")
     assert_landed(pg, "swiglu", "positionwise", "step 17")
     assert view_errors(pg) == []
