@@ -84,6 +84,9 @@ def logit_lens_figure(top_probs, text, labels, t, lo: int = 0, hi: int | None = 
                         y_title=t("residual.after_layer"), value_name=t("residual.probability"))
     fig.update_traces(text=[row[lo:hi] for row in text], texttemplate="%{text}",
                       hovertemplate="%{y} · %{x}<br>%{text}: %{z:.3f}<extra></extra>")
+    # the last layer on top, as a lens is read: down from the model's own prediction to where it first appears (the
+    # rows a taller-than-the-screen figure shows first when a page lands on it)
+    fig.update_yaxes(autorange=True)
     return fig
 
 
