@@ -7,6 +7,7 @@ from apptest_util import all_text, decode, fig_with, figures, run_app, title
 
 import app.gateway as app_explorer
 from app.context import display_piece
+from app.i18n import t
 from app.panels.whatif.bank import BANK_SOURCE, BANK_TARGET, MIN_KL
 from explorer_model.analysis import measures as M
 
@@ -60,7 +61,8 @@ def test_no_mask_figures_equal_the_functions(no_mask_page, loaded):
     # seeing the future, the model predicts its prompt far better: the loss collapses
     metrics = {m.label: m.value for m in at.metric}
     loss0, loss1 = M.prompt_loss(clean.logits, ids), M.prompt_loss(changed.logits, ids)
-    assert metrics["Loss on the prompt, unchanged"] == f"{loss0:.3f}" and metrics["Loss on the prompt, changed"] == f"{loss1:.3f}"
+    assert metrics[t("whatif.loss_on_the_prompt_unchanged", "en")] == f"{loss0:.3f}"
+    assert metrics[t("whatif.loss_on_the_prompt_changed", "en")] == f"{loss1:.3f}"
     assert loss1 < 0.5 * loss0
 
     attn = fig_with(at, "Attention of layer 2, head 3")["data"]
