@@ -4,7 +4,7 @@ A lecture's player (app/lecture_player.py: step i / N, the step's title and capt
 area while the page scrolls, on any screen at least 560 px high: a step that lands on a part further down its view
 (app/sections.py) would otherwise scroll the step's title and caption off the screen, and the class (or a student
 following on a phone) would see a figure without the words that say what to look at (two steps on one view would
-look the same). On a phone the player keeps to a quarter of the screen: Previous and Next share a row, and a long
+look the same). On a phone the player keeps to about a third of the screen: Previous and Next share a row, and a long
 caption scrolls inside its own box.
 
 A display formula wider than its column (on a phone: attention's scores and mask, the residual stream's update)
