@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from browser_util import (browser, download, forget, module_page, open_app, query, server, shots_dir,  # noqa: F401
                           steady, view_errors, wait_idle)
+from layout_util import drawn_for_screen
 
 from app.i18n import t
 from app.sections import COMPARISON
@@ -142,6 +143,7 @@ def test_a_lecture_made_in_the_page_downloads_as_its_file_and_opens_again(server
     Chromium: named after the title, a lecture file with that title and step), and open that file again."""
     pg = projector
     open_app(pg, server, view="norm", prompt="Hello there", layer=2)
+    drawn_for_screen(pg)  # the page's second run, for this screen, has drawn the sidebar where the clicks go
     side = pg.locator('[data-testid="stSidebar"]')
     side.locator('[data-testid="stExpander"] summary').filter(has_text=t("lecture.box", "en")).click()
     side.locator(".st-key-lecture_add button").click()
