@@ -41,7 +41,7 @@ def url_ids_once(facts) -> None:
 
 def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
     """A preset's lesson: on its first run put the selection where its point is visible (found on this model by the
-    gateway); while the prompt is the preset's, say in one sentence what to look for."""
+    gateway); while the prompt is the preset's and its view is on screen, say in one sentence what to look for."""
     key = st.session_state.get("lesson")
     preset = BY_KEY.get(key)
     if preset is None or st.session_state.get("prompt") != preset.prompt:
@@ -67,6 +67,8 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
     if preset.kind == "split":
         values["example"] = pieces[target["token"]]
     st.session_state["lesson_values"] = values  # a lecture step's caption may quote them
+    if st.session_state.get("view") != target["view"]:  # its sentence is about its view's figure: not over another's
+        return
     st.info(tr(f"preset.lesson.{preset.kind}", **{k: plain(v) if isinstance(v, str) else v
                                                   for k, v in values.items()}), icon=None)
 

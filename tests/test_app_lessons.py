@@ -153,3 +153,15 @@ def test_editing_the_presets_prompt_makes_it_the_visitors_own():
     at.sidebar.text_area(key="prompt").set_value("The animal slept.").run()
     assert not [b for b in at.sidebar.button if b.key == "back_to_mine"]
     assert all("of its attention on" not in i.value for i in at.info)  # the lesson no longer applies
+
+
+def test_a_lessons_sentence_stands_over_its_own_view_only():
+    """The sentence is about its view's figure ("the row of 'it' in the heatmap"): another view chosen by hand
+    shows none, and the lesson's view shows it again while the prompt is the preset's."""
+    at = choose("coref")
+    said = [i.value for i in at.info if "of its attention on" in i.value]
+    assert len(said) == 1 and at.session_state["view"] == "attention"
+    at.segmented_control(key="view").set_value("rope").run()
+    assert not at.exception and all("of its attention on" not in i.value for i in at.info)
+    at.segmented_control(key="view").set_value("attention").run()
+    assert [i.value for i in at.info if "of its attention on" in i.value] == said
