@@ -144,17 +144,27 @@ def select(at: AppTest, **selection) -> AppTest:
 def deferred_downloads(at) -> dict:
     """Run `at` and return {file name: the data callable of its download button} (Streamlit calls these on click,
     outside the script run)."""
+    return _downloads(at, "add_deferred")
+
+
+def offered_files(at) -> dict:
+    """Run `at` and return {file name: bytes} of the download buttons that hand over their bytes with the page."""
+    return _downloads(at, "add")
+
+
+def _downloads(at, method: str) -> dict:
+    """{file name: what the page handed MediaFileManager.<method>} over one run of `at`."""
     from unittest import mock
 
     from streamlit.runtime.media_file_manager import MediaFileManager
 
     seen = {}
-    real = MediaFileManager.add_deferred
+    real = getattr(MediaFileManager, method)
 
-    def keep(self, data_callable, mimetype, coordinates, file_name=None, **kw):
-        seen[file_name] = data_callable
-        return real(self, data_callable, mimetype, coordinates, file_name, **kw)
-    with mock.patch.object(MediaFileManager, "add_deferred", keep):
+    def keep(self, data, mimetype, coordinates, file_name=None, **kw):
+        seen[file_name] = data
+        return real(self, data, mimetype, coordinates, file_name, **kw)
+    with mock.patch.object(MediaFileManager, method, keep):
         at.run()
     return seen
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from apptest_util import edit_box, run_app
+from apptest_util import edit_box, offered_files, run_app
 from streamlit.testing.v1 import AppTest
 
 from app import lecture_player as P
@@ -99,22 +99,6 @@ def test_add_edit_reorder_delete_and_download(tmp_path):
     assert counter(at) == f"**Step 1 / 1** · {plain('Norms, then attention!')}"
     at.button(key="lecture_delete").click().run()
     assert "lecture" not in at.session_state and not at.exception
-
-
-def offered_files(at: AppTest) -> dict[str, bytes]:
-    """Run `at` and return {file name: bytes} of the download buttons that hand over their bytes with the page."""
-    from unittest import mock
-
-    from streamlit.runtime.media_file_manager import MediaFileManager
-
-    seen, real = {}, MediaFileManager.add
-
-    def keep(self, data, mimetype, coordinates, file_name=None, **kw):
-        seen[file_name] = data
-        return real(self, data, mimetype, coordinates, file_name, **kw)
-    with mock.patch.object(MediaFileManager, "add", keep):
-        at.run()
-    return seen
 
 
 @pytest.mark.parametrize("title,name", [("Inside one LLaMA block", "inside-one-llama-block.toml"),
