@@ -11,8 +11,8 @@ import pytest
 from app import plots
 from app.figure_spec import Figure, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PAD, PRESENTER_MAX_H, fit_figure, plot_area
-from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_TOP, Sizes, text_px, toolbar_px,
-                             wrap)
+from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, TITLE_TOP, Sizes, text_px,
+                             toolbar_px, wrap)
 from app.screen import DESKTOP, PHONE, TABLET, Screen, from_cookie, from_report, guess
 
 TOKENS = [f"{i}:{w}" for i, w in enumerate(
@@ -97,7 +97,7 @@ def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its
         fig = fit(fig, PHONE.main, presenter=False, touch=touch)
         lines = fig.layout.title.text.split("<br>")
         assert len(lines) > 1 and fig.layout.title.yanchor == "top" and fig.layout.title.xanchor == "left"
-        assert all(text_px(line, 16) <= PHONE.main - toolbar_px(touch) - 16 for line in lines)
+        assert all(text_px(line, 16, TITLE_EM) <= PHONE.main - toolbar_px(touch) - 16 for line in lines)
         assert fig.layout.height > 300  # taller by the added lines
     assert wrap("位置从哪里进入：加到每个输入上（左），或只旋转 Q 和 K（右）", 272, 16) == [
         "位置从哪里进入：加到每个输入上", "（左），或只旋转 Q 和 K（右）"]
