@@ -121,6 +121,7 @@ def test_pre_vs_post_residual_curves_match_the_recordings(twins):
         np.testing.assert_allclose(decode(trace(fig, "A")["y"]), rms_a, rtol=1e-9)
         np.testing.assert_allclose(decode(trace(fig, "B")["y"]), rms_b, rtol=1e-9)
         np.testing.assert_allclose(decode(trace(fig, "A")["x"]), np.arange(7) / 6)
+        assert [tr["name"] for tr in fig["data"]] == ["A (Pre-Norm)", "B (Post-Norm)"]
     assert rms_a[-1] > 5 * rms_a[0] and (np.diff(rms_a) > 0).all()  # Pre-Norm: the sum grows block by block
     assert (np.abs(rms_b[1:] - 1) < 0.3).all()  # Post-Norm: held near unit RMS after every block
     text = all_text(at)
@@ -247,3 +248,10 @@ def test_minimal_pair_map_on_the_bank_pair(loaded):
 # --------------------------------------------------------------------------- the link and the switches
 
 
+def test_the_stream_names_each_side_by_its_norm_only_when_they_differ():
+    """One model against itself with its first norm switched off (a what-if pair): both sides are Pre-Norm, and
+    naming B by it would call the model without that norm "Pre-Norm"."""
+    at = run_app(view="norm", model="smollm2", prompt="The capital of France is", cmp="whatif",
+                 cmp_iv="norm-identity:blocks.0.ln1")
+    assert not at.exception
+    assert [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]] == ["A", "B"]

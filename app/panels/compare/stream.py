@@ -53,8 +53,9 @@ def draw_stream(pair: Pair, field: str, fig_id: str) -> None:
     Pre vs Post sentence under it when the pair is one of each."""
     ca, cb = pair_curves(pair)
     t = pair.t
-    series = [(side, t("compare.stream_side", side=side, kind=c.norm_placement.capitalize()), c.stream_depth,
-               getattr(c, field)) for side, c in (("A", ca), ("B", cb))]
+    placed = ca.norm_placement != cb.norm_placement  # each side named by where its norm sits only when they differ
+    series = [(side, t("compare.stream_side", side=side, kind=c.norm_placement.capitalize()) if placed else side,
+               c.stream_depth, getattr(c, field)) for side, c in (("A", ca), ("B", cb))]
     title, x_title, y_title = t(STREAM_KEYS[field][0]), t("compare.stream_depth"), t(STREAM_KEYS[field][1])
     plots.show(lambda: F.curves_figure(fig_id, series, title=title, x_title=x_title, y_title=y_title, log_y=True),
                pair.a, key=fig_id)
