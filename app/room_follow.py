@@ -198,5 +198,21 @@ def controls() -> None:
         if ss.get("room_whole"):  # the way back to each step's part only
             st.button(P.tr("room.part_views"), key="room_part", on_click=_whole, args=(False,))
     elif ss.get("room_detached") and r.version():
-        st.button(P.tr("room.rejoin"), key="room_rejoin", on_click=_rejoin)
+        _rejoin_now_and_then()
     _listen(r, bool(ss.get("room_following")) and not is_presenter())
+
+
+def _rejoin_button() -> None:
+    """The way back for a visitor who explores, naming the step the room is at: redrawn now and then (a fragment's
+    run, not the page's), so the button keeps up with the lecturer while its visitor looks elsewhere."""
+    r = room()
+    current = r.current() if r is not None else None
+    lecture = room_lecture(current["lecture"]) if current else None
+    label = (P.tr("room.rejoin_at", i=current["step"] + 1, n=len(lecture.steps)) if lecture is not None
+             else P.tr("room.rejoin"))
+    if st.button(label, key="room_rejoin"):  # a click reruns only the fragment: the whole page takes the step
+        _rejoin()
+        st.rerun(scope="app")
+
+
+_rejoin_now_and_then = st.fragment(run_every=CATCH_UP_SECONDS)(_rejoin_button)

@@ -81,6 +81,8 @@ def test_the_presenter_drives_followers_who_may_detach_and_rejoin(shared_room):
     presenter.button(key="lecture_next").click().run()
     student.run()
     assert step_of(student) == 2 and student.session_state["view"] == "rope"  # exploring on their own
+    # the way back names where the room is now, not where the student left it
+    assert student.button(key="room_rejoin").label == "Back to the lecture (now step 4 / 21)"
     student.button(key="room_rejoin").click().run()
     assert step_of(student) == 3 and student.session_state["active_model"] == "tiny-pre"  # the current step: the twins
 
