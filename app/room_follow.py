@@ -205,14 +205,14 @@ def controls() -> None:
 def _rejoin_button() -> None:
     """The way back for a visitor who explores, naming the step the room is at: redrawn now and then (a fragment's
     run, not the page's), so the button keeps up with the lecturer while its visitor looks elsewhere."""
+    if not st.session_state.get("room_detached"):  # its click rejoined, in a run of this fragment alone
+        st.rerun(scope="app")  # the whole page takes the room's step
     r = room()
     current = r.current() if r is not None else None
     lecture = room_lecture(current["lecture"]) if current else None
     label = (P.tr("room.rejoin_at", i=current["step"] + 1, n=len(lecture.steps)) if lecture is not None
              else P.tr("room.rejoin"))
-    if st.button(label, key="room_rejoin"):  # a click reruns only the fragment: the whole page takes the step
-        _rejoin()
-        st.rerun(scope="app")
+    st.button(label, key="room_rejoin", on_click=_rejoin)
 
 
 _rejoin_now_and_then = st.fragment(run_every=CATCH_UP_SECONDS)(_rejoin_button)

@@ -300,6 +300,10 @@ def explore_and_rejoin(presenter, followers, now: dict) -> dict:
     wait_idle(explorer)
     own = state(explorer)
     assert own["shown_view"] == other_view and own["layer"] != now["layer"] and own["step"] == now["step"], own
+    back = explorer.locator(".st-key-room_rejoin button")  # the way back names the room's step (in English)
+    assert back.inner_text().strip() == f"Back to the lecture (now step {now['step']} / {STEPS})", back.inner_text()
+    box = back.bounding_box()
+    assert box and box["x"] >= 0 and box["x"] + box["width"] <= explorer.viewport_size["width"], box
     t0, now = press(presenter, "ArrowRight", int(now["step"]) + 1)
     follow(now, others, t0)
     assert {k: v for k, v in state(explorer).items() if k != "shown_running"} == \
