@@ -135,6 +135,18 @@ def test_sentencepiece_pieces_and_bytes(spm_model):
         assert raw == (" " + text).encode() if text else raw == b""
 
 
+def test_an_id_past_the_last_piece_reads_as_its_placeholder(spm_model, bpe_dir):
+    """A checkpoint's embedding may have more rows than its tokenizer has pieces: the model still ranks those ids
+    (a candidate for the next token, a generated one), and they read as "[id=N]" instead of failing."""
+    for tok in (Tokenizer.from_sentencepiece(spm_model[0]), Tokenizer.from_path(bpe_dir)):
+        past = tok.vocab_size + 4
+        assert (tok.knows(tok.vocab_size - 1), tok.knows(tok.vocab_size), tok.knows(-1)) == (True, False, False)
+        assert tok.piece(past) == f"[id={past}]" and tok.token_bytes(past) == f"[id={past}]".encode()
+        ids = tok.encode("the cat")
+        assert tok.decode(ids + [past] + ids) == f"{tok.decode(ids)}[id={past}]{tok.decode(ids)}"
+        assert tok.decode(ids) == "the cat"
+
+
 def test_sentencepiece_nfkc_model_matches_reference(tmp_path):
     import sentencepiece as spm
 

@@ -68,6 +68,11 @@ def _bytes_to_unicode():
 _UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
 
 
+def unknown_piece(token_id: int) -> str:
+    """How an id without a piece in the tokenizer reads (an embedding row past the tokenizer's last piece)."""
+    return f"[id={token_id}]"  # no space: the token labels would show it as ␣
+
+
 class Tokenizer:
     """Use the from_* constructors; __init__ just wires a backend up."""
 
@@ -118,22 +123,32 @@ class Tokenizer:
         return list(ids)
 
     def decode(self, ids: list[int]) -> str:
+        """The text of these ids; an id the tokenizer has no piece for reads as its placeholder, "[id=N]"."""
         ids = [int(i) for i in ids]
-        if self._hf is not None:
-            return self._hf.decode(ids, skip_special_tokens=False)
-        # sentencepiece renders control tokens as "", so decode the runs between them separately
+        # the runs between unknown ids are decoded separately (HF's tokenizers would drop such an id without a word),
+        # and for sentencepiece, which renders control tokens as "", the runs between those too
         out, run = [], []
         for i in ids:
-            if i in self._special:
+            if not self.knows(i) or (self._hf is None and i in self._special):
                 if run:
-                    out.append(self._sp.decode(run))
+                    out.append(self._decode_run(run))
                     run = []
-                out.append(self._tokens[i])
+                out.append(self._tokens[i] if self.knows(i) else unknown_piece(i))
             else:
                 run.append(i)
         if run:
-            out.append(self._sp.decode(run))
+            out.append(self._decode_run(run))
         return "".join(out)
+
+    def _decode_run(self, ids: list[int]) -> str:
+        if self._hf is not None:
+            return self._hf.decode(ids, skip_special_tokens=False)
+        return self._sp.decode(ids)
+
+    def knows(self, token_id: int) -> bool:
+        """Whether the tokenizer has a piece for this id. A checkpoint's embedding may have more rows than its
+        tokenizer has pieces (rows padded to a multiple of 64 or 128): the model can still rank those ids."""
+        return 0 <= token_id < self.vocab_size
 
     # ------------------------------------------------------------------ per-token views
 
@@ -147,6 +162,8 @@ class Tokenizer:
         return got
 
     def _spelled_bytes(self, token_id: int) -> bytes:
+        if not self.knows(token_id):
+            return unknown_piece(token_id).encode("utf-8")
         tok = self._tokens[token_id]
         if token_id in self._special:
             return tok.encode("utf-8")
