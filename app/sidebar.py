@@ -248,11 +248,19 @@ def download(source: str, ids) -> None:
                                mime=NPZ_MIME, on_click="ignore", key="download_npz")
 
 
+# the names of a native model's parts, the same in both languages
+ARCH_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "rms": "RMSNorm", "layer": "LayerNorm", "swiglu": "SwiGLU",
+              "relu": "ReLU"}
+
+
 def model_caption(facts: ModelFacts) -> str:
     """The model in one line, in the visitor's language (the loaders' own description is English)."""
     cfg, n = facts.cfg, facts.param_counts["total"]
     size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
     origin = facts.description.rsplit("; ", 1)[-1]  # the file format and its tensor types, e.g. "GGUF Q4_1/F32"
+    if facts.format == "native":  # this project's own format: the loader names the architecture in English
+        origin = tr("sidebar.native_origin", placement=ARCH_NAMES[cfg.norm_placement], norm=ARCH_NAMES[cfg.norm_type],
+                    ffn=ARCH_NAMES[cfg.ffn_type])
     return tr("sidebar.model_caption", name=plain(cfg.name), params=size, layers=cfg.n_layers, d_model=cfg.d_model,
               heads=cfg.n_heads, kv=cfg.n_kv_heads, vocab=cfg.vocab_size, tied=tr("sidebar.tied") if facts.tied else "",
               origin=plain(origin), dtype=facts.dtype)
@@ -266,7 +274,7 @@ LOAD_ERROR_CLASSES = (
     ("truncated or corrupt", "corrupt"), ("shape mismatch", "shape"), ("layers but the weights hold", "layers"),
     ("tokenizer has", "tokenizer"), ("not a readable PyTorch checkpoint", "pickle"), ("needs about", "memory"),
     ("not a readable safetensors file", "safetensors"), ("no weights", "no_weights"),
-    ("must be a finite number", "number"),
+    ("must be a finite number", "number"), ("not a readable JSON file", "json"),
 )
 
 

@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from apptest_util import all_text, decode, figures, run_app
 
@@ -253,14 +254,37 @@ def test_the_model_is_described_in_the_visitors_language():
     captions = {lang: run_app(view="tokens", lang=lang, prompt="Hi").sidebar.caption[0].value for lang in ("en", "zh")}
     assert "135M parameters, 30 layers" in captions["en"] and "tied input and output embeddings" in captions["en"]
     assert "135M 个参数，30 层" in captions["zh"] and "parameters" not in captions["zh"]
+    twin = run_app(view="tokens", lang="zh", prompt="Hi", model="tiny-post").sidebar.caption[0].value
+    assert twin.endswith("本项目的格式：Post-Norm、RMSNorm、SwiGLU · 权重类型 float32") and "native" not in twin, twin
+
+
+def test_a_folder_whose_tokenizer_is_smaller_than_its_vocabulary_names_the_other_ids(tmp_path):
+    """An HF folder with 320 embedding rows and a tokenizer of 300 pieces (rows padded, as many checkpoints have):
+    the views that name the model's candidates (the logit lens, the next token, what-if) draw, and an id the
+    tokenizer has no piece for reads "[id=N]"."""
+    import checkpoints as ck
+
+    hf = ck.hf_model("gqa", seed=0, num_hidden_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
+                     intermediate_size=160)
+    with torch.no_grad():  # the padded rows' logits dwarf the others: they lead every ranking
+        hf.lm_head.weight[:300] *= 0.01
+        hf.lm_head.weight[300:] *= 10
+    folder = ck.save_hf(hf, tmp_path / "hf")
+    named = []
+    for view in ("residual", "predict", "whatif"):
+        at = run_app(view=view, prompt="the cat sat on the mat", model=str(folder))
+        assert not at.exception and not at.error, (view, [e.value for e in list(at.exception) + list(at.error)])
+        named += re.findall(r"\[id=(\d+)\]", json.dumps(figures(at), ensure_ascii=False) + all_text(at))
+    assert named and all(300 <= int(i) < 320 for i in named), named
 
 
 @pytest.mark.parametrize("bad, expected", [("/no/such/model.gguf", "没有这个文件或文件夹"),
                                            ("/etc/hostname", "这不是 GGUF 文件"),
-                                           ("json", "无法读取该模型（技术细节：")])
+                                           ("json", "配置文件（config.json 或 params.json）不是可读的 JSON"),
+                                           ("list", "无法读取该模型（技术细节：")])
 def test_a_failed_load_is_explained_in_chinese(tmp_path, bad, expected):
-    if bad == "json":  # a class without its own sentence: the loader's exact line follows the Chinese lead-in
-        (tmp_path / "config.json").write_text("{not json")
+    if bad in ("json", "list"):  # a list: a class without its own sentence, the loader's line after a lead-in
+        (tmp_path / "config.json").write_text("{not json" if bad == "json" else "[1, 2]")
         bad = str(tmp_path)
     at = run_app(view="tokens", lang="zh", prompt="Hi", model=bad)
     errors = [e.value for e in at.sidebar.error]
