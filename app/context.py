@@ -81,8 +81,11 @@ def token_labels(facts: ModelFacts, ids) -> list[str]:
 
 
 def display_piece(text: str) -> str:
-    """Make whitespace visible in token labels: a leading space as '␣', newline as '↵', tab as '⇥'."""
-    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+    """A token's label: whitespace made visible (a space as '␣', newline as '↵', tab as '⇥'), and angle brackets as
+    ‹ ›, for Plotly reads the text of an axis, a cell or a hover as HTML: "<s>" (LLaMA's BOS) would strike through
+    the labels after it and show nothing itself."""
+    return (text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("<", "‹").replace(">", "›")
+            or "∅")
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>!|~:$])")

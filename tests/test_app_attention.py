@@ -184,3 +184,15 @@ def test_main_figure_first_and_presenter_folds_explanations():
     at.sidebar.toggle(key="presenter").set_value(True).run()
     assert not at.exception and not at.error
     assert len(at.main.expander) == 3 and not any(e.proto.expanded for e in at.main.expander)
+
+
+def test_the_bos_token_reads_as_its_text_on_every_axis():
+    """LLaMA's BOS is "<s>": Plotly reads an axis label as HTML, where <s> starts a strike-through and shows nothing
+    (every label read "0:" and struck through the rest); token labels write angle brackets as ‹ ›."""
+    from apptest_util import figures
+
+    at = run_app(view="attention", model="tiny-pre", prompt="the cat sat")
+    assert not at.exception
+    labels = [str(v) for fig in figures(at) for tr in fig["data"] for axis in ("x", "y")
+              if isinstance(tr.get(axis), list) for v in tr[axis] if isinstance(v, str) and ":" in v]
+    assert "0:‹s›" in labels and not [v for v in labels if "<" in v or ">" in v], sorted(set(labels))[:8]

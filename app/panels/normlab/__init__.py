@@ -20,7 +20,7 @@ from app.sections import section
 from explorer_model.lab import normlab as lab
 from explorer_model.lab.corpus import HELDOUT_LINE
 
-from app.panels.normlab.common import COLORS, fig_frame, plain, variant_name, wait_for  # noqa: F401 (wait_for: API)
+from app.panels.normlab.common import COLORS, fig_frame, variant_name, wait_for  # noqa: F401 (wait_for: API)
 from app.panels.generation import candidate_label
 from app.panels.normlab.initialization import draw_init
 from app.panels.normlab.race import draw_race
@@ -120,13 +120,13 @@ def draw_twins(ctx: ViewContext) -> dict | None:
     cols = st.columns(2)
     for col, v in zip(cols, ("pre", "post")):
         loaded, ids, _, line_rec = twins[v]
-        labels = [f"{i}:{plain(x)}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
+        labels = [f"{i}:{x}" for i, x in enumerate(token_labels(loaded, ids))]  # split characters named, not bytes
         with col:
             pattern = summary[v]["pattern"]
             plots.show(partial(twin_attention_figure, pattern, layer[v], head[v], labels, t, v), ctx,
                        key=f"normlab_attn_{v}_fig", share=0.5)
             top, probs = summary[v]["top"]
-            names = [plain(candidate_label(loaded, list(ids), int(i))) for i in top]
+            names = [candidate_label(loaded, list(ids), int(i)) for i in top]
             plots.show(partial(top_figure, names, probs, t, v), ctx, key=f"normlab_top_{v}_fig", share=0.5)
             st.metric(t("normlab.loss_on_the_held_out"), f"{lab.sequence_loss(line_rec):.3f}",
                       help=t("normlab.from_hamlet_never_trained_on", heldout_line=HELDOUT_LINE))

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from app.context import display_piece
-
 COLORS = {"pre": "#4c78a8", "post": "#e45756", "deepnorm": "#54a24b"}
-
-
-def plain(piece: str) -> str:
-    """A token for a Plotly label: whitespace made visible, and <s> not taken for an HTML strike-through tag."""
-    return display_piece(piece).replace("<", "‹").replace(">", "›")
 
 
 def variant_name(t, v: str) -> str:
