@@ -151,6 +151,18 @@ def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
         assert not (flipped and kl0 >= MIN_KL)
     text = all_text(at)
     assert f"KL {kl:.2f}" in text and display_piece(loaded.tokenizer.piece(int(q.argmax()))) in text
+    # the tiles: the new top token with the old one under it, the loss unmoved (the patch is of the last position,
+    # which the prompt's loss never scores) shown without an arrow, and the KL named for what it is, a mean over positions
+    tiles = {m.label: m for m in at.metric}
+    top = tiles["Top next token"]
+    before, after = (display_piece(loaded.tokenizer.piece(int(d.argmax()))) for d in (p, q))
+    assert (top.value, top.delta) == (after, f"unchanged: {before}")
+    changed_loss = tiles[t("whatif.loss_on_the_prompt_changed", "en")]
+    from streamlit.proto.Metric_pb2 import Metric
+
+    assert changed_loss.delta == "±0.000" and changed_loss.proto.direction == Metric.MetricDirection.NONE
+    assert top.proto.direction == Metric.MetricDirection.NONE  # (a token is no quantity: no arrow either)
+    assert "Mean KL at the output" in tiles
     # the way back: the prompt, and the layer and interventions the lesson had set
     at.button(key="whatif_back").click().run()
     assert at.session_state["prompt"] == mine and "my_state" not in at.session_state

@@ -186,10 +186,15 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     top0, top1 = int(ctx.rec.logits[0, -1].argmax()), int(run["last"].argmax())
     c = st.columns(4)
     c[0].metric(t("whatif.loss_on_the_prompt_unchanged"), f"{loss0:.3f}")
-    c[1].metric(t("whatif.loss_on_the_prompt_changed"), f"{loss1:.3f}", f"{loss1 - loss0:+.3f}",
-                delta_color="inverse")
+    moved = f"{loss1 - loss0:+.3f}"
+    still = float(moved) == 0  # "+0.000": no arrow, no colour (a patch of the last position never moves it)
+    c[1].metric(t("whatif.loss_on_the_prompt_changed"), f"{loss1:.3f}", "±0.000" if still else moved,
+                delta_color="off" if still else "inverse", delta_arrow="off" if still else "auto")
     name = candidate_namer(ctx)
-    c[2].metric(t("whatif.top_next_token"), f"{name(top0)} → {name(top1)}")
+    # the changed run's top token, the unchanged one's under it: two tokens and an arrow overflow a quarter row
+    c[2].metric(t("whatif.top_next_token"), name(top1),
+                t("whatif.top_was", before=name(top0)) if top1 != top0 else t("whatif.top_kept"),
+                delta_color="off", delta_arrow="off")
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
