@@ -108,13 +108,16 @@ def presenter_fonts(fig: Figure, sizes: Sizes) -> None:
 
 
 def place_title(fig: Figure, width: float, sizes: Sizes, touch: bool) -> list[str]:
-    """The title at the top left, its lines wrapped short of the toolbar (which would cover their end); its lines."""
+    """The title at the top left, its lines wrapped to the figure's width, the first short of the toolbar (which stands
+    beside it, and would cover its end); its lines."""
     title = title_text(fig)
     if not title:
         return []
     size = fig.layout.title.font.size or sizes.title
-    lines = [part for line in title.split("<br>") for part in wrap(line, width - toolbar_px(touch) - 16, size,
-                                                                   TITLE_EM)]
+    first, *others = title.split("<br>")
+    head = wrap(first, width - toolbar_px(touch) - 16, size, TITLE_EM)[:1] or [""]
+    rest = [first[len(head[0]):].strip(), *others] if first[len(head[0]):].strip() else others
+    lines = head + [part for line in rest for part in wrap(line, width - 16, size, TITLE_EM)]
     # top-anchored in the figure; Plotly centres a title's lines on the first one's place, so a title of n lines
     # starts (n - 1) half lines lower
     fig.update_layout(title=dict(text="<br>".join(lines), x=0, xanchor="left", xref="container", y=1, yanchor="top",

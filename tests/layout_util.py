@@ -53,12 +53,17 @@ MEASURE = """() => {
             for (const o of parts.filter(o => o.p === 'axis title' || o.p === 'tick labels'))
                 if (plots.some(r => overlap(o.r, r))) crossings.push(`${o.p} “${o.t.textContent.slice(0, 20)}” ` +
                                                                     'inside a plot area');
-        const bar = gd.querySelector('.modebar'), title = gd.querySelector('.g-gtitle');
+        // the toolbar's buttons (not its padded bar) against each line of the title: a title's first line stands
+        // beside the toolbar, the lines under it may be as wide as the figure
+        const icons = [...gd.querySelectorAll('.modebar-btn svg')].map(box), title = gd.querySelector('.g-gtitle');
+        const lines = title ? [...title.querySelectorAll('tspan.line')] : [];
+        const titleBoxes = (lines.length ? lines : title ? [title] : []).map(box);
         return {key, title: String((gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, ' '),
                 width: frame.width, room: column.clientWidth - parseFloat(style.paddingLeft) -
                 parseFloat(style.paddingRight), plot: gd._fullLayout._size.w,
                 smallest: sizes.sort((a, b) => a[0] - b[0])[0] || null, clashes, outside, crossings,
-                covered: !!(bar && title && title.textContent.trim() && overlap(box(bar), box(title)))};
+                covered: !!(title && title.textContent.trim() &&
+                            titleBoxes.some(t => icons.some(i => overlap(i, t))))};
     });
 }"""
 PAGE = """() => {

@@ -97,7 +97,13 @@ def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its
         fig = fit(fig, PHONE.main, presenter=False, touch=touch)
         lines = fig.layout.title.text.split("<br>")
         assert len(lines) > 1 and fig.layout.title.yanchor == "top" and fig.layout.title.xanchor == "left"
-        assert all(text_px(line, 16, TITLE_EM) <= PHONE.main - toolbar_px(touch) - 16 for line in lines)
+        # the first line stands beside the toolbar, the others under it
+        assert text_px(lines[0], 16, TITLE_EM) <= PHONE.main - toolbar_px(touch) - 16
+        assert all(text_px(line, 16, TITLE_EM) <= PHONE.main - 16 for line in lines[1:])
+        assert " ".join(lines) == "Next-token probabilities at the last position, before and after the change"
+        narrow = wrap(" ".join(lines), PHONE.main - toolbar_px(touch) - 16, 16, TITLE_EM)
+        if not touch:  # the desktop's toolbar is the wider: a line fewer than with every line beside it
+            assert len(lines) < len(narrow), (lines, narrow)
         assert fig.layout.height > 300  # taller by the added lines
     assert wrap("位置从哪里进入：加到每个输入上（左），或只旋转 Q 和 K（右）", 272, 16) == [
         "位置从哪里进入：加到每个输入上", "（左），或只旋转 Q 和 K（右）"]
