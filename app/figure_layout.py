@@ -113,6 +113,9 @@ def size_heatmap(fig: Figure, width: float, sizes: Sizes, max_height: float | No
     top, bottom = math.ceil(frame.top), math.ceil(frame.bottom)
     room = (max_height or 10_000) - top - bottom
     plot_h = max(min(row * len(y), HEAT_MAX_H, room), min(row, 40.0) if len(y) == 1 else 80.0)
+    if lay.yaxis.title.text:  # the y axis's title stands along the plot: a plot of a few rows grows to its length
+        font = lay.yaxis.title.font.size or lay.font.size or sizes.tick
+        plot_h = max(plot_h, min(text_px(lay.yaxis.title.text, font) + 8, HEAT_MAX_H))
     height = top + math.ceil(plot_h) + bottom
     fig.update_layout(width=None, height=height,
                       margin=dict(l=math.ceil(frame.left), r=math.ceil(frame.right), t=top, b=bottom, pad=0,

@@ -59,6 +59,17 @@ def test_a_heatmap_fills_its_width_with_labels_that_never_overlap(width, present
     assert font == (16 if presenter else 12)
 
 
+@pytest.mark.parametrize("presenter", [False, True])
+def test_a_heatmap_of_few_rows_is_as_tall_as_its_y_axis_title(presenter):
+    """Three layers of a shallow model: the rotated y title ran out of the plot, into the figure's title."""
+    title = "residual stream entering"
+    fig = plots.heatmap(np.ones((3, 12)), TOKENS[:12], ["L0", "L1", "L2"], title="‖x‖₂ per layer and token",
+                        x_title="token", y_title=title)
+    lay = fit(fig, 1040, presenter=presenter, touch=False).layout
+    font = lay.yaxis.title.font.size or lay.font.size or lay.yaxis.tickfont.size  # (the page's axis font)
+    assert lay.height - lay.margin.t - lay.margin.b >= text_px(title, font)
+
+
 def test_a_phone_heatmap_has_its_colour_bar_under_the_plot_and_a_desktop_one_beside_it():
     narrow, wide = heat(TOKENS), heat(TOKENS)
     narrow = fit(narrow, PHONE.main, presenter=False, touch=True)
