@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, by_id, decode, figures, run_app, trace
+from apptest_util import all_text, by_id, decode, figures, run_app, title, trace
 from compare_util import BANK_A, BANK_B, LINE, TWINS, ids_of, js_rows, load, record, recorded, stream_rms, twins  # noqa: F401
 from test_app_attention import capture_downloads
 
@@ -243,6 +243,18 @@ def test_minimal_pair_map_on_the_bank_pair(loaded):
     assert np.abs(z[:, same]).max() < 1e-6  # the common prefix cannot see the change
     assert sorted(fig["layout"]["meta"]["top"]) == sorted(np.argsort(-z.max(0))[:3].tolist())
     assert all(i not in same for i in fig["layout"]["meta"]["top"])
+    assert title(fig).startswith("Minimal pair:")
+
+
+def test_texts_say_what_the_pair_is():
+    """The twins (one prompt, two models): no "minimal pair" over their residual map, no RoPE "switched off" under
+    their scores; B with RoPE switched off says so."""
+    stream = run_app(view="residual", **TWINS)
+    assert title(by_id(stream, "compare_change_map")).startswith("‖resid of B − resid of A‖ / ‖resid of A‖")
+    twins = all_text(run_app(view="rope", **TWINS))
+    assert "before softmax, A and B on one colour scale." in twins and "switched off" not in twins
+    off = all_text(run_app(view="rope", model="tiny-pre", prompt=LINE, cmp="whatif", cmp_iv="no-rope"))
+    assert "With RoPE switched off in B (no-rope), B's scores no longer depend on the distance" in off
 
 
 # --------------------------------------------------------------------------- the link and the switches

@@ -142,7 +142,9 @@ def draw_change_map(pair: Pair) -> None:
     labels = pair.diff_labels()
     top = most_changed(res["ratio"])
     ratio, depth = res["ratio"], res["depth"]
-    title, x_title, y_title = t("compare.map_title"), t("compare.position"), t("compare.blocks_passed")
+    # two prompts lined up word by word (a minimal pair), or one prompt run twice (two models, a change in B)
+    title = t("compare.map_title" if pair.align is not None else "compare.map_title_same")
+    x_title, y_title = t("compare.position"), t("compare.blocks_passed")
     plots.show(lambda: F.change_map_figure("compare_change_map", ratio, depth, labels, top, title=title,
                                            x_title=x_title, y_title=y_title), pair.a, key="compare_change_map")
     peak = np.nanmax(res["ratio"], axis=0)

@@ -13,6 +13,7 @@ from app.panels.compare import stream as S
 from app.panels.attention.cells import WINDOW_DEFAULT, window
 from app.panels.compare.common import CURVE_KEYS, Pair, curves, ffn_change, gate_closed, pattern, scores, side_rows
 from explorer_model.analysis import compare as C
+from explorer_model import interventions as I
 
 
 def _csv(pair: Pair, view: str, header, rows) -> None:
@@ -117,7 +118,8 @@ def draw_attention(pair: Pair) -> None:
 
 
 def draw_rope(pair: Pair) -> None:
-    st.caption(pair.t("compare.rope_caption"))
+    no_rope = any(iv.kind == "no-rope" for iv in I.parse_list(pair.specs_b)) if pair.specs_b else False
+    st.caption(pair.t("compare.rope_caption") + (" " + pair.t("compare.rope_caption_no_rope") if no_rope else ""))
     m = _matrix_figure(pair, "scores", "compare_rope")
     rows = []
     for side, ctx, z in (("A", pair.a, m["a"]), ("B", pair.b, m["b"])):
