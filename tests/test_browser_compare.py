@@ -29,7 +29,7 @@ def test_twins_side_by_side_in_three_views(server, page):  # noqa: F811
     open_app(page, server, model="tiny-pre", prompt=LINE, view="norm", layer=2, head=3)
     # B chosen in the sidebar as a visitor would: mode, then the model (the twin is offered first)
     page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Compare with").first.click()
-    page.get_by_role("option", name="another model (same prompt)", exact=True).click()
+    page.get_by_role("option", name="another model", exact=True).click()
     wait_idle(page)
     settle_figures(page)
     assert query(page)["cmp"] == "model" and query(page)["cmp_model"] == "tiny-post"
