@@ -115,9 +115,10 @@ def place_title(fig: Figure, width: float, sizes: Sizes, touch: bool) -> list[st
         return []
     size = fig.layout.title.font.size or sizes.title
     first, *others = title.split("<br>")
-    head = wrap(first, width - toolbar_px(touch) - 16, size, TITLE_EM)[:1] or [""]
-    rest = [first[len(head[0]):].strip(), *others] if first[len(head[0]):].strip() else others
-    lines = head + [part for line in rest for part in wrap(line, width - 16, size, TITLE_EM)]
+    head = (wrap(first, width - toolbar_px(touch) - 16, size, TITLE_EM) or [""])[0]
+    tail = first[len(head):].strip()  # what of the first line does not fit beside the toolbar
+    lines = [head] + [part for line in ([tail] if tail else []) + others for part in wrap(line, width - 16, size,
+                                                                                          TITLE_EM)]
     # top-anchored in the figure; Plotly centres a title's lines on the first one's place, so a title of n lines
     # starts (n - 1) half lines lower
     fig.update_layout(title=dict(text="<br>".join(lines), x=0, xanchor="left", xref="container", y=1, yanchor="top",
