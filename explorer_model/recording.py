@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from .interventions import intervene
 from .model import KVCache, LlamaModel, attention_pattern, causal_scores
+from .tokenizer import check_ids
 
 _DERIVED = re.compile(r"blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
 _ROTATED = re.compile(r"blocks\.(\d+)\.attn\.hook_rot_(q|k)$")
@@ -247,6 +248,8 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     if tokens.dim() == 1:
         tokens = tokens[None]
+    for row in tokens:  # an empty prompt, an id past the embedding: one line, not torch's IndexError
+        check_ids(row.tolist(), model.cfg.vocab_size, model.cfg.max_seq_len)
     if interventions is None:
         with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
             model(tokens)

@@ -55,6 +55,26 @@ def untouched(out):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "a temporary was left behind"
 
 
+def test_the_api_refuses_ids_a_model_cannot_run_with_the_clis_line(smol, capsys, tmp_path):
+    """record() on an empty prompt, an id past the embedding or more ids than the context: PromptError with the line
+    the CLI prints for the same ids (an empty list crashed in the RoPE table; an id past the embedding raised
+    torch's "index out of range in self")."""
+    from explorer_model.recording import record
+
+    cfg = smol.model.cfg
+    for ids, needle in (([], "the prompt has no tokens"),
+                        ([1, cfg.vocab_size], f"token id {cfg.vocab_size} is out of range (the vocabulary has "),
+                        ([-1], "token id -1 is out of range"),
+                        ([1] * (cfg.max_seq_len + 1), f"more than this model's context of {cfg.max_seq_len}")):
+        with pytest.raises(PromptError, match=re.escape(needle)):
+            record(smol.model, ids)
+        if ids and ids != [-1]:
+            out = tmp_path / "x.npz"
+            one_line(cli.main(["record", "smollm2", "--token-ids", ",".join(map(str, ids)), "--out", str(out)]),
+                     capsys.readouterr().err, needle)
+            assert not out.exists()
+
+
 # --------------------------------------------------------------------------- text that is not text
 @pytest.mark.parametrize("text, needle", [("ab\udcffc", "byte 0xff"), ("\udc80", "byte 0x80"),
                                           ("x\ud800y", "U+D800"), ("\udfff", "U+DFFF")])

@@ -12,6 +12,7 @@ import sys
 import time
 
 from ..printable import printable, printable_json
+from ..tokenizer import check_ids
 
 MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and tiny values overflow the logits
 
@@ -40,18 +41,11 @@ def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
             ids = [int(x) for x in token_ids.replace(" ", "").split(",") if x != ""]
         except ValueError:
             raise CliError(f"--token-ids must be comma-separated integers, got {token_ids!r}") from None
-        bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
-        if bad:
-            raise CliError(f"token id {bad[0]} is out of range (the vocabulary has {cfg.vocab_size} tokens)")
     else:
         if text is None or not text.strip():
             raise CliError("the prompt is empty: give some text with --prompt")
         ids = loaded.tokenizer.encode_prompt(text)  # refuses over MAX_PROMPT_CHARS before tokenizing
-    if not ids:
-        raise CliError("the prompt has no tokens")
-    if len(ids) > cfg.max_seq_len:
-        raise CliError(f"the prompt has {len(ids)} tokens, more than this model's context of {cfg.max_seq_len}")
-    return ids
+    return check_ids(ids, cfg.vocab_size, cfg.max_seq_len)
 
 
 def memory_lines(cfg) -> list[str]:
