@@ -55,6 +55,13 @@ def test_tokenize_json(capsys):
     assert len(out["ids"]) == len(out["pieces"])
 
 
+@pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["record", "--prompt", "hi", "--out", "r.npz"],
+                                     ["generate", "--prompt", "hi"], ["serve"]])
+def test_every_command_takes_the_default_model_when_none_is_named(command):
+    """--help says "smollm2 (default)" for every command's SOURCE: tokenize, record and generate required one."""
+    assert cli.build_parser().parse_args(command).source == "smollm2"
+
+
 def test_record_npz_with_globs(tmp_path, capsys):
     out = tmp_path / "rec.npz"
     assert cli.main(["record", "smollm2", "--prompt", "I love machine learning.", "--out", str(out),
@@ -152,7 +159,8 @@ def test_hostile_pickle_is_refused_and_not_run(tmp_path):
     (["record", "smollm2", "--token-ids", "1,999999", "--out", "x.npz"], "out of range"),
     (["record", "smollm2", "--token-ids", "1,a", "--out", "x.npz"], "comma-separated"),
     (["record", "smollm2", "--prompt", "hi", "--out", "x.npz", "--names", "no.such.*"], "no hook point"),
-    (["generate", "smollm2", "--prompt", "hi", "--top-p", "0"], "top-p"),
+    (["generate", "smollm2", "--prompt", "hi", "--top-p", "0"], "--top-p must be above 0 and at most 1, got 0.0"),
+    (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p must be above 0 and at most 1, got 1.5"),
 ])
 def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)

@@ -72,13 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_info)
 
     s = sub.add_parser("tokenize", help="ids and pieces of a text")
-    s.add_argument("source", help=SOURCE_HELP)
+    s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
     s.add_argument("--text", required=True)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_tokenize)
 
     s = sub.add_parser("record", help="record hooked tensors to an .npz file")
-    s.add_argument("source", help=SOURCE_HELP)
+    s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt")
     g.add_argument("--token-ids", help="comma-separated ids, e.g. 1,2,3")
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_record)
 
     s = sub.add_parser("generate", help="continue a prompt (KV cache)")
-    s.add_argument("source", help=SOURCE_HELP)
+    s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
     s.add_argument("--prompt", required=True)
     s.add_argument("--max-new-tokens", type=number(int, 0, 10**6, "a token count"), default=32)
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -147,7 +147,8 @@ def cmd_record(args) -> None:
     ivs, source_ids = what_if(loaded, args)
     size = plan(loaded.model, ids, names, dtype)
     check_fits(size, target)
-    print(printable(f"recording {len(ids)} tokens: {target} will take {gb(size.file_bytes)}"), flush=True)
+    print(printable(f"recording {len(ids)} token{'s' if len(ids) != 1 else ''}: {target} will take "
+                    f"{gb(size.file_bytes)}"), flush=True)
     bar = args.progress or sys.stderr.isatty()
     try:
         with layer_progress(loaded.model, text_progress("recording")) if bar else contextlib.nullcontext():
@@ -205,8 +206,8 @@ def generation_bar(max_new: int):
 
 
 def cmd_generate(args) -> None:
-    if not 0 <= args.max_new_tokens <= 10**6 or not 0 < args.top_p <= 1 or args.top_k < 0:  # `not 0 < p` also refuses NaN
-        raise CliError("need 0 <= --max-new-tokens <= 1000000, 0 < --top-p <= 1, --top-k >= 0")
+    if not 0 < args.top_p <= 1:  # (`not 0 < p` refuses NaN too; --max-new-tokens and --top-k are parsed in range)
+        raise CliError(f"--top-p must be above 0 and at most 1, got {args.top_p}")
     t = args.temperature
     if not (t == 0 or (math.isfinite(t) and t >= MIN_TEMPERATURE)):  # logits / 1e-320 overflow to inf, then NaN
         raise CliError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t}")
