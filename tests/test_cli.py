@@ -53,6 +53,10 @@ def test_tokenize_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ids"][0] == 1  # the special token is recognised in the text
     assert len(out["ids"]) == len(out["pieces"])
+    # a character split over several tokens: its pieces named as the app names them, their bytes beside them
+    assert cli.main(["tokenize", "--text", "深度", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["pieces"], out["bytes"]) == (["深·1/3", "深·2/3", "深·3/3", "度"], ["e6", "b7", "b1", "e5 ba a6"])
 
 
 @pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["record", "--prompt", "hi", "--out", "r.npz"],

@@ -13,6 +13,7 @@ import time
 
 from ..printable import printable, printable_json
 from ..tokenizer import check_ids
+from ..tokenizer.labels import fragment_labels
 
 MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and tiny values overflow the logits
 
@@ -119,12 +120,15 @@ def cmd_tokenize(args) -> None:
     loaded = _load(args.source, args.dtype)
     ids = prompt_ids(loaded, args.text, None)
     tok = loaded.tokenizer
-    rows = [{"id": i, "piece": tok.piece(i), "bytes": tok.token_bytes(i).hex(" ")} for i in ids]
+    # a piece of a character split over several tokens is named as the app names it (深·1/3), not by its bytes
+    names = fragment_labels([tok.token_bytes(i) for i in ids])
+    rows = [{"id": i, "label": tok.piece(i) if tok.is_special(i) else name, "bytes": tok.token_bytes(i).hex(" ")}
+            for i, name in zip(ids, names)]
     if args.json:
-        print(printable_json({"ids": ids, "pieces": [r["piece"] for r in rows]}))
+        print(printable_json({"ids": ids, "pieces": [r["label"] for r in rows], "bytes": [r["bytes"] for r in rows]}))
         return
     for r in rows:
-        print(f"{r['id']:>8}  {r['piece']!r:<24} {r['bytes']}")
+        print(f"{r['id']:>8}  {r['label']!r:<24} {r['bytes']}")
 
 
 def cmd_record(args) -> None:
