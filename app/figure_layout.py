@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from app.figure_spec import Figure, Node, axes
-from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, Sizes, cut, place_title, presenter_fonts, raise_fonts, text_px,
-                             wrap_subplot_titles)
+from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, Sizes, cut, place_title, presenter_fonts,
+                             raise_fonts, text_px, title_pad, wrap_subplot_titles)
 
 LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
 LABEL_CHARS, NARROW_LABEL_CHARS = 14, 9  # longer tick labels are cut, with "…" (the hover names them whole)
@@ -81,7 +81,8 @@ def heat_frame(width: float, x_labels: Sequence, y_labels: Sequence, sizes: Size
         bottom += 10 + COLORBAR_PX + 4 + sizes.text * LINE + bar_title
     elif colorbar:
         right += 10 + COLORBAR_PX + 4 + 5 * CHAR_EM * sizes.text + bar_title
-    top = TITLE_TOP + title_lines * sizes.title * LINE + 12 if title_lines else 16
+    top = TITLE_TOP + title_lines * sizes.title * LINE + 12 + (TOOLBAR_CLEAR if title_lines > 1 else 0) \
+        if title_lines else 16
     return HeatFrame(left, right, top, bottom, under, chars)
 
 
@@ -175,7 +176,7 @@ def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, heigh
         lines = place_title(fig, width, sizes, touch)
         extra = len(lines) - 1
         if extra > 0:  # room for the title's added lines
-            grow = int(extra * (fig.layout.title.font.size or sizes.title) * LINE)
+            grow = int(extra * (fig.layout.title.font.size or sizes.title) * LINE) + TOOLBAR_CLEAR
             top = fig.layout.margin.t
             fig.update_layout(margin_t=(top if top is not None else 100) + grow)
             if fig.layout.height:
@@ -239,7 +240,7 @@ def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
         return
     size = fig.layout.title.font.size or sizes.title
     # the title's top is padded (n - 1) half lines down (place_title); its lines then take n lines or fewer
-    title = TITLE_TOP + (title_lines - 1) * LINE / 2 * size + title_lines * size * LINE
+    title = title_pad(title_lines, size) + title_lines * size * LINE
     below = max(len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE for n in notes)
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
     missing = math.ceil(title + below + TITLE_GAP - top)

@@ -23,6 +23,8 @@ LINE = 1.3  # Plotly's line spacing, in font sizes
 # Chinese punctuation that never starts (closing marks) / ends (opening marks) a line; escaped: no CJK in code
 CLOSING, OPENING = "\uff0c\u3002\u3001\uff1a\uff1b\uff01\uff1f\uff09\u300d\u300f\u3011\u300b", "\uff08\u300c\u300e\u3010\u300a"
 TITLE_TOP = 8  # px above a figure's title
+TOOLBAR_CLEAR = 3  # px more above a title of several lines: its second line, which may run under the toolbar,
+# starts below the buttons (place_title)
 TAG = re.compile(r"<[^<>]*>")  # Plotly's text tags (<b>, <i>, <br>), which take no room of their own
 # px across Plotly's toolbar, which sits over the figure's top right corner (measured in Chromium: 80 and 152)
 TOOLBAR_PX, TOUCH_TOOLBAR_PX = 160, 88
@@ -107,6 +109,11 @@ def presenter_fonts(fig: Figure, sizes: Sizes) -> None:
     fig.update_yaxes(tickfont=dict(size=big), title_font=dict(size=big + 2))
 
 
+def title_pad(lines: int, size: float) -> float:
+    """px from a figure's top to its title's anchor, for a title of `lines` lines at `size` px."""
+    return TITLE_TOP + (lines - 1) * LINE / 2 * size + (TOOLBAR_CLEAR if lines > 1 else 0)
+
+
 def place_title(fig: Figure, width: float, sizes: Sizes, touch: bool) -> list[str]:
     """The title at the top left, its lines wrapped to the figure's width, the first short of the toolbar (which stands
     beside it, and would cover its end); its lines."""
@@ -122,7 +129,7 @@ def place_title(fig: Figure, width: float, sizes: Sizes, touch: bool) -> list[st
     # top-anchored in the figure; Plotly centres a title's lines on the first one's place, so a title of n lines
     # starts (n - 1) half lines lower
     fig.update_layout(title=dict(text="<br>".join(lines), x=0, xanchor="left", xref="container", y=1, yanchor="top",
-                                 yref="container", pad=dict(l=8, t=TITLE_TOP + (len(lines) - 1) * LINE / 2 * size)))
+                                 yref="container", pad=dict(l=8, t=title_pad(len(lines), size))))
     return lines
 
 

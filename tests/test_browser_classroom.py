@@ -136,7 +136,7 @@ def test_preset_lands_on_its_lesson(server, page, preset):
                                                            f"named as part of a split character (like 深·1/3)"
     elif preset.kind == "special":
         piece = sidebar_token_piece(page)
-        assert re.fullmatch(r"<\|[a-z_]+\|>", piece), f"chat: the selected token {piece!r} is no special token"
+        assert re.fullmatch(r"‹\|[a-z_]+\|›", piece), f"chat: the selected token {piece!r} is no special token"
     elif preset.kind == "compare":  # A and B side by side: B in the link, the view's compare figures drawn
         assert q.get("cmp"), f"{preset.key}: no B in the link: {q}"
         assert any(str((f["layout"].get("meta") or {}).get("id", "")).startswith("compare_") for f in figures(page))

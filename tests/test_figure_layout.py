@@ -11,7 +11,7 @@ import pytest
 from app import plots
 from app.figure_spec import Figure, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PAD, PRESENTER_MAX_H, fit_figure, plot_area
-from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, TITLE_TOP, Sizes, text_px,
+from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, Sizes, text_px, title_pad,
                              toolbar_px, wrap)
 from app.screen import DESKTOP, PHONE, TABLET, Screen, from_cookie, from_report, guess
 
@@ -204,7 +204,7 @@ def test_side_by_side_subplots_keep_room_for_the_right_one_s_axis_and_the_title_
     # the top margin: the title's lines (wrapped on a phone), then the subplot titles' lines under them
     n, sub = len(lay.title.text.split("<br>")), max(len(t.text.split("<br>")) for t in titles)
     assert n >= 3 and sub >= 2
-    assert lay.margin.t >= TITLE_TOP + (n - 1) * LINE / 2 * 16 + n * 16 * LINE + sub * 12 * LINE
+    assert lay.margin.t >= title_pad(n, 16) + n * 16 * LINE + sub * 12 * LINE
 
 
 def test_rows_of_subplots_keep_room_for_the_titles_of_the_row_below():
