@@ -165,6 +165,9 @@ def test_hostile_pickle_is_refused_and_not_run(tmp_path):
     (["record", "smollm2", "--prompt", "hi", "--out", "x.npz", "--names", "no.such.*"], "no hook point"),
     (["generate", "smollm2", "--prompt", "hi", "--top-p", "0"], "--top-p must be above 0 and at most 1, got 0.0"),
     (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p must be above 0 and at most 1, got 1.5"),
+    (["record", "--prompt", "hi", "--out", "x.npz", "--patch-source", "river"], "none is given"),
+    (["record", "--prompt", "hi", "--out", "x.npz", "--intervene", "no-mask", "--patch-source", "river"],
+     "none is given"),
 ])
 def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)

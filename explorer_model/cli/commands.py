@@ -172,8 +172,7 @@ def what_if(loaded, args):
     from ..interventions import needs_source, parse
 
     specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
-    if not specs:
-        return None, None
+    ivs = []
     try:
         ivs = [parse(s) for s in specs]
         for iv in ivs:
@@ -181,7 +180,10 @@ def what_if(loaded, args):
     except ValueError as e:
         raise CliError(str(e)) from None
     if not needs_source(ivs):
-        return ivs, None
+        if args.patch_source is not None:  # a source nobody reads: the patch the person meant is missing
+            raise CliError("--patch-source is the prompt a patch: intervention copies from, and none is given "
+                           "(--intervene patch:blocks.L.hook_…@POS)")
+        return ivs or None, None
     if not args.patch_source:
         raise CliError("a patch: intervention needs --patch-source TEXT (the prompt to copy the activation from)")
     return ivs, prompt_ids(loaded, args.patch_source, None)
