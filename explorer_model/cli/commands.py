@@ -172,7 +172,6 @@ def what_if(loaded, args):
     from ..interventions import needs_source, parse
 
     specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
-    ivs = []
     try:
         ivs = [parse(s) for s in specs]
         for iv in ivs:
