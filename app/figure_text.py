@@ -22,6 +22,7 @@ TITLE_EM = 0.52
 LINE = 1.3  # Plotly's line spacing, in font sizes
 # Chinese punctuation that never starts (closing marks) / ends (opening marks) a line; escaped: no CJK in code
 CLOSING, OPENING = "\uff0c\u3002\u3001\uff1a\uff1b\uff01\uff1f\uff09\u300d\u300f\u3011\u300b", "\uff08\u300c\u300e\u3010\u300a"
+SHORT_GROUP = 12  # characters of a bracketed group no line breaks inside
 TITLE_TOP = 8  # px above a figure's title
 TOOLBAR_CLEAR = 3  # px more above a title of several lines: its second line, which may run under the toolbar,
 # starts below the buttons (place_title)
@@ -83,14 +84,21 @@ def wrap(text: str, width_px: float, font: float, em: float = CHAR_EM) -> list[s
 
 def _words(text: str) -> list[str]:
     """The pieces a line may break after: words with their space, single Chinese characters (a closing mark stays
-    with the character before it, an opening one with the character after it)."""
+    with the character before it, an opening one with the character after it, and a line may end before an opening
+    mark). A short bracketed group stays whole: "(KV 0)" is one name, not "(KV" and "0)"."""
+    whole = set()  # positions after which no line ends: inside a short group
+    for i, c in enumerate(text):
+        if c in "(" + OPENING:
+            end = min((j for j in (text.find(")", i), text.find("\uff09", i)) if j > i), default=-1)
+            if 0 < end - i <= SHORT_GROUP:
+                whole.update(range(i, end))
     out, word = [], ""
     for i, c in enumerate(text):
         word += c
         following = text[i + 1] if i + 1 < len(text) else ""
-        if following in CLOSING or c in OPENING:
+        if i in whole or following in CLOSING or c in OPENING:
             continue
-        if c == " " or unicodedata.east_asian_width(c) in "WF":
+        if c == " " or unicodedata.east_asian_width(c) in "WF" or following in OPENING:
             out.append(word)
             word = ""
     return out + [word] if word else out

@@ -118,7 +118,13 @@ def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its
         assert fig.layout.height > 300  # taller by the added lines
     assert wrap("位置从哪里进入：加到每个输入上（左），或只旋转 Q 和 K（右）", 272, 16) == [
         "位置从哪里进入：加到每个输入上", "（左），或只旋转 Q 和 K（右）"]
-    assert wrap("Layer 0, head 0 (KV 0): probability", 200, 16) == ["Layer 0, head 0 (KV", "0): probability"]
+    # a short bracketed group is one name: never "(KV" on one line and "0)" on the next; a line may end before a
+    # Chinese opening mark
+    assert wrap("Layer 0, head 0 (KV 0): probability", 200, 16) == ["Layer 0, head 0", "(KV 0): probability"]
+    assert wrap("头 0（KV 0）", 60, 12) == ["头 0", "（KV 0）"]
+    assert wrap("head 0 (KV 0)", 80, 12) == ["head 0", "(KV 0)"]
+    # a long one breaks as any text
+    assert len(wrap("(a bracketed aside far longer than a name)", 120, 12)) > 1
 
 
 @pytest.mark.parametrize("presenter", [False, True])
