@@ -25,7 +25,22 @@ def check_target(out: str | os.PathLike) -> Path:
         raise ExportError(f"{path} is not a regular file (a device, pipe or socket); give a file name")
     if not path.parent.is_dir():
         raise ExportError(f"cannot write {path}: the folder {path.parent} does not exist")
+    _takes_new_files(path)
     return path
+
+
+def _takes_new_files(path: Path) -> None:
+    """The folder accepts a new file (the temporary the write starts with): a read-only folder, or one of the
+    kernel's (/proc, /sys), is refused here, before the model runs, rather than later as a full disk (such folders
+    report no free space)."""
+    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise ExportError(f"cannot write {path}: the folder {path.parent} takes no new files ({e.strerror})") from None
+    os.unlink(probe)
 
 
 def _through_links(path: Path) -> Path:

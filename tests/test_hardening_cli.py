@@ -191,7 +191,8 @@ def test_other_runtime_errors_are_one_line_too(monkeypatch, capsys):
 # --------------------------------------------------------------------------- --out and the streamed .npz
 @pytest.mark.parametrize("target, needle", [(lambda d: d, "is a folder"), (lambda d: "/dev/full", "not a regular"),
                                             (lambda d: "/dev/null", "not a regular"),
-                                            (lambda d: d / "no" / "r.npz", "does not exist")])
+                                            (lambda d: d / "no" / "r.npz", "does not exist"),
+                                            (lambda d: "/proc/r.npz", "the folder /proc takes no new files")])
 def test_out_that_is_not_a_file(tmp_path, capsys, target, needle):
     before = sorted(tmp_path.rglob("*"))
     code = cli.main(["record", "smollm2", "--prompt", "hi", "--names", "hook_embed", "--out", str(target(tmp_path))])
