@@ -304,7 +304,10 @@ def _numel(shape) -> int:
 
 
 def gb(n: int) -> str:
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 / 10 else f"{n / 2**20:.0f} MB"
+    """A size as people read it: GB from a tenth of one, MB from one, KB under (never "0 MB" for a small file)."""
+    if n >= 2**30 / 10:
+        return f"{n / 2**30:.1f} GB"
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{-(-n // 2**10)} KB"  # a few bytes are 1 KB
 
 
 # --------------------------------------------------------------------------- what the machine has

@@ -209,6 +209,12 @@ def test_exact_name_is_written_and_named(tmp_path, capsys):
     assert set(np.load(out).files) == {"hook_embed", "logits", "token_ids"}
 
 
+def test_sizes_read_as_people_read_them():
+    from explorer_model.memory import gb
+
+    assert [gb(n) for n in (0, 700, 50_000, 3 * 2**20, 2**30)] == ["0 KB", "1 KB", "49 KB", "3 MB", "1.0 GB"]
+
+
 def test_streamed_npz_equals_savez_and_the_plan(smol, tmp_path):
     from explorer_model.recording import record
 
