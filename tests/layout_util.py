@@ -153,10 +153,18 @@ CLIPPED = """() => {
 }"""
 
 
+# what KaTeX could not read, in its error colour: a whole formula it could not parse (its message in the title), or
+# an unknown command (\\quadx for \\quad x) inside one it drew
+BROKEN = """() => [...document.querySelectorAll('[data-testid="stMain"] :is(.katex-error, .katex-html [style*="rgb(204, 0, 0)"]:not(:has(*)))')]
+    .map(el => ((el.getAttribute('title') || '') + ' ' + el.textContent).trim().slice(0, 80))"""
+
+
 def clipped_formulas(pg, view: str) -> list[str]:
-    """With every expander of the view open (after the figures were measured as a visitor first sees them)."""
+    """With every expander of the view open (after the figures were measured as a visitor first sees them): formulas
+    cut at the screen's edge, and formulas KaTeX could not read."""
     open_expanders(pg)
     steady(pg, LAYOUT, 300)
     pg.screenshot(path=str(shots_dir() / f"w768_{view}.png"), full_page=True)
-    clipped = pg.evaluate(CLIPPED)
-    return [f"{view}: clipped formulas: {clipped[:3]}"] if clipped else []
+    clipped, broken = pg.evaluate(CLIPPED), pg.evaluate(BROKEN)
+    return ([f"{view}: clipped formulas: {clipped[:3]}"] if clipped else []) + (
+        [f"{view}: formulas KaTeX cannot read: {broken[:3]}"] if broken else [])

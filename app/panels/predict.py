@@ -22,5 +22,5 @@ def draw(ctx: ViewContext) -> None:
     with section("predict", "sampling"):
         generation.draw_prediction(ctx)
     with plots.explainer(ctx, ctx.t("predict.formulas")):
-        st.latex(r"p = \mathrm{softmax}(\text{logits}/T),\qquad \text{logits} = W_\text{out}\,\mathrm{RMSNorm}(x_L)")
+        st.latex(r"p = \mathrm{softmax}(\text{logits}/\tau),\qquad \text{logits} = W_\text{out}\,\mathrm{RMSNorm}(x_L)")
         st.latex(r"\mathcal{L}=\frac{1}{T-1}\sum_{t=0}^{T-2}-\ln p(x_{t+1}\mid x_{\le t})")

@@ -86,7 +86,7 @@ def draw(ctx: ViewContext) -> None:
     with plots.explainer(ctx, t("rope.abs_explain")):
         st.markdown(t("rope.abs_intro"))
         st.latex(r"PE_{pos,2i}=\sin\frac{pos}{10000^{2i/d}},\quad PE_{pos,2i+1}=\cos\frac{pos}{10000^{2i/d}},\quad"
-                 r"x'_{pos}=E[\text{token}]+PE_{pos}")
+                 r" x'_{pos}=E[\text{token}]+PE_{pos}")
         st.latex(r"V=W_v\,(x+PE)=W_v\,x+W_v\,PE\qquad\text{vs. RoPE:}\quad q'=R_m q,\;k'=R_n k,\;V=W_v\,x")
     plots.show(partial(pe_figure, data["pe"], ctx.labels, t), ctx, key="rope_pe_fig", filename="sinusoidal_encoding")
     plots.show(partial(compare_figure, data, foot, ctx.labels, ctx.layer, t), ctx, key="rope_vs_abs_fig",
