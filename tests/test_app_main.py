@@ -156,6 +156,10 @@ def test_appended_fragment_is_kept_as_ids_in_state_and_url_and_undo_returns(monk
     assert at.query_params["ids"] == ",".join(map(str, full[:-1]))  # the text cannot give the ids back
     assert len(decode(figures(at)[0]["data"][0]["z"])) == len(full) - 1
     assert "\ufffd" not in all_text(at)
+    # the prompt now ends inside 很: its first bytes read ‹E5 BE…› in the sidebar's caption and on the axes, never
+    # as Python's escapes
+    shown = all_text(at) + json.dumps(figures(at), ensure_ascii=False)
+    assert "\u2039E5\u00a0BE\u2026\u203a" in shown and "\\x" not in shown
     copy = run_app(**dict(at.query_params))  # the link reopens the same token ids
     assert copy.session_state["ids"] == full[:-1] and len(decode(figures(copy)[0]["data"][0]["z"])) == len(full) - 1
     assert click(full[:-1], "append_token", full[-1])["can_undo"]

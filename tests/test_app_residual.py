@@ -193,10 +193,11 @@ def test_candidate_label_names_fragments():
     """Written by hand from UTF-8: 很 = E5 BE 88, 深 = E6 B7 B1."""
     from types import SimpleNamespace
     from app.panels.generation import candidate_label
+    from explorer_model.tokenizer.labels import readable
     table = {1: b"\xe5\xbe", 2: b"\x88", 3: b"\xe6\xb7", 4: b" cat", 5: b"\x88\xe6"}
-    facts = SimpleNamespace(token_bytes=table.__getitem__, piece=lambda i: table[i].decode("utf-8", "replace"))
+    facts = SimpleNamespace(token_bytes=table.__getitem__, piece=lambda i: readable(table[i]))  # as the tokenizer's
     assert candidate_label(facts, [1], 2) == "→很"  # completes the prompt's half character
-    assert candidate_label(facts, [4], 3) == "‹E6 B7…›"  # starts a character the next token must finish
+    assert candidate_label(facts, [4], 3) == "‹E6\u00a0B7…›"  # starts a character the next token must finish
     assert candidate_label(facts, [4], 4) == "␣cat"
     assert candidate_label(facts, [1], 5) == "→很"  # completes 很, and starts another character
 

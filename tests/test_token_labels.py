@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from explorer_model.tokenizer.labels import completion, fragment_labels
+from explorer_model.tokenizer.labels import completion, fragment_labels, readable
 
 
 def split(text: str, cuts: list[int]) -> list[bytes]:
@@ -27,8 +27,19 @@ def test_a_token_spanning_two_characters_names_both_parts():
     assert fragment_labels([b" \xe6", b"\xb7\xb1"]) == [" 深·1/2", "深·2/2"]
 
 
-def test_invalid_bytes_show_as_escapes_and_empty_tokens_as_a_sign():
-    assert fragment_labels([b"\xff", b"a", b""]) == ["\\xff", "a", "∅"]
+def test_bytes_that_make_no_character_show_as_hex_and_empty_tokens_as_a_sign():
+    assert fragment_labels([b"\xff", b"a", b""]) == ["‹FF›", "a", "∅"]
+    # a prompt that ends inside a character (a generated step may stop there): its start, unfinished, in the token
+    # or tokens that hold it, never Python's escapes
+    assert fragment_labels([b"\xe5\xbe\x88", b"\xe9\x80"]) == ["很", "‹E9\u00a080…›"]
+    assert fragment_labels([b"a", b"\xe9", b"\x80"]) == ["a", "‹E9…›", "‹80…›"]
+    assert fragment_labels([b"a\x80b"]) == ["a ‹80›b"]  # a stray continuation byte: no character goes on
+
+
+def test_a_token_reads_as_its_characters_and_its_unfinished_bytes():
+    assert readable("有".encode() + b"\xe5\xb0") == "有‹E5\u00a0B0…›"
+    assert readable(b"\x9e") == "‹9E›"
+    assert readable("深度".encode()) == "深度"
 
 
 def test_completion_of_a_cut_character():

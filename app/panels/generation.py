@@ -54,21 +54,10 @@ def steps_data(logits, temperature: float, top_k: int, top_p: float, n: int = N_
 
 def candidate_label(facts, ids: list[int], token_id: int) -> str:
     """A candidate token as a person reads it: a fragment of a character shows the character it would complete
-    (after this prompt); a whole token shows its text."""
+    (after this prompt); a whole token shows its text, the start of an unfinished character its bytes (‹E5 B0…›)."""
     prefix = b"".join(facts.token_bytes(int(i)) for i in ids[-4:])  # a character is at most 4 bytes
-    data = facts.token_bytes(int(token_id))
-    done = completion(prefix, data)
-    if done:
-        return f"→{done}"
-    for n in range(len(data), -1, -1):  # whole characters as text; the start of an unfinished one as its bytes
-        try:
-            text = data[:n].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        rest = data[n:]
-        return (display_piece(text) if text or not rest else "") + (
-            "‹" + " ".join(f"{x:02X}" for x in rest) + "…›" if rest else "")
-    return display_piece(facts.piece(int(token_id)))
+    done = completion(prefix, facts.token_bytes(int(token_id)))
+    return f"→{done}" if done else display_piece(facts.piece(int(token_id)))
 
 
 def steps_figure(data: dict, names: list[str], t) -> go.Figure:

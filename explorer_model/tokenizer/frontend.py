@@ -23,6 +23,7 @@ import json
 import re
 from pathlib import Path
 
+from .labels import readable
 from .pieces import BYTE_PIECE, CONTROL, NORMAL, UNKNOWN, TokenizerError, one_line
 
 # The longest prompt accepted, in characters, checked before tokenizing: tokenizing costs ~80 bytes of memory
@@ -193,8 +194,8 @@ class Tokenizer:
     def piece(self, token_id: int) -> str:
         if token_id in self._special:
             return self._tokens[token_id]
-        # half a UTF-8 character (common for CJK/emoji) shows as \xNN rather than a bare "\ufffd"
-        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        # part of a UTF-8 character (common for CJK and emoji) shows its bytes (‹E9 80…›), not a bare "\ufffd"
+        return readable(self.token_bytes(token_id))
 
     def __repr__(self):
         return (f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, "

@@ -9,8 +9,17 @@ of the next shows both parts (`深·2/2 度·1/2`).
 from __future__ import annotations
 
 
-def _char_spans(data: bytes) -> list[tuple[int, int, str]]:
-    """(start, end, text) of every character of `data`; a byte that starts no valid character stands alone."""
+def byte_text(data: bytes, unfinished: bool = False) -> str:
+    """Bytes that make no whole character, as hex between ‹ ›, ending in … when the character goes on past them
+    (‹E9 80…›: the first two bytes of a three-byte character). The bytes are set apart by no-break spaces, which a
+    token label keeps (it shows a plain space as ␣)."""
+    return "\u2039" + "\u00a0".join(f"{x:02X}" for x in data) + ("\u2026\u203a" if unfinished else "\u203a")
+
+
+def _char_spans(data: bytes) -> list[tuple[int, int, str | None, bool]]:
+    """(start, end, text, unfinished) of every character of `data`. Bytes that make no character have text None:
+    the start of a character cut off at the end of `data` is one span (unfinished), any other such byte stands
+    alone."""
     spans, i = [], 0
     while i < len(data):
         for n in (1, 2, 3, 4):
@@ -18,33 +27,46 @@ def _char_spans(data: bytes) -> list[tuple[int, int, str]]:
                 text = data[i:i + n].decode("utf-8")
             except UnicodeDecodeError:
                 continue
-            spans.append((i, i + n, text))
+            spans.append((i, i + n, text, False))
             i += n
             break
-        else:  # invalid or cut-off sequence: show the byte itself
-            spans.append((i, i + 1, f"\\x{data[i]:02x}"))
+        else:
+            if _unfinished_tail(data[i:]) == data[i:]:  # a character's start with the data ending inside it
+                spans.append((i, len(data), None, True))
+                break
+            spans.append((i, i + 1, None, False))
             i += 1
     return spans
 
 
+def readable(data: bytes) -> str:
+    """`data` as text, with the bytes that make no whole character as byte_text."""
+    return "".join(data[c0:c1].decode("utf-8") if text is not None else byte_text(data[c0:c1], unfinished)
+                   for c0, c1, text, unfinished in _char_spans(data))
+
+
 def fragment_labels(token_bytes: list[bytes]) -> list[str]:
-    """One label per token of a sequence, naming each part of a split character `char·k/n`."""
+    """One label per token of a sequence, naming each part of a split character `char·k/n`; bytes that make no
+    whole character (a character cut off at the end, a stray byte) as byte_text."""
     bounds, pos = [], 0
     for b in token_bytes:
         bounds.append((pos, pos + len(b)))
         pos += len(b)
-    chars = _char_spans(b"".join(token_bytes))
+    data = b"".join(token_bytes)
+    chars = _char_spans(data)
     labels = []
     for start, end in bounds:
         parts = []  # (text, is a piece of a character)
-        for c0, c1, text in chars:
+        for c0, c1, text, unfinished in chars:
             if c1 <= start or c0 >= end:
                 continue
-            if start <= c0 and c1 <= end:
+            if text is None:  # this token's own bytes of it
+                parts.append((byte_text(data[max(c0, start):min(c1, end)], unfinished), True))
+            elif start <= c0 and c1 <= end:
                 parts.append((text, False))
-                continue
-            owners = [i for i, (s, e) in enumerate(bounds) if s < c1 and e > c0]  # tokens sharing this character
-            parts.append((f"{text}·{owners.index(bounds.index((start, end))) + 1}/{len(owners)}", True))
+            else:
+                owners = [i for i, (s, e) in enumerate(bounds) if s < c1 and e > c0]  # tokens sharing this character
+                parts.append((f"{text}·{owners.index(bounds.index((start, end))) + 1}/{len(owners)}", True))
         # whole characters keep their exact text (spaces included); a piece is set apart from what precedes it
         label = "".join((" " if piece and i and not parts[i - 1][0].isspace() else "") + text
                         for i, (text, piece) in enumerate(parts))
@@ -61,8 +83,7 @@ def completion(prefix_bytes: bytes, candidate: bytes) -> str | None:
     tail = _unfinished_tail(prefix_bytes)
     if not tail and not _unfinished_tail(candidate):
         return None
-    joined = _char_spans(tail + candidate)
-    whole = "".join(t for _, _, t in joined if not t.startswith("\\x"))
+    whole = "".join(text for _, _, text, _ in _char_spans(tail + candidate) if text is not None)
     return whole or None
 
 
