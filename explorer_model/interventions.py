@@ -42,6 +42,31 @@ FORMS = ("ablate:blocks.L.attn[.headH[+H…]], ablate-mean:…, skip:blocks.L.at
          "no-rope[:blocks.L], norm-identity:blocks.L.ln1|ln2|ln_final, norm-eps:blocks.L.ln1=EPS, "
          "scale:HOOK=FACTOR, gate-off[:blocks.L], relu[:blocks.L], patch:HOOK@POS")
 _READ, _REPLACE = 1, 0  # hook order on one hook point: replacements first, readers last
+# What SpecError says, in English (the CLI's line; the app says the same in the visitor's language from its catalogs'
+# "interventions.<case>", which tests/test_interventions.py holds to these)
+REFUSALS = {
+    "layer": "layer {layer} does not exist: the model has layers 0…{last}",
+    "hook": "no hook point named {name!r} (see docs/hooks.md)",
+    "head": "head {head} does not exist: the model has heads 0…{last}",
+    "no_final_norm": "this model has no final norm (Post-Norm)",
+    "no_gate": "this model's FFN has no gate (it is a ReLU FFN)",
+    "patch_target": "patch a tensor with positions first ([batch, pos, …]), not attention scores or patterns",
+    "position": "position {pos} does not exist in a prompt of {n} tokens",
+    "not_a_number": "{spec!r}: {text!r} is not a number",
+    "not_finite": "{spec!r}: the number must be finite",
+    "negative_eps": "{spec!r}: epsilon must be >= 0",
+    "unknown": "unknown intervention {spec!r}; the forms are: {forms}",
+    "unreadable": "cannot read {spec!r} as a {kind} intervention; the forms are: {forms}",
+}
+
+
+class SpecError(ValueError):
+    """A change that does not parse or does not fit the model: `key` names the case in the app's catalogs, `values`
+    fill it; str() is the English line."""
+
+    def __init__(self, case: str, **values):
+        self.key, self.values = f"interventions.{case}", values
+        super().__init__(REFUSALS[case].format(**values))
 
 
 def fmt_number(v: float) -> str:
@@ -59,7 +84,7 @@ class Intervention:
     alters_attention = False  # replaces attention scores (a recording must then store them, not rebuild them)
 
     def check(self, model: LlamaModel) -> None:
-        """Raise ValueError if this intervention does not fit the model."""
+        """Raise SpecError if this intervention does not fit the model."""
 
     def hooks(self, model: LlamaModel, source: dict[str, torch.Tensor]) -> list[tuple[str, object, int]]:
         return []  # (hook name, fn, _READ or _REPLACE)
@@ -70,12 +95,12 @@ class Intervention:
 
 def _check_layer(model: LlamaModel, layer: int | None) -> None:
     if layer is not None and not 0 <= layer < model.cfg.n_layers:
-        raise ValueError(f"layer {layer} does not exist: the model has layers 0…{model.cfg.n_layers - 1}")
+        raise SpecError("layer", layer=layer, last=model.cfg.n_layers - 1)
 
 
 def _check_hook(model: LlamaModel, name: str) -> None:
     if name not in model.hook_dict:
-        raise ValueError(f"no hook point named {name!r} (see docs/hooks.md)")
+        raise SpecError("hook", name=name)
 
 
 @dataclass(frozen=True)
@@ -112,7 +137,7 @@ class AblateHeads(Intervention):
         _check_layer(model, self.layer)
         bad = [h for h in self.heads or () if not 0 <= h < model.cfg.n_heads]
         if bad:
-            raise ValueError(f"head {bad[0]} does not exist: the model has heads 0…{model.cfg.n_heads - 1}")
+            raise SpecError("head", head=bad[0], last=model.cfg.n_heads - 1)
 
     def hooks(self, model, source):
         heads = list(self.heads) if self.heads is not None else slice(None)
@@ -186,7 +211,7 @@ _NORM = r"(blocks\.\d+\.ln[12]|ln_final)"
 def _norm_module(model: LlamaModel, target: str):
     if target == "ln_final":
         if model.ln_final is None:
-            raise ValueError("this model has no final norm (Post-Norm)")
+            raise SpecError("no_final_norm")
         return model.ln_final
     layer = int(target.split(".")[1])
     _check_layer(model, layer)
@@ -248,7 +273,7 @@ class Scale(Intervention):
 def _check_gated(model: LlamaModel, layer: int | None) -> None:
     _check_layer(model, layer)
     if model.cfg.ffn_type != "swiglu":
-        raise ValueError("this model's FFN has no gate (it is a ReLU FFN)")
+        raise SpecError("no_gate")
 
 
 @dataclass(frozen=True)
@@ -291,7 +316,7 @@ class Patch(Intervention):
     def check(self, model):
         _check_hook(model, self.hook)
         if self.hook.endswith(("hook_attn_scores", "hook_pattern")):
-            raise ValueError("patch a tensor with positions first ([batch, pos, …]), not attention scores or patterns")
+            raise SpecError("patch_target")
 
     def source_names(self):
         return [self.hook]
@@ -310,7 +335,7 @@ class Patch(Intervention):
 def absolute_position(pos: int, n: int) -> int:
     p = pos + n if pos < 0 else pos
     if not 0 <= p < n:
-        raise ValueError(f"position {pos} does not exist in a prompt of {n} tokens")
+        raise SpecError("position", pos=pos, n=n)
     return p
 
 
@@ -319,9 +344,9 @@ def _float(text: str, spec: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise ValueError(f"{spec!r}: {text!r} is not a number") from None
+        raise SpecError("not_a_number", spec=spec, text=text) from None
     if not math.isfinite(v):
-        raise ValueError(f"{spec!r}: the number must be finite")
+        raise SpecError("not_finite", spec=spec)
     return v
 
 
@@ -329,7 +354,7 @@ _OPTIONAL_LAYER = {cls.kind: cls for cls in (NoMask, NoRope, GateOff, Relu)}
 
 
 def parse(spec: "str | Intervention") -> Intervention:
-    """The intervention a string form names; ValueError with the accepted forms if it names none."""
+    """The intervention a string form names; SpecError with the accepted forms if it names none."""
     if isinstance(spec, Intervention):
         return spec
     s = str(spec).strip()
@@ -357,7 +382,7 @@ def parse(spec: "str | Intervention") -> Intervention:
         if m:
             eps = _float(m.group(2), s)
             if eps < 0:
-                raise ValueError(f"{s!r}: epsilon must be >= 0")
+                raise SpecError("negative_eps", spec=s)
             return NormEps(m.group(1), eps)
     elif kind == "scale":
         m = re.fullmatch(r"([A-Za-z_][\w.]*)=(.+)", rest)
@@ -368,8 +393,8 @@ def parse(spec: "str | Intervention") -> Intervention:
         if m:
             return Patch(m.group(1), int(m.group(2)))
     else:
-        raise ValueError(f"unknown intervention {s!r}; the forms are: {FORMS}")
-    raise ValueError(f"cannot read {s!r} as a {kind} intervention; the forms are: {FORMS}")
+        raise SpecError("unknown", spec=s, forms=FORMS)
+    raise SpecError("unreadable", spec=s, kind=kind, forms=FORMS)
 
 
 # More changes than any model has heads (Llama-2-70B: 80 layers × 64) are no experiment; the gateway bounds a list

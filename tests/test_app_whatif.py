@@ -199,6 +199,11 @@ def test_builder_and_bad_input():
     assert not at.exception and "layer 99 does not exist" in " ".join(e.value for e in at.error)
     at.text_input(key="whatif_specs").set_value("nonsense").run()
     assert "unknown intervention" in " ".join(e.value for e in at.error)
+    # the Chinese page says them in Chinese (the core's refusals carry their case and values)
+    zh = run_app(view="whatif", prompt="I love machine learning.", lang="zh", whatif="ablate:blocks.99.attn.head3")
+    assert not zh.exception and [e.value for e in zh.error] == ["第 99 层不存在：这个模型的层是 0…29"]
+    zh.text_input(key="whatif_specs").set_value("no-mask, foo").run()
+    assert [e.value.split("；")[0] for e in zh.error] == ["未知的干预 'foo'"]
 
 
 def test_chinese_candidates_are_readable():

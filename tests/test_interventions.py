@@ -106,6 +106,17 @@ def test_checks_against_the_model(model, spec, needle):
     assert no_hooks_left(model)
 
 
+def test_the_apps_catalogs_say_every_refusal_and_the_english_one_word_for_word():
+    from app.i18n import catalog
+
+    en, zh = catalog("en"), catalog("zh")
+    assert {k: en.get(f"interventions.{k}") for k in I.REFUSALS} == I.REFUSALS
+    assert all(f"interventions.{k}" in zh for k in I.REFUSALS)
+    with pytest.raises(I.SpecError) as e:
+        parse("foo")
+    assert (e.value.key, e.value.values["spec"]) == ("interventions.unknown", "foo")
+
+
 def test_gate_interventions_need_a_gated_ffn():
     relu_model = tiny(ffn_type="relu")
     for spec in ("gate-off", "relu:blocks.0"):
