@@ -148,7 +148,7 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
     except gateway.RunRefused as e:  # too big or too long for this server, like A
         return None, error_text(e, st.session_state.get("lang", "en"))
     except ValueError as e:
-        return None, tr("compare.bad_iv", error=plain(e))
+        return None, tr("compare.bad_iv", error=plain(error_text(e, ctx.lang)))
     rec_a = ctx.rec
     same_vocab = spec["source"] == ctx.source or C.shares_vocabulary(
         ctx.facts.piece, facts_b.piece, ctx.cfg.vocab_size, facts_b.cfg.vocab_size)
@@ -158,7 +158,7 @@ def build(ctx: ViewContext, spec: dict) -> tuple[Pair | None, str | None]:
         try:
             align = C.alignment_from_pairs(parse_pairs(spec["align"]), len(ctx.ids), len(ids_b), ctx.ids, ids_b)
         except C.CompareError as e:
-            return None, tr("compare.bad_align", error=plain(e))
+            return None, tr("compare.bad_align", error=plain(error_text(e, ctx.lang)))
     elif same_vocab and list(ids_b) != list(ctx.ids) and level.positions:
         align = C.align_minimal_pair(ctx.ids, ids_b)
     lesson = C.lesson_key(rec_a, rec_b, source_a=ctx.source, source_b=spec["source"],
@@ -181,7 +181,7 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
         if part:
             i, sep, j = part.replace(":", "-").partition("-")
             if not sep:
-                raise C.CompareError(f"{part!r} is not a pair i-j")
+                raise C.AlignmentError("not_a_pair", part=part)
             out.append((i.strip(), j.strip()))
     return out
 

@@ -37,13 +37,13 @@ import torch
 import torch.nn.functional as F
 
 from .model import LlamaModel, causal_scores
+from .refusal import Refusal
 
 FORMS = ("ablate:blocks.L.attn[.headH[+H…]], ablate-mean:…, skip:blocks.L.attn|mlp, no-mask[:blocks.L], "
          "no-rope[:blocks.L], norm-identity:blocks.L.ln1|ln2|ln_final, norm-eps:blocks.L.ln1=EPS, "
          "scale:HOOK=FACTOR, gate-off[:blocks.L], relu[:blocks.L], patch:HOOK@POS")
 _READ, _REPLACE = 1, 0  # hook order on one hook point: replacements first, readers last
-# What SpecError says, in English (the CLI's line; the app says the same in the visitor's language from its catalogs'
-# "interventions.<case>", which tests/test_interventions.py holds to these)
+# What SpecError says, by case (explorer_model/refusal.py: the app's catalogs say it as "interventions.<case>")
 REFUSALS = {
     "layer": "layer {layer} does not exist: the model has layers 0…{last}",
     "hook": "no hook point named {name!r} (see docs/hooks.md)",
@@ -60,13 +60,9 @@ REFUSALS = {
 }
 
 
-class SpecError(ValueError):
-    """A change that does not parse or does not fit the model: `key` names the case in the app's catalogs, `values`
-    fill it; str() is the English line."""
-
-    def __init__(self, case: str, **values):
-        self.key, self.values = f"interventions.{case}", values
-        super().__init__(REFUSALS[case].format(**values))
+class SpecError(Refusal):
+    """A change that does not parse or does not fit the model."""
+    PREFIX, MESSAGES = "interventions", REFUSALS
 
 
 def fmt_number(v: float) -> str:

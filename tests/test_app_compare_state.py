@@ -51,6 +51,10 @@ def test_positions_paired_by_hand():
     np.testing.assert_allclose(z[-1], ((xb - xa).norm(dim=-1) / xa.norm(dim=-1)).numpy(), rtol=1e-6)
     bad = run_app(view="attention", **{**q, "cmp_align": "0-0, 1-1, 1-2"})
     assert not bad.exception and "aligned twice" in bad.warning[0].value
+    for typed, said in (("0-0, 1-1, 1-2", "有一个位置被配对了两次"), ("0-0, 3", "'3' 不是 i-j 形式的一对位置"),
+                        ("0-99", "位置对 (0, 99) 超出了提示词")):  # the Chinese page in Chinese
+        zh = run_app(view="attention", **{**q, "cmp_align": typed, "lang": "zh"})
+        assert not zh.exception and said in zh.warning[0].value, zh.warning[0].value
 
 
 def test_the_url_holds_b_and_a_link_reopens_it(twins):

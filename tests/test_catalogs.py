@@ -107,6 +107,19 @@ def test_every_key_the_app_uses_exists_and_every_message_is_used():
     assert sorted(k for k in en if k not in used and not k.startswith(dynamic)) == []
 
 
+def test_every_refusal_of_the_core_is_in_both_catalogs_the_english_word_for_word():
+    from explorer_model.analysis.alignment import AlignmentError
+    from explorer_model.interventions import SpecError
+    from explorer_model.refusal import Refusal
+
+    assert set(Refusal.__subclasses__()) == {SpecError, AlignmentError}  # a new kind joins this test
+    en, zh = messages("en"), messages("zh")
+    for kind in (SpecError, AlignmentError):
+        assert {c: en.get(f"{kind.PREFIX}.{c}") for c in kind.MESSAGES} == kind.MESSAGES
+        assert [c for c in kind.MESSAGES if f"{kind.PREFIX}.{c}" not in zh] == []
+        assert kind.PREFIX + "." in i18n.DYNAMIC_PREFIXES
+
+
 def test_lookup_fills_placeholders_and_strict_mode_refuses_unknown_keys(monkeypatch):
     key = next(k for k, v in messages("en").items() if i18n.placeholders(v))
     values = {name: 7 for name in i18n.placeholders(messages("en")[key])}

@@ -9,9 +9,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..refusal import Refusal
+
 
 class CompareError(ValueError):
     """A comparison that the two recordings do not allow; the message is one line for people."""
+
+
+class AlignmentError(Refusal, CompareError):
+    """Pairs of positions a person typed that make no alignment."""
+    PREFIX, MESSAGES = "alignment", {
+        "not_a_pair": "{part!r} is not a pair i-j",
+        "not_positions": "an alignment pair must be two positions (i, j), got {pair!r}",
+        "outside": "pair ({i}, {j}) is outside the prompts (A has {n_a} tokens, B has {n_b})",
+        "empty": "an alignment needs at least one pair of positions",
+        "twice": "a position is aligned twice; each token may have one partner",
+    }
 
 
 @dataclass(frozen=True)
@@ -72,14 +85,14 @@ def alignment_from_pairs(pairs, n_a: int, n_b: int, ids_a=None, ids_b=None) -> A
         try:
             i, j = (int(x) for x in p)
         except (TypeError, ValueError):
-            raise CompareError(f"an alignment pair must be two positions (i, j), got {p!r}") from None
+            raise AlignmentError("not_positions", pair=p) from None
         if not (0 <= i < n_a and 0 <= j < n_b):
-            raise CompareError(f"pair ({i}, {j}) is outside the prompts (A has {n_a} tokens, B has {n_b})")
+            raise AlignmentError("outside", i=i, j=j, n_a=n_a, n_b=n_b)
         clean.append((i, j))
     if not clean:
-        raise CompareError("an alignment needs at least one pair of positions")
+        raise AlignmentError("empty")
     if len({i for i, _ in clean}) < len(clean) or len({j for _, j in clean}) < len(clean):
-        raise CompareError("a position is aligned twice; each token may have one partner")
+        raise AlignmentError("twice")
     ids = None if ids_a is None or ids_b is None else (_ids(ids_a), _ids(ids_b))
     if ids is not None and (len(ids[0]), len(ids[1])) != (n_a, n_b):
         raise CompareError(f"the id lists have {len(ids[0])} and {len(ids[1])} tokens, not {n_a} and {n_b}")

@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .alignment import Alignment, CompareError, _ids, align_minimal_pair, alignment_from_pairs  # noqa: F401
+from .alignment import (Alignment, AlignmentError, CompareError, _ids, align_minimal_pair,  # noqa: F401
+                        alignment_from_pairs)
 from .measures import kl_divergence
 
 LOG2 = math.log(2.0)
