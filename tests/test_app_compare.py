@@ -246,6 +246,19 @@ def test_minimal_pair_map_on_the_bank_pair(loaded):
     assert title(fig).startswith("Minimal pair:")
 
 
+def test_the_map_boxes_only_positions_that_changed():
+    """A pair whose one swap sits near the end: the unchanged prefix is never named "most changed" (0.00)."""
+    at = run_app(view="residual", lang="zh", prompt="小明把钱存进了银行。", cmp="prompt", cmp_prompt="小明把船停在了河岸。")
+    fig = by_id(at, "compare_change_map")
+    z = decode(fig["data"][0]["z"])
+    top = fig["layout"]["meta"]["top"]
+    assert top and all(z[:, i].max() >= 0.005 for i in top), [z[:, i].max() for i in top]
+    caption = next(c.value for c in at.caption if c.value.startswith("变化最大的位置"))
+    assert "(0.00)" not in caption, caption
+    from app.panels.compare.common import most_changed
+    assert most_changed(np.array([[0.0, 0.3, np.nan, 0.001], [0.0, 0.2, np.nan, 0.004]])) == [1]
+
+
 def test_texts_say_what_the_pair_is():
     """The twins (one prompt, two models): no "minimal pair" over their residual map, no RoPE "switched off" under
     their scores; B with RoPE switched off says so."""

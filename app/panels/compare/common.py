@@ -141,10 +141,16 @@ def curves(rec, attention: bool = True) -> C.LayerCurves:
     return C.layer_curves(rec, attention=attention)
 
 
+# ‖Δ‖/‖x‖ below this is no change: it reads 0.00 in the caption (the tokens before the first swapped one are read
+# identically by a causal model, up to float rounding)
+UNCHANGED = 0.005
+
+
 def most_changed(ratio: np.ndarray, k: int = 3) -> list[int]:
-    """Columns (compared positions) of the change map with the largest change at any depth, largest first."""
-    peak = np.nanmax(ratio, axis=0)
-    return [int(i) for i in np.argsort(-peak, kind="stable")[:k]]
+    """Columns (compared positions) of the change map with the largest change at any depth, largest first; only
+    positions that changed at all."""
+    peak = np.nan_to_num(np.nanmax(ratio, axis=0), nan=0.0)
+    return [int(i) for i in np.argsort(-peak, kind="stable")[:k] if peak[i] >= UNCHANGED]
 
 
 def side_rows(side: str, rows) -> list:

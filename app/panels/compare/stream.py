@@ -148,7 +148,8 @@ def draw_change_map(pair: Pair) -> None:
     plots.show(lambda: F.change_map_figure("compare_change_map", ratio, depth, labels, top, title=title,
                                            x_title=x_title, y_title=y_title), pair.a, key="compare_change_map")
     peak = np.nanmax(res["ratio"], axis=0)
-    st.caption(t("compare.map_caption", positions=", ".join(f"{plain(labels[i])} ({peak[i]:.2f})" for i in top)))
+    st.caption(t("compare.map_caption", positions=", ".join(f"{plain(labels[i])} ({peak[i]:.2f})" for i in top))
+               if top else t("compare.map_unchanged"))
     rows = [["B-A", k, labels[i], float(res["ratio"][k, i])] for k in range(res["ratio"].shape[0])
             for i in range(len(labels))]
     _csv(pair, "change_map", ["blocks_passed", "position", "ratio"], rows)
