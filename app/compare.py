@@ -118,7 +118,8 @@ def apply_lesson(preset, ids: list[int], pieces: list[str]) -> None:
     values = dict(target["values"])
     if "top" in values:
         values["top"] = pieces[values["top"]]
-    st.info(tr(LESSONS[preset.key], **{k: plain(v) if isinstance(v, str) else v for k, v in values.items()}))
+    st.info(tr(target.get("lesson") or LESSONS[preset.key],  # the gateway may name the sentence that fits the pair
+               **{k: plain(v) if isinstance(v, str) else v for k, v in values.items()}))
 
 
 def _ids_b(spec: dict, ctx: ViewContext, facts_b) -> list[int]:

@@ -76,12 +76,14 @@ def compare_lesson(source: str, preset_key: str, ids) -> dict:
             js = C.attention_js(a, b)["js"].mean(-1)
             layer, head = (int(x) for x in np.unravel_index(int(np.argmax(js)), js.shape))
             out.update(layer=layer, head=head, values={"layer": layer, "head": head, "js": float(js[layer, head])})
-        elif args["cmp"] == "prompt":  # the shared prefix reads alike; where the later words move the stream most
-            align = C.align_minimal_pair(ids, ids_b)
+        elif args["cmp"] == "prompt":  # the shared prefix reads alike; after the swap, a token both prompts hold
+            align = C.align_minimal_pair(ids, ids_b)  # is read differently: the context, not the token, moved it
             ratio = C.resid_change_map(a, b, align)["ratio"]
-            k = int(np.argmax(ratio[-1]))
+            shared = [k for k, (i, j) in enumerate(align.pairs) if i >= align.prefix and ids[i] == ids_b[j]]
+            k = max(shared, key=lambda k: ratio[-1, k]) if shared else int(np.argmax(ratio[-1]))
             out.update(token=int(align.pairs[k][0]), values={"prefix": align.prefix, "top": int(align.pairs[k][0]),
-                                                             "ratio": float(ratio[-1, k])})
+                                                             "ratio": float(ratio[-1, k])},
+                       lesson=None if shared else "preset.compare_bank_lesson_swapped")
         else:  # Pre vs Post: the residual stream's RMS after every block
             ca, cb = C.layer_curves(a, attention=False), C.layer_curves(b, attention=False)
             out["values"] = {"pre_first": float(ca.stream_rms[0]), "pre_last": float(ca.stream_rms[-1]),
