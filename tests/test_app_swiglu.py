@@ -61,25 +61,18 @@ def test_swiglu_matches_recording(loaded):
     silu = fig_with(at, "SiLU against ReLU")["data"]
     assert decode(silu[0]["y"]).sum() == len(ids) * rec.cfg.d_ff
 
-    # the bank comparison finds " bank" in both default prompts
+    # the bank comparison opens on the context-first pair (both end in " bank"): it diverges in later layers
+    ids_a, rec_a = record_prompt(loaded, at.session_state["swiglu_prompt_a"])
+    ids_b, rec_b = record_prompt(loaded, at.session_state["swiglu_prompt_b"])
+    i, j = len(ids_a) - 1, len(ids_b) - 1
     text = all_text(at)
-    assert "token 1 “␣bank” of A" in text and "token 1 “␣bank” of B" in text
+    assert f"token {i} “␣bank” of A" in text and f"token {j} “␣bank” of B" in text
     sim = fig_with(at, "Same word, two contexts")["data"]
     for trace in sim:
         y = decode(trace["y"])
         assert y.shape == (rec.cfg.n_layers,) and np.all((y >= -1) & (y <= 1))
-    # identical prefixes up to " bank" (the causal mask): the same activations, so similarity 1 everywhere
-    np.testing.assert_allclose(decode(sim[0]["y"]), 1.0, atol=1e-5)
-    assert at.session_state["swiglu_prompt_a"] == BANK_PAIR[0]
-
-    # the context-first pair diverges in later layers
-    at.button(key="swiglu_context_first").click().run()
-    assert not at.exception
-    y = decode(fig_with(at, "Same word, two contexts")["data"][0]["y"])
+    y = decode(sim[0]["y"])
     assert y[0] > 0.95 and y[1:].min() < 0.9
-    ids_a, rec_a = record_prompt(loaded, at.session_state["swiglu_prompt_a"])
-    ids_b, rec_b = record_prompt(loaded, at.session_state["swiglu_prompt_b"])
-    i, j = len(ids_a) - 1, len(ids_b) - 1  # both context-first prompts end with " bank"
     table = at.dataframe[-1].value
     neurons = table.iloc[:, 0].to_numpy()
     a = rec_a[f"blocks.{layer}.mlp.hook_act"][0, i].numpy()
@@ -87,6 +80,17 @@ def test_swiglu_matches_recording(loaded):
     np.testing.assert_allclose(table["A"].to_numpy(), a[neurons], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(table["B"].to_numpy(), b[neurons], rtol=1e-5, atol=1e-6)
     assert neurons[0] == int(np.abs(a - b).argmax())
+
+    # the bank presets' pair, whose " bank" comes before any context (the causal mask): the same activations,
+    # similarity 1 everywhere, and the page offers the context-first pair back
+    at.text_input(key="swiglu_prompt_a").set_value(BANK_PAIR[0]).run()
+    at.text_input(key="swiglu_prompt_b").set_value(BANK_PAIR[1]).run()
+    assert "token 1 “␣bank” of A" in all_text(at) and "token 1 “␣bank” of B" in all_text(at)
+    np.testing.assert_allclose(decode(fig_with(at, "Same word, two contexts")["data"][0]["y"]), 1.0, atol=1e-5)
+    at.button(key="swiglu_context_first").click().run()
+    from app.panels.swiglu import CONTEXT_FIRST_PAIR
+    assert not at.exception and (at.session_state["swiglu_prompt_a"], at.session_state["swiglu_prompt_b"]) == \
+        CONTEXT_FIRST_PAIR
 
     # switching the shared selection reruns only the drawing
     before = app_explorer.FORWARDS["count"]

@@ -93,6 +93,30 @@ def test_a_shipped_step_lands_and_its_link_reopens_it(name, i):
     assert [e.value for e in again.info] == [e.value for e in at.info], where  # the lesson's sentence among them
 
 
+def _step(name: str, **fields) -> int:
+    return next(i for i, s in enumerate(LECTURES[name].steps, 1) if all(s.get(k) == v for k, v in fields.items()))
+
+
+def test_the_figures_show_what_the_captions_say():
+    """Two captions that state what their figure shows without a lesson's numbers: "bank" after a salary and after
+    a river opens different units from the second layer on; the first six blocks without their norms let the stream
+    run away block after block (to about 10⁷ on this prompt), and it stays there."""
+    import numpy as np
+    from apptest_util import decode
+
+    def curve(at, title: str, trace: int = 0):
+        fig = next(f for f in figures(at) if str(f["layout"].get("title", {}).get("text", "")).startswith(title))
+        return decode(fig["data"][trace]["y"])
+
+    at = page_at("tutorial-000", _step("tutorial-000", view="swiglu", section="bank"))
+    similarity = curve(at, "Same word, two contexts")  # cosine of the gate activations of the two "bank"s
+    assert similarity[0] > 0.99 and similarity[1:].max() < 0.97 and similarity[1] < 0.9, similarity
+    at = page_at("tutorial-001", _step("tutorial-001", view="norm", cmp="whatif"))
+    a, b = (curve(at, "Size of the residual stream after each block", k) for k in (0, 1))
+    assert a.max() < 1e3 and all(b[k + 1] > 1.5 * b[k] for k in range(1, 6)), b[:8]  # runs away block after block
+    assert 1e6 < b[6] < 1e8 and np.allclose(b[6:], b[6], rtol=0.05), b  # about 10⁷, and stays
+
+
 def test_a_server_prepares_every_steps_recording_in_the_background(monkeypatch):
     import threading
 

@@ -17,7 +17,6 @@ from app.context import ViewContext, display_piece, plain
 from app.sections import section
 from app.panels.swiglu import gates as swiglu_gates
 from app.panels.swiglu import positionwise as swiglu_positionwise
-from app.presets import BANK_PAIR
 from explorer_model.analysis import views_data as V
 
 # key -> hook suffix; order = order of the computation
@@ -301,7 +300,9 @@ def _pick_token(ctx, col, key: str, pieces: list[str], found: int | None) -> int
 def draw_compare(ctx: ViewContext) -> None:
     t, tok = ctx.t, ctx.facts
     st.subheader(t("swiglu.compare_heading"))
-    for key, default in (("swiglu_prompt_a", BANK_PAIR[0]), ("swiglu_prompt_b", BANK_PAIR[1]), ("swiglu_word", "bank")):
+    # the context before "bank" differs (a causal model reads a word by what precedes it): the gates differ at once
+    for key, default in (("swiglu_prompt_a", CONTEXT_FIRST_PAIR[0]), ("swiglu_prompt_b", CONTEXT_FIRST_PAIR[1]),
+                         ("swiglu_word", "bank")):
         choice_state.start(key, default)
     c1, c2, c3 = st.columns([4, 4, 2])
     text_a = c1.text_input(t("swiglu.prompt_a"), key="swiglu_prompt_a")
