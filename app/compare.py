@@ -99,27 +99,27 @@ LESSONS = {"compare_bank": "preset.compare_bank_lesson", "compare_twins": "prese
            "compare_rope": "preset.compare_rope_lesson"}
 
 
-def apply_lesson(preset, ids: list[int], pieces: list[str]) -> None:
+def apply_lesson(preset, ids: list[int], pieces: list[str]) -> str | None:
     """A comparison preset's lesson (app/main.py's apply_lesson hands it here): while A and B are still the preset's,
-    on its first run put the selection where its point shows (found by the gateway on the two recordings), and say
-    in one sentence what to look for."""
+    on its first run put the selection where its point shows (found by the gateway on the two recordings); the one
+    sentence that says what to look for."""
     ss = st.session_state
     if any(str(ss.get(k if k != "model_pick" else "active_model")) != v for k, v in preset.args):
         ss.pop("lesson", None)  # the visitor changed B (or the model): the sentence would describe another pair
-        return
+        return None
     try:
         target = gateway.compare_lesson(ss.active_model, preset.key, tuple(ids))
     except ValueError as e:  # e.g. a model on which the pair has no positions to compare
         st.info(tr("app.lesson_failed", error=plain(e)))
-        return
+        return None
     if ss.pop("_lesson_pending", False):
         ss.update(view=target["view"], layer=target["layer"], head=target["head"], token=target["token"],
                   _token_auto=False)
     values = dict(target["values"])
     if "top" in values:
         values["top"] = pieces[values["top"]]
-    st.info(tr(target.get("lesson") or LESSONS[preset.key],  # the gateway may name the sentence that fits the pair
-               **{k: plain(v) if isinstance(v, str) else v for k, v in values.items()}))
+    return tr(target.get("lesson") or LESSONS[preset.key],  # the gateway may name the sentence that fits the pair
+              **{k: plain(v) if isinstance(v, str) else v for k, v in values.items()})
 
 
 def _ids_b(spec: dict, ctx: ViewContext, facts_b) -> list[int]:

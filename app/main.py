@@ -39,21 +39,22 @@ def url_ids_once(facts) -> None:
     st.session_state.update(prompt=text, ids=ids, ids_text=text)
 
 
-def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
+def apply_lesson(facts, ids: list[int], pieces: list[str]) -> str | None:
     """A preset's lesson: on its first run put the selection where its point is visible (found on this model by the
-    gateway); while the prompt is the preset's and its view is on screen, say in one sentence what to look for."""
+    gateway); while the prompt is the preset's and its view is on screen, the one sentence that says what to look
+    for (shown over the part the page lands on: sections.lesson_note)."""
     key = st.session_state.get("lesson")
     preset = BY_KEY.get(key)
     if preset is None or st.session_state.get("prompt") != preset.prompt:
         st.session_state.pop("lesson", None)
-        return
+        return None
     if preset.kind == "compare":  # a comparison's lesson is found on A and its B (app/compare.py)
         return compare.apply_lesson(preset, ids, pieces)
     try:
         target = gateway.lesson_target(st.session_state.active_model, key, tuple(ids))
     except ValueError as e:
         st.info(tr("app.lesson_failed", error=plain(e)))
-        return
+        return None
     if st.session_state.pop("_lesson_pending", False):
         st.session_state.update(view=target["view"], layer=target["layer"], head=target["head"],
                                 token=target["token"], _token_auto=False)
@@ -68,9 +69,8 @@ def apply_lesson(facts, ids: list[int], pieces: list[str]) -> None:
         values["example"] = pieces[target["token"]]
     st.session_state["lesson_values"] = values  # a lecture step's caption may quote them
     if st.session_state.get("view") != target["view"]:  # its sentence is about its view's figure: not over another's
-        return
-    st.info(tr(f"preset.lesson.{preset.kind}", **{k: plain(v) if isinstance(v, str) else v
-                                                  for k, v in values.items()}), icon=None)
+        return None
+    return tr(f"preset.lesson.{preset.kind}", **{k: plain(v) if isinstance(v, str) else v for k, v in values.items()})
 
 
 def page_top() -> controls.Places:
@@ -147,7 +147,7 @@ def main(places: controls.Places, lecture_slot) -> None:
     if rec is None:
         return
     pieces = token_labels(facts, ids)
-    apply_lesson(facts, ids, pieces)
+    lesson = apply_lesson(facts, ids, pieces)
     lecture_player.caption(lecture_slot)
     layer, head, token = controls.selection(facts, ids, pieces, places)
     side.download(source, ids)
@@ -164,7 +164,7 @@ def main(places: controls.Places, lecture_slot) -> None:
     part_only = room_follow.part_only() and cmp_spec is None  # a following page: the step's part alone
     block = view_block((view, cmp_spec is not None, part_only))  # compare mode and a part alone: other blocks
     try:
-        with block, sections.only(view, part_only):
+        with block, sections.lesson_note(view, lesson), sections.only(view, part_only):
             if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
                 draw(ctx)
     except sections.Rest:  # the parts below the step's

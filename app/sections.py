@@ -19,7 +19,8 @@ part is what the class looks at, and every other part would be drawn again by th
 phone at every step.
 
 State (st.session_state): section  the part the link names (app/url_state.py writes it while it is the view's);
-_landing  the number of the latest request; _only  (view, part) while a run shows that part alone; _unsent  while
+_landing  the number of the latest request; _only  (view, part) while a run shows that part alone; _section_note
+(view, part, text) a lesson's sentence until that part is drawn (lesson_note); _unsent  while
 it draws a part above that one.
 """
 from __future__ import annotations
@@ -59,7 +60,33 @@ def section(view: str, key: str):
     if shown and shown[0] == view and SECTIONS[view].index(key) > SECTIONS[view].index(shown[1]):
         raise Rest(view)
     box = st.container(key=css_key(view, key))
+    note = st.session_state.get("_section_note")
+    if note and note[:2] == (view, key):  # the lesson's sentence, at the top of the part it is about
+        box.info(note[2], icon=None)
+        st.session_state.pop("_section_note")
     return _unsent(box) if shown and shown[0] == view and key != shown[1] else box
+
+
+@contextlib.contextmanager
+def lesson_note(view: str, text: str | None):
+    """A lesson's sentence over the view drawn inside this block: at the top of the part the page lands on (the
+    landing scrolls to that part: a sentence over the view's top would be off the screen), or over the view when
+    the page is about no part of it, or the run drew no such part (compare mode)."""
+    if text is None:
+        yield
+        return
+    ss, key = st.session_state, current(view)
+    slot = st.empty()
+    if key is None:
+        slot.info(text, icon=None)
+        yield
+        return
+    ss["_section_note"] = (view, key, text)
+    try:
+        yield
+    finally:
+        if ss.pop("_section_note", None) is not None:
+            slot.info(text, icon=None)
 
 
 class Rest(Exception):
