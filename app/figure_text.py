@@ -21,7 +21,8 @@ CHAR_EM, WIDE_EM = 0.62, 1.0  # width of a character in font sizes (Latin with r
 TITLE_EM = 0.52
 LINE = 1.3  # Plotly's line spacing, in font sizes
 # Chinese punctuation that never starts (closing marks) / ends (opening marks) a line; escaped: no CJK in code
-CLOSING, OPENING = "\uff0c\u3002\u3001\uff1a\uff1b\uff01\uff1f\uff09\u300d\u300f\u3011\u300b", "\uff08\u300c\u300e\u3010\u300a"
+CLOSING = "\uff0c\u3002\u3001\uff1a\uff1b\uff01\uff1f\uff09\u300d\u300f\u3011\u300b\u201d\u2019"
+OPENING = "\uff08\u300c\u300e\u3010\u300a\u201c\u2018"  # (curly quotes too: Chinese text uses them)
 SHORT_GROUP = 12  # characters of a bracketed group no line breaks inside
 TITLE_TOP = 8  # px above a figure's title
 TOOLBAR_CLEAR = 3  # px more above a title of several lines: its second line, which may run under the toolbar,
@@ -88,7 +89,7 @@ def _words(text: str) -> list[str]:
     mark). A short bracketed group stays whole: "(KV 0)" is one name, not "(KV" and "0)"."""
     whole = set()  # positions after which no line ends: inside a short group
     for i, c in enumerate(text):
-        if c in "(" + OPENING:
+        if c in "(\uff08":  # round brackets, ASCII or full-width
             end = min((j for j in (text.find(")", i), text.find("\uff09", i)) if j > i), default=-1)
             if 0 < end - i <= SHORT_GROUP:
                 whole.update(range(i, end))

@@ -122,6 +122,9 @@ def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its
     # Chinese opening mark
     assert wrap("Layer 0, head 0 (KV 0): probability", 200, 16) == ["Layer 0, head 0", "(KV 0): probability"]
     assert wrap("头 0（KV 0）", 60, 12) == ["头 0", "（KV 0）"]
+    # curly quotes are Chinese punctuation too: ”） never starts a line
+    assert all(not line.startswith(("”", "）")) and not line.endswith("“") for w in range(60, 260, 2)
+               for line in wrap("后面的 token 都把注意力给了“汇聚点”，也就是第一个 token", w, 16))
     assert wrap("head 0 (KV 0)", 80, 12) == ["head 0", "(KV 0)"]
     # a long one breaks as any text
     assert len(wrap("(a bracketed aside far longer than a name)", 120, 12)) > 1
