@@ -289,8 +289,7 @@ def draw_sweep(ctx: ViewContext) -> None:
     choice_state.start("big_sweep_first", hi=cfg.n_layers - 1)  # a range of layers: at 32 × 32 heads a full sweep is long
     first = int(c[0].number_input(t("big.sweep_first"), 0, cfg.n_layers - 1, key="big_sweep_first"))
     choice_state.start("whatif_sweep_layers", cfg.n_layers - first, hi=cfg.n_layers - first)
-    n = int(c[1].number_input(t("whatif.layers_to_sweep_from_layer") if first == 0 else
-                              t("big.sweep_count", first=first), 1, cfg.n_layers - first, key="whatif_sweep_layers"))
+    n = int(c[1].number_input(t("big.sweep_count", first=first), 1, cfg.n_layers - first, key="whatif_sweep_layers"))
     choice_state.start("whatif_sweep_mode")
     mean = c[2].radio(t("whatif.ablation"), VC.values("whatif_sweep_mode"), key="whatif_sweep_mode", horizontal=True,
                       format_func=lambda m: t("whatif.mean") if m else t("whatif.zero")) or False
