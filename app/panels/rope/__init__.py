@@ -316,7 +316,8 @@ def draw_clock(ctx: ViewContext, theta: np.ndarray) -> None:
     values = dict(m=m, fast_turns=f"{m * theta.max() / TWO_PI:,.1f}", period=f"{period:,.0f}", n_ctx=f"{n_ctx:,}",
                   sweep=f"{sweep:.3g}", share=f"{sweep / TWO_PI:.1%}")
     st.markdown(sentences(ctx, ctx.t("rope.clock_text", **values),
-                          ctx.t("rope.clock_unique") if period > n_ctx else ctx.t("rope.clock_wraps")))
+                          ctx.t("rope.clock_unique", step=f"{theta.min():.2g}") if period > n_ctx
+                          else ctx.t("rope.clock_wraps")))
 
 
 def draw_csv(ctx: ViewContext, plain, used, ang, df) -> None:
