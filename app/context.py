@@ -80,6 +80,11 @@ def token_labels(facts: ModelFacts, ids) -> list[str]:
     return [display_piece(facts.piece(i) if facts.is_special(i) else f) for i, f in zip(ids, frags)]
 
 
+# the names of a model's parts (ModelConfig's norm_placement, norm_type, ffn_type), the same in both languages
+ARCH_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "rms": "RMSNorm", "layer": "LayerNorm", "swiglu": "SwiGLU",
+              "relu": "ReLU"}
+
+
 def display_piece(text: str) -> str:
     """A token's label: whitespace made visible (a space as '␣', newline as '↵', tab as '⇥'), and angle brackets as
     ‹ ›, for Plotly reads the text of an axis, a cell or a hover as HTML: "<s>" (LLaMA's BOS) would strike through

@@ -16,7 +16,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import gateway, sections
-from app.context import plain
+from app.context import ARCH_NAMES, plain
 from app.controls import Places
 from app.facts import ModelFacts
 from app.i18n import error_text, t
@@ -247,10 +247,6 @@ def download(source: str, ids) -> None:
     st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
                                mime=NPZ_MIME, on_click="ignore", key="download_npz")
 
-
-# the names of a native model's parts, the same in both languages
-ARCH_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "rms": "RMSNorm", "layer": "LayerNorm", "swiglu": "SwiGLU",
-              "relu": "ReLU"}
 
 
 def model_caption(facts: ModelFacts) -> str:

@@ -274,3 +274,11 @@ def test_presenter_mode_folds_explanations(view):
     at.sidebar.toggle(key="presenter").set_value(True).run()
     assert not at.exception and not at.error
     assert at.main.expander and not any(e.proto.expanded for e in at.main.expander)
+
+
+def test_the_norms_kind_and_place_are_named_as_in_both_languages():
+    """The formula's note names this model's norm by its proper name in either language, not by the config's
+    codes ("rms", "pre")."""
+    for lang, line in (("en", "**RMSNorm**, **Pre-Norm**."), ("zh", "**RMSNorm**，**Pre-Norm**。")):
+        at = run_app(view="norm", lang=lang)
+        assert not at.exception and line in all_text(at), lang

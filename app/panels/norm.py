@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import choice_state, plots, token_window
-from app.context import ViewContext, plain
+from app.context import ARCH_NAMES, ViewContext, plain
 from app.plots import axis_ids, grid_layout
 from app.sections import section
 from explorer_model import view_choices as VC
@@ -157,8 +157,8 @@ def draw_intro(ctx: ViewContext) -> None:
         st.markdown(ctx.t("norm.intro"))
         st.latex(r"\mathrm{RMSNorm}(x)_i=\gamma_i\,\frac{x_i}{\sqrt{\frac{1}{d}\sum_{j=1}^{d}x_j^2+\varepsilon}}"
                  r"\qquad\mathrm{LayerNorm}(x)_i=\gamma_i\,\frac{x_i-\mu}{\sqrt{\sigma^2+\varepsilon}}+\beta_i")
-        st.markdown(ctx.t("norm.this_model", d=cfg.d_model, eps=f"{cfg.norm_eps:.3g}", kind=cfg.norm_type,
-                          placement=cfg.norm_placement))
+        st.markdown(ctx.t("norm.this_model", d=cfg.d_model, eps=f"{cfg.norm_eps:.3g}", kind=ARCH_NAMES[cfg.norm_type],
+                          placement=ARCH_NAMES[cfg.norm_placement]))
     if cfg.norm_type != "rms":
         st.info(ctx.t("norm.is_layernorm"))
     if cfg.norm_placement != "pre":
