@@ -134,14 +134,19 @@ def _note_page_value(state, key: str, value) -> None:
     """The page set widget `key` to `value` during its run (a link, a lecture step, the room, a lesson's target):
     kept with what the browser had sent, for the next run's check, as it is set, so that a run overtaken before
     its end has noted every value it set. A value equal to what the browser shows is not noted (the sliders'
-    clamp sets theirs every run)."""
+    clamp sets theirs every run), and it takes back a value noted earlier in the run: a lecture's Next sets the
+    layer to 0 and the step's lesson sets it back to the 13 the browser shows; left noted, the 0 counted as a
+    value the browser had missed, and the page's next run (any click, a file picked) put the layer at 0."""
     if not _get(state, RUN_OPEN):
         return
     browser = _get(state, "_browser_at_start") or {}
+    pending = dict(_get(state, PAGE_SET) or {})
     if key in browser and browser[key] == value:
+        if key in pending:
+            del pending[key]
+            state[PAGE_SET] = pending
         return
     sent = _get(state, "_sent_at_start") or {}
-    pending = dict(_get(state, PAGE_SET) or {})
     pending[key] = (value, sent.get(key))
     state[PAGE_SET] = pending
 

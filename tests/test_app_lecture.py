@@ -134,6 +134,24 @@ def test_a_file_with_mistakes_lists_them_one_line_each(tmp_path, monkeypatch):
     assert "lecture" not in at.session_state and not at.exception
 
 
+def test_the_layer_a_steps_lesson_found_stays_on_the_next_run(tmp_path, monkeypatch):
+    """Next sets a step's layer and head to 0 and its lesson puts them back where the browser's sliders already
+    stand (two steps on one lesson); the page's next run (any click, a file picked that is refused) keeps them."""
+    step = '[[step]]\ntitle = { en = "%s", zh = "步" }\nlesson = "coref"\n'
+    path = tmp_path / "two.toml"
+    path.write_text('format = 1\ntitle = { en = "t", zh = "讲" }\n' + step % "one" + step % "two", encoding="utf-8")
+    monkeypatch.setenv("LLAMA_EXPLORER_LECTURE", str(path))
+    at = run_app()
+    found = (at.session_state["layer"], at.session_state["head"])
+    assert found != (0, 0) and not at.exception
+    at.button(key="lecture_next").click().run()
+    assert (at.session_state["layer"], at.session_state["head"]) == found
+    at.run()
+    assert (at.session_state["layer"], at.session_state["head"]) == found
+    assert (at.query_params["layer"], at.query_params["head"]) == tuple(str(v) for v in found)
+    assert "attn_link_k" not in at.query_params
+
+
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_presenter_mode_keeps_the_player_in_the_main_area(lang):
     at = run_app(lecture="tutorial-001", step=1, presenter=1, lang=lang)
