@@ -121,6 +121,9 @@ ENGLISH = {  # the CLI's lines (the app reads the catalogs)
     "from_lesson": "comes from the lesson; leave it out",
     "placeholder": "{{{name}}} is not a value of this step's lesson (allowed: {allowed})",
     "braces": "has a brace that is not a {mark} placeholder (write {escape})",
+    "no_lesson": "{{{name}}} quotes a value a lesson computes, and this step has no lesson (braces as text: {escape})",
+    "no_values": "{{{name}}} quotes a value, and this step's lesson computes none (braces as text: {escape})",
+    "no_choices": "the view {view} has no choices of its own",
 }
 
 KIND_WORDS = {"int": "a whole number ≥ 0", "bool": "true or false", "str": "a string", "text": "a table { en, zh }",
@@ -260,7 +263,10 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_
             offered = VC.of_view(view) if view else list(CHOICES)
             for ck, cv in v.items():
                 if ck not in offered:
-                    bad("unknown", f"choices.{str(ck)[:40]}", allowed=", ".join(offered) or "-")
+                    if offered:
+                        bad("unknown", f"choices.{str(ck)[:40]}", allowed=", ".join(offered))
+                    else:  # (an empty list of what is allowed read as "-", which says nothing)
+                        bad("no_choices", f"choices.{str(ck)[:40]}", view=view)
                 elif not VC.check(ck, cv):
                     _bad_choice(ck, cv, bad)
     if "prompt" in s and "ids" in s:
@@ -277,7 +283,7 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_
     if isinstance(caption, dict):
         for lang in LANGS:
             if isinstance(caption.get(lang), str):
-                _check_placeholders(caption[lang], names, i, f"caption.{lang}", problems)
+                _check_placeholders(caption[lang], names, i, f"caption.{lang}", problems, isinstance(lesson, str))
     return dict(s) if len(problems) == start else {}
 
 
@@ -295,14 +301,21 @@ def _bad_choice(key: str, value, bad) -> None:
         bad("type", name, kind=KIND_WORDS["str" if c.kind == "text" else c.kind])
 
 
-def _check_placeholders(text: str, names, i, name, problems) -> None:
+def _check_placeholders(text: str, names, i, name, problems, has_lesson: bool) -> None:
+    """names: the values the step's lesson computes (None: not known here, nothing checked). A step without a
+    lesson, or whose lesson computes nothing, is told so in words: there is no list of values to offer."""
+    escape = "{{ / }}"
     rest = PLACEHOLDER.sub("", text)
     if "{" in rest or "}" in rest:
-        problems.append(Problem("braces", i, name, {"mark": "{name}", "escape": "{{ / }}"}))
+        problems.append(Problem("braces", i, name, {"mark": "{name}", "escape": escape}))
     for m in PLACEHOLDER.finditer(text):
-        if m.group(1) and names is not None and m.group(1) not in names:
-            problems.append(Problem("placeholder", i, name, {"name": m.group(1),
-                                                              "allowed": ", ".join(names) or "-"}))
+        if not m.group(1) or names is None or m.group(1) in names:
+            continue
+        if names:
+            problems.append(Problem("placeholder", i, name, {"name": m.group(1), "allowed": ", ".join(names)}))
+        else:
+            problems.append(Problem("no_values" if has_lesson else "no_lesson", i, name,
+                                    {"name": m.group(1), "escape": escape}))
 
 
 def fill(text: str, values: dict) -> str:

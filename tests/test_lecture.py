@@ -94,8 +94,23 @@ def test_a_caption_placeholder_must_be_a_value_of_the_steps_lesson():
                                   'caption = { en = "{layer}", zh = "x" }',
                                   'caption = { en = "{0.__class__}", zh = "x" }'))
     assert lines[0].startswith("step 1, caption.en: {share} is not a value of this step's lesson (allowed: layer")
-    assert lines[1].startswith("step 2, caption.en: {layer} is not a value of this step's lesson (allowed: -)")
+    assert lines[1] == ("step 2, caption.en: {layer} quotes a value a lesson computes, and this step has no lesson "
+                        "(braces as text: {{ / }})")
     assert lines[2].startswith("step 3, caption.en: has a brace that is not a {name} placeholder")
+
+
+def test_what_is_allowed_is_said_in_words_when_nothing_is():
+    """A step without a lesson, a lesson that computes no value and a view without choices allow nothing: each
+    line says so, never an empty list ("allowed: -")."""
+    lines = problems(lecture_text('caption = { en = "{nope}", zh = "x" }',
+                                  'lesson = "compare_twins"\ncaption = { en = "{layer}", zh = "x" }',
+                                  'view = "block"\n[step.choices]\nattn_kind = "scores"'))
+    assert lines == ["step 1, caption.en: {nope} quotes a value a lesson computes, and this step has no lesson "
+                     "(braces as text: {{ / }})",
+                     "step 2, caption.en: {layer} quotes a value, and this step's lesson computes none "
+                     "(braces as text: {{ / }})",
+                     "step 3, choices.attn_kind: the view block has no choices of its own"]
+    assert not any("-)" in line or line.endswith(": -") for line in lines)
 
 
 def test_fill_formats_only_named_values():
@@ -197,3 +212,10 @@ def test_serve_share_prints_a_presenter_link_with_the_rooms_secret_key(monkeypat
     assert seen["env"]["LLAMA_EXPLORER_ROOM_DB"].startswith(str(tmp_path))
     cli.main(["serve", "--share", "--port", "8598"])
     assert seen["env"]["LLAMA_EXPLORER_ROOM_KEY"] != key  # a new key for every start; the room's file stays
+
+
+def test_every_mistake_has_its_line_in_both_catalogs():
+    from app import i18n
+
+    for lang in L.LANGS:
+        assert [c for c in L.ENGLISH if f"lecture.err.{c}" not in i18n.catalog(lang)] == []
