@@ -187,15 +187,20 @@ def test_serve_lecture_passes_the_file_to_the_server(monkeypatch, tmp_path):
     assert seen["env"]["LLAMA_EXPLORER_LECTURE"] == str(shipped.resolve())
 
 
-def test_serve_refuses_a_lecture_with_mistakes_in_one_line(monkeypatch, tmp_path, capsys):
+def test_serve_refuses_a_lecture_with_one_line_per_mistake(monkeypatch, tmp_path, capsys):
+    """Every mistake on its own line naming the file, as the page lists them: a count of the others after the
+    first ("(and 6 more)") read like six more allowed fields."""
     from explorer_model import cli
 
     monkeypatch.setattr("explorer_model.cli.serve.supervise", lambda *a, **k: pytest.fail("server started"))
     bad = tmp_path / "bad.toml"
-    bad.write_text(lecture_text('layer = "x"\nmodel = "/etc/passwd"'), encoding="utf-8")
+    bad.write_text(lecture_text('layer = "x"\nmodel = "/etc/passwd"\ncolour = "red"'), encoding="utf-8")
     assert cli.main(["serve", "--lecture", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "step 1, layer: must be a whole number" in err[0] and "(and 1 more)" in err[0]
+    start = f"llama-explorer: error: --lecture {bad}: step 1, "
+    assert err == [start + "colour: unknown field; allowed: " + ", ".join(L.SCHEMA["step"]),
+                   start + "layer: must be a whole number ≥ 0",
+                   start + "model: must be a name (letters, digits, . _ -), not a path"]
     assert cli.main(["serve", "--lecture", str(tmp_path / "none.toml")]) == 2
     assert "No such file" in capsys.readouterr().err
 

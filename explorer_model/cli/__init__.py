@@ -208,7 +208,11 @@ def _failure_status(e: BaseException) -> int:
     from ..loaders.errors import LoadError
     from ..tokenizer import PromptError, TokenizerError
 
-    if isinstance(e, (CliError, LoadError, ConfigError, TokenizerError, PromptError, ExportError)):
+    if isinstance(e, CliError):
+        for line in [one_line(e), *(one_line(CliError(m)) for m in e.more)]:  # a lecture's mistakes: one line each
+            status = _fail(line)
+        return status
+    if isinstance(e, (LoadError, ConfigError, TokenizerError, PromptError, ExportError)):
         return _fail(one_line(e))
     if isinstance(e, KeyboardInterrupt):
         return 130

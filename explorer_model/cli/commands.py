@@ -19,7 +19,12 @@ MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and tin
 
 
 class CliError(Exception):
-    pass
+    """A refusal the command explains on stderr: one line, or one line for each of `more` after the first (a
+    lecture file's mistakes, each on its own line as docs/lectures.md says)."""
+
+    def __init__(self, message: str, *more: str):
+        super().__init__(message)
+        self.more = more
 
 
 def one_line(e: BaseException) -> str:
@@ -292,7 +297,7 @@ def cmd_serve(args) -> None:
 
 def check_lecture(path: str) -> None:
     """`serve --lecture FILE`: a file with mistakes is refused before the server starts (every visitor would see
-    them); the first mistake is the error's line, the count says how many more there are."""
+    them), every mistake on a line of its own naming the file, as the page lists them."""
     from .. import lecture
 
     try:
@@ -302,8 +307,7 @@ def check_lecture(path: str) -> None:
         raise CliError(f"--lecture {path}: {e.strerror or e}") from None
     _, problems = lecture.parse(data)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CliError(f"--lecture {path}: {problems[0].english()}{more}")
+        raise CliError(*(f"--lecture {path}: {p.english()}" for p in problems))
 
 
 def cmd_classroom_check(args) -> None:
