@@ -3,8 +3,9 @@ screen as a step, edit the lecture's title and the current step's title and capt
 download the file (named after the lecture's English title).
 
 A new step is the state the page's link holds (app/main.py hands it to note_state each run): the view, its section
-and its own choices, the preset's lesson when one is active (its target is then found again on the model when the
-step opens).
+and its own choices, the preset's lesson while its view is on screen (its target is then found again on the model
+when the step opens; another view chosen ends the lesson, app/main.py's apply_lesson, and the step holds that view,
+the layer, head and token on screen and the prompt).
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def step_from_state() -> dict:
             step[k] = v
     if not url.get("token") or ss.get("_token_auto", True):
         step.pop("token", None)  # the last token of whatever the prompt is
-    if ss.get("lesson") in P.lessons():
-        step["lesson"] = ss["lesson"]
+    if url.get("lesson") in P.lessons():
+        step["lesson"] = url["lesson"]
         for k in L.FROM_LESSON:
             step.pop(k, None)
     choices = choice_state.step_choices(url)  # the view's choices as the link holds them: not their defaults

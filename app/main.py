@@ -42,11 +42,17 @@ def url_ids_once(facts) -> None:
 def apply_lesson(facts, ids: list[int], pieces: list[str]) -> str | None:
     """A preset's lesson: on its first run put the selection where its point is visible (found on this model by the
     gateway); while the prompt is the preset's and its view is on screen, the one sentence that says what to look
-    for (shown over the part the page lands on: sections.lesson_note)."""
-    key = st.session_state.get("lesson")
+    for (shown over the part the page lands on: sections.lesson_note). Another view chosen ends the lesson: its
+    sentence is about its own view's figure, and the link and a lecture step taken from the page hold the lesson
+    only while the page shows it (a step kept as a lesson reopens on the lesson's view, whatever view was on screen
+    when it was added)."""
+    ss = st.session_state
+    key = ss.get("lesson")
     preset = BY_KEY.get(key)
-    if preset is None or st.session_state.get("prompt") != preset.prompt:
-        st.session_state.pop("lesson", None)
+    left = preset is not None and not ss.get("_lesson_pending") and ss.get("view") != preset.view
+    if preset is None or ss.get("prompt") != preset.prompt or left:
+        ss.pop("lesson", None)
+        ss.pop("lesson_values", None)
         return None
     if preset.kind == "compare":  # a comparison's lesson is found on A and its B (app/compare.py)
         return compare.apply_lesson(preset, ids, pieces)

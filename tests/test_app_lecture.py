@@ -7,6 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import lecture_player as P
 from app.context import plain
+from app.presets import BY_KEY
 from explorer_model import lecture as L
 
 SHIPPED_000 = L.parse((P.SHIPPED / "tutorial-000.toml").read_bytes(), P.view_keys(), P.lessons())[0]
@@ -99,6 +100,28 @@ def test_add_edit_reorder_delete_and_download(tmp_path):
     assert counter(at) == f"**Step 1 / 1** · {plain('Norms, then attention!')}"
     at.button(key="lecture_delete").click().run()
     assert "lecture" not in at.session_state and not at.exception
+
+
+def test_a_step_added_after_leaving_a_presets_view_holds_the_view_on_screen():
+    """The preset "Coreference", then RMSNorm chosen: the step is the RMSNorm view on the preset's sentence (no
+    lesson, which would reopen the heatmap), as the link says; added on the preset's own view, it is the lesson."""
+    at = run_app()
+    at.sidebar.selectbox(key="preset").set_value("coref").run()
+    found = {k: at.session_state[k] for k in ("layer", "head", "token")}
+    at.button(key="lecture_add").click().run()
+    assert at.session_state["lecture"]["steps"][0]["lesson"] == "coref"
+    at.segmented_control(key="view").set_value("norm").run()
+    assert "lesson" not in at.query_params
+    at.button(key="lecture_add").click().run()
+    step = at.session_state["lecture"]["steps"][1]
+    assert "lesson" not in step and step["view"] == "norm" and step["prompt"] == BY_KEY["coref"].prompt
+    assert {k: step[k] for k in found} == found
+    lec, found_problems = L.parse(offered_files(at)["my-lecture.toml"], P.view_keys(), P.lessons())
+    assert found_problems == [] and lec.steps[1] == step
+    at.button(key="lecture_prev").click().run()
+    at.button(key="lecture_next").click().run()
+    assert at.session_state["view"] == "norm" and "lesson" not in at.query_params and not at.exception
+    assert all("of its attention on" not in i.value for i in at.info)
 
 
 @pytest.mark.parametrize("title,name", [("Inside one LLaMA block", "inside-one-llama-block.toml"),

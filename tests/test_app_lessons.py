@@ -155,13 +155,17 @@ def test_editing_the_presets_prompt_makes_it_the_visitors_own():
     assert all("of its attention on" not in i.value for i in at.info)  # the lesson no longer applies
 
 
-def test_a_lessons_sentence_stands_over_its_own_view_only():
+def test_another_view_chosen_ends_the_lesson_in_the_page_and_the_link():
     """The sentence is about its view's figure ("the row of 'it' in the heatmap"): another view chosen by hand
-    shows none, and the lesson's view shows it again while the prompt is the preset's."""
+    ends the lesson, so the link no longer names it (a link naming it would reopen the lesson's view) and the
+    lesson's view chosen again is the visitor's own, without the sentence; the preset chosen again brings it."""
     at = choose("coref")
     said = [i.value for i in at.info if "of its attention on" in i.value]
-    assert len(said) == 1 and at.session_state["view"] == "attention"
+    assert len(said) == 1 and at.session_state["view"] == "attention" and at.query_params["lesson"] == "coref"
     at.segmented_control(key="view").set_value("rope").run()
     assert not at.exception and all("of its attention on" not in i.value for i in at.info)
+    assert "lesson" not in at.query_params and at.query_params["view"] == "rope"
     at.segmented_control(key="view").set_value("attention").run()
+    assert all("of its attention on" not in i.value for i in at.info) and "lesson" not in at.query_params
+    at.sidebar.selectbox(key="preset").set_value("coref").run()
     assert [i.value for i in at.info if "of its attention on" in i.value] == said
