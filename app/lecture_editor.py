@@ -9,7 +9,9 @@ the layer, head and token on screen and the prompt).
 """
 from __future__ import annotations
 
+import functools
 import re
+import tomllib
 
 import streamlit as st
 
@@ -137,6 +139,23 @@ def _upload() -> None:
         P.open_lecture(f.getvalue()[:L.MAX_BYTES + 1], None)
 
 
+@functools.cache
+def _shipped_title(name: str) -> dict:
+    """A shipped lecture's title {en, zh}, read once per process (the files ship with the app)."""
+    try:
+        title = tomllib.loads((P.SHIPPED / f"{name}.toml").read_text(encoding="utf-8")).get("title")
+    except (OSError, ValueError):
+        return {}
+    return title if isinstance(title, dict) else {}
+
+
+def shipped_label(name: str) -> str:
+    """A shipped lecture in the list: its title in the page's language, and its name, which a link
+    (?lecture=NAME) and the benches use."""
+    title = P._lang_text(_shipped_title(name))
+    return P.tr("lecture.shipped_item", title=title, name=name) if isinstance(title, str) and title else name
+
+
 def _open_shipped() -> None:
     name = st.session_state.get("lecture_shipped")
     if name in P.shipped():
@@ -150,8 +169,12 @@ def editor() -> None:
         return
     with st.sidebar.expander(P.tr("lecture.box"), expanded=False):
         st.selectbox(P.tr("lecture.open_shipped"), P.shipped(), index=None, key="lecture_shipped",
-                     on_change=_open_shipped, placeholder=P.tr("lecture.choose"))
-        st.file_uploader(P.tr("lecture.open_file"), type=["toml"], key="lecture_upload", on_change=_upload)
+                     on_change=_open_shipped, placeholder=P.tr("lecture.choose"), format_func=shipped_label)
+        # The label says a lecture file's own limit: Streamlit's line under the picker names whole megabytes only
+        # ("1MB per file"), so app/page_style.py hides it. With 1 MB the browser refuses a bigger file before
+        # sending it (and serve's server.maxUploadSize refuses one sent anyway); parse() says what is over 256 KB.
+        st.file_uploader(P.tr("lecture.open_file", kb=L.MAX_BYTES // 1024), type=["toml"], max_upload_size=1,
+                         key="lecture_upload", on_change=_upload)
         st.button(P.tr("lecture.add"), key="lecture_add", on_click=_add, use_container_width=True)
         if not ss.get("lecture"):
             return

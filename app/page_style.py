@@ -11,6 +11,9 @@ A display formula wider than its column (on a phone: attention's scores and mask
 scrolls sideways inside its own box, and nothing on the page said so: the formula simply ended at the screen's edge.
 Each edge it continues past now shows a soft shadow, which goes when the formula is scrolled to that end (two
 backgrounds that scroll with the formula cover two that stay with the box; a formula that fits covers both).
+
+The lecture file picker's line "1MB per file • TOML" is hidden: Streamlit can state a limit in whole megabytes only,
+and a lecture file may have 256 KB; the picker's own label says so, in the page's language (app/lecture_editor.py).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ FORMULA_EDGES = (
     " left center / 0.9rem 100% no-repeat scroll,"
     " radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,0.25), rgba(0,0,0,0))"
     " right center / 0.9rem 100% no-repeat scroll;}")
+
+UPLOAD_LIMIT = ".st-key-lecture_upload [data-testid='stFileUploaderDropzoneInstructions'] {display: none;}"
 
 # Streamlit's header is 3.75rem high and lies over the main area's top (see-through: made opaque while the player
 # is pinned, or what scrolls past the player would show above it); the player's block (the layout wrapper around
@@ -58,4 +63,4 @@ def apply() -> None:
     views on a phone and a projector (tests/test_browser_layout.py), so the player's rules look only at its own block
     and its parent, where the walks through a lecture measure no cost."""
     player = LECTURE_BAR if st.session_state.get("lecture") else ""
-    st.html(f"<style>{FORMULA_EDGES}{player}</style>")
+    st.html(f"<style>{FORMULA_EDGES}{UPLOAD_LIMIT}{player}</style>")

@@ -124,6 +124,29 @@ def test_a_step_added_after_leaving_a_presets_view_holds_the_view_on_screen():
     assert all("of its attention on" not in i.value for i in at.info)
 
 
+@pytest.mark.parametrize("lang, titles, label", [
+    ("en", ["Inside one LLaMA block (tutorial-000)", "LLaMA from prompt to logits (tutorial-001)"],
+     "Open a lecture file (.toml, at most 256 KB)"),
+    ("zh", ["拆开一个 LLaMA 块（tutorial-000）", "LLaMA：从提示到 logits（tutorial-001）"], "打开讲座文件（.toml，最大 256 KB）")])
+def test_the_lecture_box_names_shipped_lectures_by_title_and_the_files_real_limit(lang, titles, label):
+    """The shipped list showed file names, the picker Streamlit's "200MB per file": the titles (with the name a link
+    uses) and the lecture file's 256 KB, while Streamlit's own line, which can name whole megabytes only, is hidden
+    and the browser and the server refuse a file over 1 MB."""
+    from explorer_model.cli.serve import streamlit_command
+
+    at = run_app(lang=lang)
+    assert at.sidebar.selectbox(key="lecture_shipped").options == titles
+    picker = at.get("file_uploader")[0].proto
+    assert picker.label == label and picker.max_upload_size_mb == 1
+    from app.page_style import UPLOAD_LIMIT
+
+    assert any(UPLOAD_LIMIT in h.proto.body for h in at.get("html"))
+    command = streamlit_command(8650)
+    assert command[command.index("--server.maxUploadSize") + 1] == "1"
+    at.sidebar.selectbox(key="lecture_shipped").select_index(1).run()
+    assert at.session_state["lecture_name"] == "tutorial-001" and not at.exception
+
+
 @pytest.mark.parametrize("title,name", [("Inside one LLaMA block", "inside-one-llama-block.toml"),
                                         ("拆开一个块", "lecture.toml"), ("  RoPE: (2) turns ", "rope-2-turns.toml")])
 def test_the_lecture_file_is_named_after_its_english_title(title, name):

@@ -50,6 +50,10 @@ def streamlit_command(port: int = 8501, address: str = "127.0.0.1", url_host: st
         # The app sets a widget's starting value in session state before the widget (app/choice_state.py) and
         # gives the same value as the widget's default; Streamlit logs that, with a stack, as if it were an error.
         "--global.disableWidgetStateDuplicationWarning", "true",
+        # The page's one upload is a lecture file of at most 256 KB (explorer_model/lecture.py): the server refuses
+        # a body over 1 MB (its smallest limit; the default, 200 MB, is what the picker said and what one visitor
+        # could make the server hold).
+        "--server.maxUploadSize", "1",
     ]
 
 
