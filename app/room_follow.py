@@ -69,7 +69,7 @@ def sync() -> None:
                 ss["_room_sent"] = sent
         return
     version = r.version()
-    ss["room_following"] = version != 0 and not ss.get("room_detached")
+    ss["room_following"] = version != 0 and not ss.get("room_detached")  # (version 0: no presenter has written yet)
     if not ss["room_following"] or (version == ss.get("room_seen") and not _behind()):
         return
     current = r.current()
@@ -95,8 +95,22 @@ def step_drawn() -> None:
         ss["room_seen"] = taken
     ss["_room_url"] = st.query_params.to_dict()
     r = room()
-    if r is not None and ss.get("room_following") and room_push.available():
+    if r is not None and listening() and room_push.available():
         _pushed_with(r, ss["_room_url"])
+
+
+def listening() -> bool:
+    """Whether the room moves this page: it follows, or it waits for the room's first step (opened before any
+    presenter wrote one: it follows from that step on, as a page opened later does)."""
+    ss = st.session_state
+    return room() is not None and not is_presenter() and not ss.get("room_detached")
+
+
+def _moved() -> bool:
+    """Whether the room holds a step this page has not drawn (a waiting page has drawn version 0, the empty room),
+    or this run came from a page that had not received the last drawn run (its widget values are older)."""
+    ss = st.session_state
+    return room().version() != (ss.get("room_seen") or 0) or bool(ss.get("room_following")) and _behind()
 
 
 def _behind() -> bool:
@@ -121,17 +135,16 @@ def _rejoin() -> None:
 
 
 def _ask() -> None:
-    """A follower's page asks the room for its version and reruns when the presenter moved, when the run that took
-    the current step did not draw its view, or when this run came from a page that had not received it (its
-    widget values are the previous step's). Only in the fragment's own runs: in a page run, sync() has just
-    asked, and that run's step is seen only once its view is drawn."""
+    """A follower's page (or one waiting for the room's first step) asks the room for its version and reruns when
+    the presenter moved, when the run that took the current step did not draw its view, or when this run came from
+    a page that had not received it (its widget values are the previous step's). Only in the fragment's own runs:
+    in a page run, sync() has just asked, and that run's step is seen only once its view is drawn."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     ctx = get_script_run_ctx()
     if ctx is None or not ctx.fragment_ids_this_run:
         return
-    r, ss = room(), st.session_state
-    if r is not None and ss.get("room_following") and (r.version() != ss.get("room_seen") or _behind()):
+    if listening() and _moved():
         st.rerun(scope="app")
 
 
@@ -139,14 +152,15 @@ _ask_often = st.fragment(run_every=POLL_SECONDS)(_ask)
 _ask_now_and_then = st.fragment(run_every=CATCH_UP_SECONDS)(_ask)
 
 
-def _listen(r: Room, following: bool) -> None:
-    """A following page is rerun by the server when the room changes (app/room_push.py) and asks now and then
-    itself, or asks often where the server cannot rerun it; any other page is neither."""
+def _listen(r: Room, listens: bool) -> None:
+    """A page the room moves (listening()) is rerun by the server when the room changes (app/room_push.py) and asks
+    now and then itself, or asks often where the server cannot rerun it; any other page is neither. A page opened
+    before the presenter's is one of them: nothing else would ever run it again when the lecture starts."""
     if not room_push.available():
-        if following:
+        if listens:
             _ask_often()
         return
-    if following:  # the page's URL as this run found it, until step_drawn() gives the one this run writes
+    if listens:  # the page's URL as this run found it, until step_drawn() gives the one this run writes
         _pushed_with(r, st.query_params.to_dict())
         _ask_now_and_then()
     else:
@@ -199,7 +213,7 @@ def controls() -> None:
             st.button(P.tr("room.part_views"), key="room_part", on_click=_whole, args=(False,))
     elif ss.get("room_detached") and r.version():
         _rejoin_now_and_then()
-    _listen(r, bool(ss.get("room_following")) and not is_presenter())
+    _listen(r, listening())
 
 
 def _rejoin_button() -> None:

@@ -248,3 +248,35 @@ def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for
     student.button(key="room_part").click().run()
     assert [b.key for b in student.button if b.key == "room_rest"] == ["room_rest"]
     assert t("room.part_only", "en") in all_text(student)
+
+
+def test_a_page_opened_before_the_presenter_s_is_rerun_when_the_lecture_starts(shared_room, monkeypatch):
+    """A student who opens the room's address before the lecturer has opened the presenter's link sees an empty
+    room: the page follows nothing yet, but the server must still rerun it (or it ask) when the first step is
+    written; nothing else would ever run it again."""
+    from app import room_follow, room_push
+
+    asked: list[str] = []
+    w = room_push.Watcher(shared_room, lambda session_id, query: asked.append(session_id) or True, every=3600)
+    monkeypatch.setattr(room_push, "available", lambda: True)  # as on a server (AppTest has none)
+    monkeypatch.setattr(room_push, "watcher", lambda r: w)
+    try:
+        student = run_app()
+        assert not student.session_state["room_following"] and shared_room.version() == 0
+        assert len(w.pages) == 1  # its session waits for the room
+        run_app(lecture="tutorial-000", step=3, room_key="the-secret-key")
+        w.tick()
+        assert asked == list(w.pages)  # the server reruns it...
+        student.run()
+        assert student.session_state["room_following"] and step_of(student) == 2  # ...and it follows
+    finally:
+        w.stop()
+    # where the server cannot rerun a page, the page asks: it has something to ask for once the room started
+    monkeypatch.setattr(room_push, "available", lambda: False)
+    shared_room.clear()
+    waiting = run_app()
+    assert not waiting.session_state["room_following"]
+    run_app(lecture="tutorial-000", step=2, room_key="the-secret-key")
+    with monkeypatch.context() as m:
+        m.setattr(room_follow.st, "session_state", waiting.session_state)
+        assert room_follow.listening() and room_follow._moved()
