@@ -167,6 +167,7 @@ def start() -> None:
         return
     ss["_lecture_started"] = True
     name = st.query_params.get("lecture")
+    ss["_lecture_linked"] = name is not None
     if name is not None:
         if not L.NAME.match(name) or name not in shipped():
             ss["lecture_problems"] = [tr("lecture.no_such", name=plain(name), names=", ".join(shipped()))]
@@ -189,6 +190,11 @@ def start() -> None:
     except ValueError:
         wanted = 0
     go(min(max(wanted, 0), len(ss.lecture["steps"]) - 1))
+
+
+def named_by_link() -> bool:
+    """Whether the session's link named a lecture (?lecture=NAME): a presenter's link that does jumps the room."""
+    return bool(st.session_state.get("_lecture_linked"))
 
 
 def go(i: int) -> None:

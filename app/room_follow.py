@@ -3,7 +3,9 @@ every other page follows the presenter's lecture step within a second, until its
 own" ("back to the lecture" rejoins at the current step).
 
 The key is checked here, on the server, against the one the server was started with: a follower's page never
-writes the room, whatever its URL or messages say. The room's state is explorer_model/room.py (SQLite, shared by the
+writes the room, whatever its URL or messages say. The projector's tab keeps the key (app/room_key.py), so the
+projector's page reloaded presents again, and a page that starts presenting while the room runs a lecture resumes
+it at the room's step. The room's state is explorer_model/room.py (SQLite, shared by the
 server's processes); the server reruns a following page when it changes (app/room_push.py). Session state:
 room_presenter (the key matched), room_following, room_detached, room_whole (the visitor asked for whole views
 while following), room_seen (the room version this page shows, once a run that took it drew its view),
@@ -26,7 +28,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from app import lecture_player as P
-from app import room_push
+from app import room_key, room_push
 from explorer_model import lecture as L
 from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
 
@@ -49,10 +51,28 @@ def room() -> Room | None:
 
 def is_presenter() -> bool:
     ss = st.session_state
-    if "room_presenter" not in ss:  # once per session: the link's key, compared in constant time
-        secret, given = os.environ.get(ROOM_KEY_ENV, ""), st.query_params.get("room_key", "")
-        ss["room_presenter"] = bool(secret) and hmac.compare_digest(given.encode(), secret.encode())
+    if "room_presenter" not in ss:  # once per session: the link's key
+        ss["room_presenter"] = _holds(st.query_params.get("room_key", ""))
     return ss["room_presenter"]
+
+
+def _holds(key: str) -> bool:
+    """Whether `key` is the server's, compared in constant time."""
+    secret = os.environ.get(ROOM_KEY_ENV, "")
+    return bool(secret) and hmac.compare_digest(key.encode(), secret.encode())
+
+
+def _take_kept_key() -> None:
+    """The key the projector's tab kept from the presenter's link (app/room_key.py) makes a reloaded projector page
+    the presenter again; a key that no longer holds (the server restarted with a new one) is said on the page."""
+    ss = st.session_state
+    kept = room_key.exchange(os.environ.get(ROOM_KEY_ENV) if is_presenter() else None)
+    if kept is None or is_presenter():
+        return
+    ss["room_presenter"] = _holds(kept)
+    ss["room_key_stale"] = not ss["room_presenter"]
+    if ss["room_presenter"]:
+        ss.update(room_detached=False, room_whole=False)
 
 
 def sync() -> None:
@@ -60,8 +80,12 @@ def sync() -> None:
     r, ss = room(), st.session_state
     if r is None:
         return
+    _take_kept_key()
     if is_presenter():
         ss["room_following"] = False
+        if not ss.get("_room_resumed"):  # once per presenting session
+            ss["_room_resumed"] = True
+            _resume(r)
         if ss.get("lecture"):
             sent = (P.lecture_text(ss["lecture"]), ss.get("lecture_name") or "", ss.get("lecture_step", 0))
             if ss.get("_room_sent") != sent:
@@ -84,6 +108,22 @@ def sync() -> None:
         ss["lecture"] = {"title": lecture.title, "steps": copy.deepcopy(lecture.steps)}
     ss["lecture_name"] = current["name"] or None
     P.go(current["step"])
+
+
+def _resume(r: Room) -> None:
+    """A page that starts presenting (the presenter's link opened again, the projector's page reloaded) while the room
+    holds a lecture takes it at the room's step, as a follower would, unless its link named a lecture of its own (a
+    lecture link with the key: the presenter jumps there). Without this it would write what it opened by itself
+    (nothing, or `serve --lecture`'s file at step 1) and send every student back."""
+    ss = st.session_state
+    current = r.current()
+    lecture = room_lecture(current["lecture"]) if current else None
+    if lecture is None or P.named_by_link():
+        return
+    ss["lecture"] = {"title": lecture.title, "steps": copy.deepcopy(lecture.steps)}
+    ss["lecture_name"] = current["name"] or None
+    P.go(current["step"])
+    ss["_room_sent"] = (P.lecture_text(ss["lecture"]), ss.get("lecture_name") or "", ss.get("lecture_step", 0))
 
 
 def step_drawn() -> None:
@@ -203,6 +243,8 @@ def controls() -> None:
     r, ss = room(), st.session_state
     if r is None:
         return
+    if ss.get("room_key_stale") and not is_presenter():  # in the page's language, as every line of the page
+        st.warning(P.tr("room.key_stale"))
     if is_presenter():
         st.caption(P.tr("room.presenting"))
     elif ss.get("room_following"):
