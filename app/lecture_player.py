@@ -286,6 +286,8 @@ def bar(room_controls=None):
                         use_container_width=True)
             right.button(tr("lecture.next"), key="lecture_next", on_click=_move, args=(1,),
                          disabled=i == len(steps) - 1, use_container_width=True)
+            with right:
+                _picker(steps, i)
         # the counter and the step's title between the buttons, the caption under them: as short a player as it
         # can be, for on a large screen it stays pinned at the top while the page scrolls (page_style.py)
         mid.markdown(tr("lecture.counter", i=i + 1, n=len(steps), lecture=plain(_lang_text(ss["lecture"]["title"]))))
@@ -301,6 +303,19 @@ def bar(room_controls=None):
     if not ss.get("room_following"):
         keyboard()
     return slot
+
+
+def _picker(steps: list[dict], i: int) -> None:
+    """Any step by its number and title, under Next, folded into a popover (it adds no height to the pinned player):
+    a lecturer takes a question about an earlier step, or skips ahead, in one choice instead of many presses."""
+    st.session_state["lecture_jump"] = i  # the step on screen, whichever way it was reached
+    with st.popover(tr("lecture.jump"), use_container_width=True):
+        st.selectbox(tr("lecture.jump_to"), range(len(steps)), key="lecture_jump", on_change=_jump,
+                     format_func=lambda k: f"{k + 1} · {plain(_lang_text(steps[k].get('title')))}")
+
+
+def _jump() -> None:
+    go(st.session_state["lecture_jump"])
 
 
 def caption(slot) -> None:

@@ -82,3 +82,18 @@ def test_a_projector_page_whose_key_no_longer_holds_says_so_in_its_language(shar
     fresh = run_app(room_key="the-key-after-a-restart")
     assert fresh.session_state["room_presenter"] and tab.stored == "the-key-after-a-restart"
     assert step_of(fresh) == 2 and shared_room.version() == version  # it resumes the room where it was
+
+
+def test_the_presenter_moves_the_room_to_any_step_from_the_player_or_with_a_link(shared_room):
+    presenter = run_app(lecture="tutorial-000", step=2, room_key=KEY, presenter=1)
+    student = run_app()
+    assert [s for s in student.selectbox if s.key == "lecture_jump"] == []  # a follower moves nothing
+    presenter.selectbox(key="lecture_jump").set_value(11).run()
+    assert step_of(presenter) == 11 and shared_room.current()["step"] == 11
+    student.run()
+    assert step_of(student) == 11 and student.session_state["view"] == presenter.session_state["view"]
+    presenter.button(key="lecture_prev").click().run()
+    assert presenter.selectbox(key="lecture_jump").value == 10  # the picker names the step on screen
+    # the presenter's link with a lecture and a step (docs/lectures.md) opens the room there
+    run_app(room_key=KEY, presenter=1, lecture="tutorial-000", step=7)
+    assert shared_room.current()["step"] == 6
