@@ -330,27 +330,32 @@ def caption(slot) -> None:
         slot.markdown(_plain_lines(L.fill(text, ss["lesson_values"])))
 
 
-# A clicker sends → ← PageDown PageUp or space: Streamlit has no key handler, so a script in a frame
-# (same origin, one pixel high) listens on the page and clicks the player's buttons, found by their keys' class names.
-KEYS_JS = """<script>
-const win = window.parent, doc = win.document;
-if (win.__lectureKeys) doc.removeEventListener("keydown", win.__lectureKeys, true);
-win.__lectureKeys = function (e) {
-  const el = e.target, tag = ((el && el.tagName) || "").toLowerCase();
-  if (tag === "input" || tag === "textarea" || tag === "select" || (el && el.isContentEditable)) return;
-  if (e.altKey || e.ctrlKey || e.metaKey) return;
-  let key = null;
-  if (e.key === "ArrowRight" || e.key === "PageDown" || (e.key === " " && !e.shiftKey)) key = "lecture_next";
-  else if (e.key === "ArrowLeft" || e.key === "PageUp" || (e.key === " " && e.shiftKey)) key = "lecture_prev";
-  if (!key) return;
-  const button = doc.querySelector(".st-key-" + key + " button");
-  if (!button) return;
-  e.preventDefault(); e.stopPropagation();
-  if (!button.disabled) button.click();
-};
-doc.addEventListener("keydown", win.__lectureKeys, true);
-</script>"""
+# A clicker sends → ← PageDown PageUp or space: Streamlit has no key handler, so a component listens on the page
+# (app/lecture_keys.js) and sends the step its presses lead to.
+KEYS = "lecture_keys"
+_KEYS = st.components.v2.component(
+    "llama_explorer_lecture_keys", js=(Path(__file__).parent / "lecture_keys.js").read_text(encoding="utf-8"))
 
 
 def keyboard() -> None:
-    st.iframe(KEYS_JS, height=1)
+    """The clicker's keys. A press is numbered (seq) so that the step it asks for is taken once, and the page's
+    next press counts on from it even before the server has drawn it."""
+    ss = st.session_state
+    ss.setdefault("_keys_session", os.urandom(6).hex())
+    st.html(f"<style>.st-key-{KEYS} {{display: none;}}</style>")
+    _KEYS(key=KEYS, data={"step": ss.get("lecture_step", 0), "n": len(ss["lecture"]["steps"]),
+                          "seq": ss.get("_keys_seq", 0), "session": ss["_keys_session"]},
+          on_press_change=_pressed, height=0)
+
+
+def _pressed() -> None:
+    ss = st.session_state
+    state = ss.get(KEYS) or {}
+    press = state.get("press") if hasattr(state, "get") else None
+    try:
+        seq, step = int(press["seq"]), int(press["step"])
+    except (KeyError, TypeError, ValueError):  # the browser's to send, so anything
+        return
+    if seq > ss.get("_keys_seq", 0) and ss.get("lecture") and not ss.get("room_following"):
+        ss["_keys_seq"] = seq
+        go(step)

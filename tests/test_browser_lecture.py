@@ -58,6 +58,12 @@ def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projecto
     assert counter(pg).startswith("Step 2 / 21") and query(pg)["view"] == "block"
     assert query(pg)["model"] == "smollm2"
     assert view_errors(pg) == []
+    # presses that reach the page while a step's run is still going each count: four quick presses are four steps
+    for _ in range(4):
+        pg.keyboard.press("ArrowRight")
+        pg.wait_for_timeout(150)
+    wait_idle(pg)
+    assert counter(pg).startswith("Step 6 / 21") and query(pg)["step"] == "6", counter(pg)
     pg.screenshot(path=str(shots_dir() / "lecture_presenter.png"))
 
 
