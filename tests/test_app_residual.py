@@ -200,6 +200,29 @@ def test_candidate_label_names_fragments():
     assert candidate_label(facts, [4], 3) == "‹E6\u00a0B7…›"  # starts a character the next token must finish
     assert candidate_label(facts, [4], 4) == "␣cat"
     assert candidate_label(facts, [1], 5) == "→很"  # completes 很, and starts another character
+    table[6] = b"\xb1"  # the model's continuation after 3 finishes 深: 3 is named as the first of its two tokens
+    assert candidate_label(facts, [4], 3, after=[6]) == "深·1/2"
+    assert candidate_label(facts, [4], 3, after=[4]) == "‹E6\u00a0B7…›"  # a continuation that does not finish it
+
+
+def test_a_candidate_that_starts_a_character_is_named_by_the_models_own_continuation():
+    """深度学习很 on SmolLM2: most candidates are a character's first bytes; each is named by the character the
+    model's greedy continuation writes (the tutorial's 很 → 重要 shows as 重·1/2), checked against that continuation."""
+    from app import gateway
+    from explorer_model.tokenizer.labels import missing_bytes
+
+    at = run_app(view="predict", prompt="深度学习很", lang="zh")
+    assert not at.exception
+    fig = next(f for f in figures(at) if f["layout"]["meta"]["id"] == "residual_steps")
+    labels, ids = [x.split(":", 1)[1] for x in fig["data"][0]["x"]], [int(i) for i in decode(fig["data"][0]["customdata"])]
+    assert not any(v.endswith("…›") for v in labels), labels
+    facts, body = gateway.facts("smollm2"), list(gateway.encode_prompt("smollm2", "深度学习很", 256)[0])
+    named = [(v, c) for v, c in zip(labels, ids) if "·1/" in v]
+    assert len(named) >= 5 and any(v.startswith("重") for v, _ in named), labels
+    for label, c in named:
+        after = gateway.continuation("smollm2", body + [c], missing_bytes(facts.token_bytes(c)))
+        text = b"".join(facts.token_bytes(i) for i in [c, *after]).decode("utf-8", errors="ignore")
+        assert text.startswith(label.split("·")[0]), (label, text)
 
 
 def test_lens_window_shows_the_last_positions_and_widens_on_request(loaded):

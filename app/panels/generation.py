@@ -20,7 +20,7 @@ from app.context import ViewContext, display_piece, plain
 from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
-from explorer_model.tokenizer.labels import completion, fragment_labels
+from explorer_model.tokenizer.labels import completion, fragment_labels, missing_bytes
 
 N_DIST = 15
 CONTINUE_MAX = 64  # tokens a "continue" click may add (~2 s of the one forward lock; others wait meanwhile), within
@@ -52,12 +52,26 @@ def steps_data(logits, temperature: float, top_k: int, top_p: float, n: int = N_
     return V.sampling_steps(logits, temperature, top_k, top_p, n, seed, n_ctx)
 
 
-def candidate_label(facts, ids: list[int], token_id: int) -> str:
+def candidate_label(facts, ids: list[int], token_id: int, after=()) -> str:
     """A candidate token as a person reads it: a fragment of a character shows the character it would complete
-    (after this prompt); a whole token shows its text, the start of an unfinished character its bytes (‹E5 B0…›)."""
-    prefix = b"".join(facts.token_bytes(int(i)) for i in ids[-4:])  # a character is at most 4 bytes
-    done = completion(prefix, facts.token_bytes(int(token_id)))
-    return f"→{done}" if done else display_piece(facts.piece(int(token_id)))
+    (after this prompt); a whole token shows its text. One that starts a character names it by the tokens `after`
+    it, the model's own greedy continuation (gateway.continuation): 重·1/2, the first of the two tokens 重 takes,
+    when they finish it; else its bytes (‹E5 B0…›)."""
+    prefix = [int(i) for i in ids[-4:]]  # a character is at most 4 bytes
+    data = facts.token_bytes(int(token_id))
+    done = completion(b"".join(facts.token_bytes(i) for i in prefix), data)
+    if done:
+        return f"→{done}"
+    if after:
+        named = fragment_labels([facts.token_bytes(i) for i in (*prefix, int(token_id), *after)])[len(prefix)]
+        if "\u2039" not in named:  # the continuation finished the character (no bytes left unnamed)
+            return display_piece(named)
+    return display_piece(facts.piece(int(token_id)))
+
+
+def starts_a_character(facts, ids: list[int], token_id: int) -> bool:
+    """The candidate leaves a character unfinished that it did not complete: only the tokens after it name it."""
+    return candidate_label(facts, ids, token_id).endswith("\u2026\u203a")
 
 
 def steps_figure(data: dict, names: list[str], t) -> go.Figure:
@@ -160,7 +174,11 @@ def draw_prediction(ctx: ViewContext) -> None:
         append, undo = _text_fallback(tok, ids)
 
     data = steps_data(ctx.rec.logits[0, -1], temp, top_k, top_p, seed=seed, n_ctx=len(ids))
-    names = [candidate_label(tok, ids, int(i)) for i in data["ids"]]
+    # a candidate that starts a character is named by the character the model goes on to write (its greedy
+    # continuation, a token per byte the character still lacks at most), worked out once per server
+    after = {int(i): gateway.continuation(ctx.source, ids + [int(i)], missing_bytes(tok.token_bytes(int(i))))
+             for i in data["ids"] if starts_a_character(tok, ids, int(i))}
+    names = [candidate_label(tok, ids, int(i), after.get(int(i), ())) for i in data["ids"]]
     plots.show(lambda: steps_figure(data, names, t), ctx, key="residual_steps", height=440)
     s = data["survivors"]
     st.caption(t("residual.tokens_left", raw=s[0], tempered=s[1], top_k=s[2], top_p=s[3]))
@@ -177,7 +195,7 @@ def draw_prediction(ctx: ViewContext) -> None:
         return not by_ids and "\ufffd" in tok.decode(ids + [new])
 
     b1, b2, b3 = st.columns(3)
-    top = plain(candidate_label(tok, ids, greedy))  # a button label is markdown
+    top = plain(candidate_label(tok, ids, greedy, after.get(greedy, ())))  # a button label is markdown
     b1.button(t("residual.take_the_top_token", top=top, p=float(raw[greedy])), key="pred_greedy", on_click=_step,
               args=args(greedy, "greedy"), disabled=blocked(greedy))
     b2.button(t("residual.sample_one"), key="pred_sample", on_click=_step, args=args(sampled, "sampled"),

@@ -93,9 +93,19 @@ def _unfinished_tail(data: bytes) -> bytes:
         if len(data) < n:
             break
         lead = data[-n]
-        need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 0
-        if need > n:
+        if _char_size(lead) > n:
             return data[-n:]
         if lead >> 6 != 0b10:
             break
     return b""
+
+
+def missing_bytes(data: bytes) -> int:
+    """How many bytes the character that `data` ends inside still lacks (0: it ends on a whole character)."""
+    tail = _unfinished_tail(data)
+    return _char_size(tail[0]) - len(tail) if tail else 0
+
+
+def _char_size(lead: int) -> int:
+    """The length of the UTF-8 character a byte starts (0 for a continuation or invalid byte)."""
+    return 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 0
