@@ -55,7 +55,7 @@ def steps_data(logits, temperature: float, top_k: int, top_p: float, n: int = N_
 def candidate_label(facts, ids: list[int], token_id: int, after=()) -> str:
     """A candidate token as a person reads it: a fragment of a character shows the character it would complete
     (after this prompt); a whole token shows its text. One that starts a character names it by the tokens `after`
-    it, the model's own greedy continuation (gateway.continuation): 重·1/2, the first of the two tokens 重 takes,
+    it, the model's own greedy continuation (gateway.continuation): X·1/2, the first of the two tokens X takes,
     when they finish it; else its bytes (‹E5 B0…›)."""
     prefix = [int(i) for i in ids[-4:]]  # a character is at most 4 bytes
     data = facts.token_bytes(int(token_id))
