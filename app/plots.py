@@ -106,10 +106,24 @@ def show(fig, ctx: ViewContext, key: str, filename: str | None = None, height: i
                               **chart_args)
 
 
+# Plotly's own words that this app's figures can show (its toolbar's buttons, its download notices, the hint after
+# a zoom) -> the catalog's key: Plotly looks a text up in its config's locale dictionary before it shows it
+PLOTLY_TEXTS = {"Download plot as a PNG": "plotly.download_png", "Zoom": "plotly.zoom", "Pan": "plotly.pan",
+                "Reset axes": "plotly.reset_axes", "Double-click to zoom back out": "plotly.zoom_back",
+                "Preparing image - this may take a few seconds": "plotly.preparing_image",
+                "Image download succeeded": "plotly.image_saved",
+                "Sorry, there was a problem downloading your image!": "plotly.image_failed"}
+
+
 def chart_config(ctx: ViewContext, filename: str) -> dict:
-    """Plotly's options for a figure of this page: its PNG download, and the toolbar buttons for this screen."""
-    return {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": 2},
-            "modeBarButtonsToRemove": toolbar_dropped(ctx.screen.touch)}
+    """Plotly's options for a figure of this page: its PNG download, the toolbar buttons for this screen, and
+    Plotly's own words in the page's language."""
+    config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": 2},
+              "modeBarButtonsToRemove": toolbar_dropped(ctx.screen.touch)}
+    if ctx.lang != "en":  # (numbers keep Plotly's English format: the locale names no other)
+        config.update(locale=ctx.lang, locales={ctx.lang: {"dictionary": {text: ctx.t(key)
+                                                                          for text, key in PLOTLY_TEXTS.items()}}})
+    return config
 
 
 class ServedFigure(plotly.basedatatypes.BaseFigure):

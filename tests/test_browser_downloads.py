@@ -201,7 +201,7 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
             fig = plots.nth(i)
             fig.scroll_into_view_if_needed()
             fig.hover()
-            camera = fig.locator('.modebar-btn[data-title="Download plot as a png" i]')
+            camera = fig.locator(f'.modebar-btn[data-title="{t("plotly.download_png", LANG)}"]')  # Plotly's words, translated
             camera.wait_for(state="visible", timeout=30_000)
             attempt(view, camera.click, f"the PNG camera of figure {i} in the {label} view", ".png")
         if view_errors(page):
