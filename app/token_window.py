@@ -7,6 +7,10 @@ for CELL_TEXT_CHARS characters of it. A view may ask for fewer (the attention vi
 around the selected token; the buttons under the figure move it, and choosing another token centres it again. With a
 mouse (which points at any cell and reads its hover), or when every token fits, a figure shows every token its view
 asks for.
+
+A figure about two tokens (the attention map: a query and the key it reads most) keeps both in view: the window
+slides to hold the other one too, and when the two are further apart than the window is wide, the other one stands
+apart at the window's edge, the tokens between them left out and counted under the figure.
 """
 from __future__ import annotations
 
@@ -45,6 +49,45 @@ def centred(n: int, focus: int, size: int) -> int:
     return min(max(int(focus) - (size - 1) // 2, 0), n - size)
 
 
+def keeping(n: int, size: int, focus: int, keep: int | None, lo: int | None = None) -> tuple[int, int, int | None]:
+    """([lo, hi), pinned): the run of positions a figure shows around `focus` (from `lo` when the buttons moved the
+    window) and the position `keep` shown apart from it, or None when the run holds `keep`. When the two fit in
+    `size`, the window slides as little as brings `keep` in; otherwise it stays around `focus` and gives up its cell
+    nearest to `keep`, so the figure keeps `size` cells."""
+    size = min(n, size)
+    if keep is not None and not 0 <= keep < n:
+        keep = None
+    if lo is None:
+        lo = centred(n, focus, size)
+        if keep is not None and abs(focus - keep) < size:
+            lo = min(max(lo, keep - size + 1), keep)
+    lo = min(max(int(lo), 0), n - size)
+    if keep is None or lo <= keep < lo + size:
+        return lo, lo + size, None
+    return (lo + 1, lo + size, keep) if keep < lo else (lo, lo + size - 1, keep)
+
+
+def span_keeping(key: str, n: int, size: int | None, focus: int, keep: int | None) -> tuple[int, int, int | None]:
+    """span() for a figure about two tokens: the run [lo, hi) around `focus` and `keep` shown apart when the run
+    cannot hold it (keeping()); the buttons of controls() move the run, `keep` stays."""
+    if size is None or size >= n:
+        return 0, n, None
+    focus = min(max(int(focus), 0), n - 1)
+    kept = st.session_state.get(_state_key(key))
+    lo = None
+    if isinstance(kept, tuple) and len(kept) == 3 and kept[:2] == ((focus, keep), size):
+        lo = kept[2]
+    lo, hi, pinned = keeping(n, size, focus, keep, lo)
+    window_lo = lo - 1 if pinned is not None and pinned < lo else lo  # the whole window's first, which _move moves
+    st.session_state[_state_key(key)] = ((focus, keep), size, window_lo)
+    return lo, hi, pinned
+
+
+def shown(lo: int, hi: int, pinned: int | None) -> list[int]:
+    """The positions a figure shows, in order: the run and the position kept apart."""
+    return sorted(set(range(lo, hi)) | ({pinned} if pinned is not None else set()))
+
+
 def _state_key(key: str) -> str:
     return f"{key}_window"
 
@@ -70,14 +113,20 @@ def _move(key: str, by: int, n: int) -> None:
         st.session_state[_state_key(key)] = (focus, size, min(max(lo + by, 0), n - size))
 
 
-def controls(ctx: ViewContext, key: str, n: int, lo: int, hi: int) -> None:
-    """Under a windowed figure: which tokens it shows, and buttons that move the window by half its size."""
+def controls(ctx: ViewContext, key: str, n: int, lo: int, hi: int, pinned: int | None = None) -> None:
+    """Under a windowed figure: which tokens it shows (and the one kept apart, with how many are left out between),
+    and buttons that move the window by half its size."""
     if hi - lo >= n:
         return
-    step = max(1, (hi - lo) // 2)
+    hidden = set(range(n)) - set(shown(lo, hi, pinned))
+    step = max(1, (hi - lo + (pinned is not None)) // 2)
     with st.container(horizontal=True, vertical_alignment="center", key=f"{key}_window_bar"):
-        st.button("◀", key=f"{key}_earlier", on_click=_move, args=(key, -step, n), disabled=lo == 0,
-                  help=ctx.t("window.earlier"))
-        st.caption(ctx.t("window.shown", first=lo, last=hi - 1, n=n))
-        st.button("▶", key=f"{key}_later", on_click=_move, args=(key, step, n), disabled=hi >= n,
-                  help=ctx.t("window.later"))
+        st.button("◀", key=f"{key}_earlier", on_click=_move, args=(key, -step, n),
+                  disabled=not any(h < lo for h in hidden), help=ctx.t("window.earlier"))
+        if pinned is None:
+            st.caption(ctx.t("window.shown", first=lo, last=hi - 1, n=n))
+        else:
+            gap = lo - pinned - 1 if pinned < lo else pinned - hi
+            st.caption(ctx.t("window.shown_apart", first=lo, last=hi - 1, n=n, kept=pinned, gap=gap))
+        st.button("▶", key=f"{key}_later", on_click=_move, args=(key, step, n),
+                  disabled=not any(h >= hi for h in hidden), help=ctx.t("window.later"))

@@ -122,6 +122,8 @@ def test_csv_leaves_masked_cells_empty(page, reference):
 
 
 def test_long_prompt_window_is_the_recordings_sub_matrix(loaded):
+    from app.panels.attention.links import strongest_key
+    from app.token_window import keeping, shown as window
     from explorer_model.recording import record
 
     ids = loaded.tokenizer.encode(LONG)[:256]
@@ -129,9 +131,11 @@ def test_long_prompt_window_is_the_recordings_sub_matrix(loaded):
     at = run_app(view="attention", prompt=LONG, layer=7, head=2, token=100)
     assert not at.exception and not at.error
     rec = record(loaded.model, ids)
+    key = strongest_key(rec, 7, 2, 100)
     fig = by_id(at, "attn_head")
     z, shown = decode(fig["data"][0]["z"]), positions(fig["data"][0]["y"])
-    assert shown.tolist() == list(range(76, 125))  # ±24 around token 100
+    run = [p for p in shown if 76 <= p <= 124]  # ±24 around token 100 …
+    assert key in shown and len(shown) == 49 and run == list(range(run[0], 125))  # … and the key it reads most
     expected = rec.pattern(7)[0, 2].double().numpy()[np.ix_(shown, shown)]
     np.testing.assert_allclose(np.nan_to_num(z, nan=-1), np.where(np.isnan(z), -1, expected), atol=1e-6)
     assert np.isnan(z[np.triu_indices(49, 1)]).all()
@@ -140,19 +144,21 @@ def test_long_prompt_window_is_the_recordings_sub_matrix(loaded):
         assert decode(tr["z"]).shape == (49, 49)
         assert positions(tr["x"]).tolist() == shown.tolist()
     assert len(grid["layout"]["xaxis"]["tickvals"]) <= 16
-    assert "Showing tokens 76–124 of 256" in all_text(at)
+    assert f"Showing tokens {run[0]}–124 of 256" in all_text(at)
     # position 0 is outside the window: its share of these queries' attention, from the recording, is stated
-    sink = rec.pattern(7)[0, 2, 76:125, 0].double().mean().item()
-    assert f"queries 76–124 put {sink:.0%} of their attention on it" in all_text(at)
+    sink = rec.pattern(7)[0, 2, run[0]:125, 0].double().mean().item()
+    assert f"queries {run[0]}–124 put {sink:.0%} of their attention on it" in all_text(at)
     # near the end the window keeps its size; a smaller window shows fewer tokens
     at.sidebar.slider(key="token").set_value(255).run()
-    assert positions(by_id(at, "attn_head")["data"][0]["y"]).tolist() == list(range(207, 256))
+    expect = window(*keeping(256, 49, 255, strongest_key(rec, 7, 2, 255)))
+    assert positions(by_id(at, "attn_head")["data"][0]["y"]).tolist() == expect
+    assert [p for p in expect if p >= 208] == list(range(208, 256))
     at.select_slider(key="attn_window").set_value(8).run()
     fig = by_id(at, "attn_head")
     shown = positions(fig["data"][0]["x"])
-    assert shown.tolist() == list(range(239, 256))
+    assert shown.tolist() == window(*keeping(256, 17, 255, strongest_key(rec, 7, 2, 255)))
     z = decode(fig["data"][0]["z"])
-    np.testing.assert_allclose(z[-1], rec.pattern(7)[0, 2, 255, 239:].double().numpy(), atol=1e-6)
+    np.testing.assert_allclose(z[-1], rec.pattern(7)[0, 2, 255, shown].double().numpy(), atol=1e-6)
 
 
 def test_switching_layer_head_token_runs_no_forward(page):

@@ -40,7 +40,7 @@ def desktop_attention():
 
 
 def test_a_phone_shows_the_attention_window_a_finger_can_tap_and_moves_it(desktop_attention):
-    at = on(PHONE, view="attention")
+    at = on(PHONE, view="attention", attn_link_q=T - 1, attn_link_k=T - 1)  # a pair the window around it holds
     fig = by_id(at, "attn_head")
     shown = positions(fig)
     assert 3 <= len(shown) < T and shown == list(range(shown[0], shown[0] + len(shown)))
@@ -53,7 +53,8 @@ def test_a_phone_shows_the_attention_window_a_finger_can_tap_and_moves_it(deskto
     assert f"Showing tokens {shown[0]}–{T - 1} of {T}" in all_text(at)
     at.button(key="attn_head_earlier").click().run()
     moved = positions(by_id(at, "attn_head"))
-    assert moved == [p - len(shown) // 2 for p in shown]  # half a window earlier
+    # half a window earlier; the pair's key (here the query itself) stays in view, apart from the run
+    assert moved[:-1] == [p - len(shown) // 2 for p in shown[:-1]] and moved[-1] == T - 1
     select(at, token=2)  # another token: the window stands around it again
     around = positions(by_id(at, "attn_head"))
     assert around[0] == 0 and 2 in around and len(around) == len(shown)
@@ -98,3 +99,27 @@ def test_presenter_mode_shows_tables_the_room_can_read():
 def test_every_figure_fills_its_column():
     at = on(PHONE, view="norm")
     assert figures(at) and all("width" not in f["layout"] for f in figures(at))
+
+
+def test_the_window_slides_to_hold_the_key_or_keeps_it_apart():
+    from app.token_window import keeping
+    assert keeping(13, 7, 8, None) == (5, 12, None)  # around the selected token
+    assert keeping(13, 7, 8, 3) == (3, 10, None)  # slid as little as holds key 3
+    assert keeping(13, 7, 8, 6) == (5, 12, None)  # already in view: unchanged
+    assert keeping(13, 7, 8, 1) == (6, 12, 1)  # too far: key 1 apart, the run gives up its first cell
+    assert keeping(13, 7, 8, 1, lo=0) == (0, 7, None)  # moved by the buttons onto the key
+    assert keeping(13, 7, 8, 1, lo=6) == (7, 13, 1)  # moved away: the key stays, the run gives up a cell
+
+
+def test_a_phone_keeps_the_lessons_key_in_view_beside_its_query():
+    at = on(PHONE, lesson="coref")  # "it" (8) reads "animal" (1) most; a phone's window holds ~7 tokens
+    fig = by_id(at, "attn_head")
+    shown = positions(fig)
+    assert 1 in shown and 8 in shown and len(shown) < T
+    assert cell_px(fig, PHONE) >= TOUCH_CELL
+    z = np.nan_to_num(decode(fig["data"][0]["z"]))
+    assert shown[int(np.argmax(z[shown.index(8)]))] == 1  # the row of "it" shows its strongest cell
+    gap = shown[1] - shown[0] - 1
+    if gap:  # tokens left out between the key and the run: said under the figure and marked in it
+        assert f"token {shown[0]}" in all_text(at) and f"tokens left out between them: {gap}" in all_text(at)
+        assert fig["layout"].get("shapes")

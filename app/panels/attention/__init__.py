@@ -54,9 +54,19 @@ def window_sink_share(pattern: np.ndarray, lo: int, hi: int) -> float:
     return float(np.mean(pattern[lo:hi, 0]))
 
 
-def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
+def gap_lines(shown: list[int]) -> list[dict]:
+    """White bars across a heatmap over the positions `shown` wherever positions are left out between two
+    neighbours, so a kept-apart token is not read as the next one."""
+    last = len(shown) - 0.5
+    return [line for i in range(len(shown) - 1) if shown[i + 1] - shown[i] > 1
+            for line in (dict(type="line", x0=i + 0.5, x1=i + 0.5, y0=-0.5, y1=last),
+                         dict(type="line", x0=-0.5, x1=last, y0=i + 0.5, y1=i + 0.5))]
+
+
+def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int, pinned: int | None = None) -> None:
     m = mats[ctx.head]
-    sub, labels = m[lo:hi, lo:hi], ctx.labels[lo:hi]
+    keep = tuple(token_window.shown(lo, hi, pinned))
+    sub, labels = m[np.ix_(keep, keep)], [ctx.labels[i] for i in keep]
     name = ctx.t("attention.value.pattern" if kind == "pattern" else "attention.value.scores")
     q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
     pair = attention_links.pair()
@@ -69,19 +79,22 @@ def draw_head(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -
             title=ctx.t("attention.head.title", layer=ctx.layer, head=head_label(ctx, ctx.head), value=name),
             x_title=k_title, y_title=q_title, value_name=name)
         # Clicking a visible (not masked) cell picks the query/key pair of "Which heads link these two tokens?".
-        qs, ks = np.tril_indices(hi - lo)
+        qs, ks = np.tril_indices(len(keep))  # the positions are in order: the causal triangle stays a triangle
         text = [f"{q_title}: {labels[q]}<br>{k_title}: {labels[k]}<br>{name}: {sub[q, k]:.4f}"
                 for q, k in zip(qs, ks)]
         fig.add_trace(click_overlay(qs, ks, labels, labels, text,
-                                    selected=None if pair is None else (pair[0] - lo, pair[1] - lo)))
+                                    selected=None if pair is None or not {*pair} <= {*keep}
+                                    else (keep.index(pair[0]), keep.index(pair[1]))))
         fig.data[0].hoverinfo = "skip"  # the overlay's markers carry the hover text
-        fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi))
+        for line in gap_lines(list(keep)):
+            fig.add_shape(line, line=dict(color="white", width=4), layer="above")
+        fig.update_layout(meta=dict(id="attn_head", lo=lo, hi=hi, shown=list(keep)))
         return clickable(fig)
     plots.show(figure, ctx, key="attn_head", filename=f"attention_L{ctx.layer}_H{ctx.head}_{kind}",
-               share=HEAD_SHARE, on_select=attention_links.pick_pair_callback("attn_head", lo),
+               share=HEAD_SHARE, on_select=attention_links.pick_pair_callback("attn_head", keep),
                selection_mode="points")
-    token_window.controls(ctx, "attn_head", len(ctx.ids), lo, hi)
-    if lo > 0 and kind == "pattern":  # the window leaves out position 0, often the strongest column (the sink)
+    token_window.controls(ctx, "attn_head", len(ctx.ids), lo, hi, pinned)
+    if keep[0] > 0 and kind == "pattern":  # the window leaves out position 0, often the strongest column (the sink)
         st.caption(ctx.t("attention.window.sink", first=lo, last=hi - 1, piece=plain(ctx.pieces[0]),
                          share=f"{window_sink_share(m, lo, hi):.0%}"))
     label = ctx.t("attention.csv.head")
@@ -114,7 +127,7 @@ def draw_query_text(ctx: ViewContext, pattern: np.ndarray) -> None:
     st.caption(ctx.t("attention.query.top", keys=", ".join(f"{plain(ctx.labels[i])} ({row[i]:.3f})" for i in order)))
 
 
-def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: int) -> None:
+def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, keep: tuple[int, ...]) -> None:
     cfg = ctx.cfg
     # Columns are KV groups, so heads that share K and V stand in one column.
     n_cols, n_rows = cfg.n_kv_heads, cfg.n_rep
@@ -129,13 +142,13 @@ def draw_head_grid(ctx: ViewContext, mats: np.ndarray, kind: str, lo: int, hi: i
 
     def figure() -> go.Figure:
         layout = plots.grid_layout(n_rows, n_cols, titles, hspace=0.06, vspace=0.08)
-        labels = ctx.labels[lo:hi]
+        labels = [ctx.labels[i] for i in keep]
         ticks = thinned(labels)
         q_title, k_title = ctx.t("attention.axis.query"), ctx.t("attention.axis.key")
         traces = []
         for h, (r, c) in slots.items():
             xa, ya = plots.axis_ids(r + 1, c + 1, n_cols)
-            traces.append(go.Heatmap(z=mats[h, lo:hi, lo:hi], x=labels, y=labels,
+            traces.append(go.Heatmap(z=mats[h][np.ix_(keep, keep)], x=labels, y=labels,
                                      coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya, meta=h,
                                      hovertemplate=f"{q_title}: %{{y}}<br>{k_title}: %{{x}}<br>%{{z:.4f}}"
                                                    f"<extra>{head_label(ctx, h)}</extra>"))
@@ -185,12 +198,20 @@ def draw_overview(ctx: ViewContext) -> None:
                      "attention_overview.csv", key="attn_csv_overview")
 
 
-def head_window(ctx: ViewContext, half: int) -> tuple[int, int]:
+def head_window(ctx: ViewContext, half: int) -> tuple[int, int, int | None]:
     """The tokens of the main heatmap: `half` either side of the selected one, and on a touch screen no more than
-    a finger can tap in its column (token_window)."""
+    a finger can tap in its column (token_window); with them the key the selected token is paired with (the one it
+    reads most, a lesson's key, or a clicked cell's): a row whose strongest key is out of view would look empty while
+    the caption quotes its weight. ([lo, hi), the key kept apart or None.)"""
     size = 2 * int(half) + 1
     fit = token_window.fitting(ctx, ctx.labels, share=HEAD_SHARE)
-    return token_window.span("attn_head", len(ctx.ids), min(size, fit or size), ctx.token)
+    pair = attention_links.pair()
+    if pair is not None and pair[0] == ctx.token:
+        key = pair[1]
+    else:  # the pair is about another query (chosen before this token was): the one this token reads most
+        key = gateway.derived("attn_link_strongest", ctx.source, ctx.ids, attention_links.strongest_key, ctx.layer,
+                              ctx.head, ctx.token)
+    return token_window.span_keeping("attn_head", len(ctx.ids), min(size, fit or size), ctx.token, key)
 
 
 def draw(ctx: ViewContext) -> None:
@@ -209,12 +230,12 @@ def draw(ctx: ViewContext) -> None:
             pattern = layer_matrices(ctx, ctx.layer, "pattern")
             draw_query_text(ctx, pattern)
         mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
-        lo, hi = head_window(ctx, half)
+        lo, hi, pinned = head_window(ctx, half)
         with left:
-            draw_head(ctx, mats, kind, lo, hi)
+            draw_head(ctx, mats, kind, lo, hi, pinned)
     draw_explanation(ctx)
     with section("attention", "grid"):
-        draw_head_grid(ctx, mats, kind, lo, hi)
+        draw_head_grid(ctx, mats, kind, tuple(token_window.shown(lo, hi, pinned)))
     with section("attention", "link"):
         attention_links.draw(ctx)
     with section("attention", "heads"):

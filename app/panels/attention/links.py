@@ -47,12 +47,13 @@ def pair() -> tuple[int, int] | None:
     return None if q is None or k is None else (int(q), int(k))
 
 
-def pick_pair_callback(chart_key: str, offset: int):
-    """on_select of the main heatmap: the clicked cell (window coordinates + offset) becomes the pair."""
+def pick_pair_callback(chart_key: str, shown):
+    """on_select of the main heatmap: the clicked cell (row and column of the figure, which shows the positions
+    `shown`) becomes the pair."""
     def pick() -> None:
         cell = clicked_cell(st.session_state.get(chart_key))
-        if cell is not None:
-            st.session_state[Q_KEY], st.session_state[K_KEY] = cell[0] + offset, cell[1] + offset
+        if cell is not None and max(cell) < len(shown):
+            st.session_state[Q_KEY], st.session_state[K_KEY] = shown[cell[0]], shown[cell[1]]
     return pick
 
 
