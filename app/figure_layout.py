@@ -194,28 +194,35 @@ def _colorbars(fig: Figure) -> list:
     """The colour bars the figure shows: its traces' own, and a shared colour axis's."""
     bars = [tr.colorbar for tr in fig.data if tr.type in COLOR_TRACES and tr.showscale is not False
             and not tr.coloraxis]
-    if any(getattr(tr, "coloraxis", None) for tr in fig.data) and fig.layout.coloraxis.showscale is not False:
-        bars.append(fig.layout.coloraxis.colorbar)
-    return bars
+    shared = []  # every colour axis a trace uses (compare mode's A · B and B − A are two), in the traces' order
+    for tr in fig.data:
+        name = getattr(tr, "coloraxis", None)
+        if name and name not in shared:
+            shared.append(name)
+    axes_ = [getattr(fig.layout, name) for name in shared]
+    return bars + [a.colorbar for a in axes_ if a.showscale is not False]
 
 
-def _lay_under(bar, height: float) -> None:
-    """A colour bar lying under the plot, across its width, at the bottom of a figure `height` px high."""
-    bar.update(orientation="h", x=0.5, xanchor="center", xref="paper", y=PAD / height, yanchor="bottom",
+def _lay_under(bar, height: float, above: float = 0.0) -> None:
+    """A colour bar lying under the plot, across its width, `above` px over the bottom of a figure `height` px high."""
+    bar.update(orientation="h", x=0.5, xanchor="center", xref="paper", y=(PAD + above) / height, yanchor="bottom",
                yref="container", len=1, lenmode="fraction", ypad=0, thickness=COLORBAR_PX, title_side="top")
 
 
 def _colorbar_under(fig: Figure, sizes: Sizes) -> None:
-    """A narrow figure's upright colour bars laid under the plot, the figure made taller for them."""
+    """A narrow figure's upright colour bars laid under the plot, one under another in their order (two in one
+    place would hide each other), the figure made taller for them."""
     bars = [b for b in _colorbars(fig) if b.orientation != "h"]
     if not bars:
         return
-    extra = int(10 + COLORBAR_PX + 4 + sizes.text * LINE + (sizes.text * LINE if bars[0].title.text else 0))
+    each = [int(10 + COLORBAR_PX + 4 + sizes.text * LINE + (sizes.text * LINE if bar.title.text else 0))
+            for bar in bars]
+    extra = sum(each)
     height = (fig.layout.height or 450) + extra
     b = fig.layout.margin.b
     fig.update_layout(height=height, margin_b=(b if b is not None else 80) + extra)
-    for bar in bars:
-        _lay_under(bar, height)
+    for i, bar in enumerate(bars):
+        _lay_under(bar, height, above=sum(each[i + 1:]))
 
 
 def _subplot_titles(fig: Figure) -> list:

@@ -19,6 +19,7 @@ OBJECTS = {"title", "font", "tickfont", "colorbar", "margin", "legend", "hoverla
            "outsidetextfont", "pad"}
 LAYOUT_OBJECTS = OBJECTS | {"coloraxis"}  # on a trace, `coloraxis` names the layout's; in the layout it is one
 AXIS = re.compile(r"^[xy]axis\d*$")
+COLORAXIS = re.compile(r"^coloraxis\d+$")  # a second shared colour scale (compare mode's B − A) is an object too
 
 
 def spec(fig) -> dict:
@@ -86,7 +87,7 @@ class Layout(Node):
     __slots__ = ()
 
     def _is_object(self, name: str) -> bool:
-        return name in LAYOUT_OBJECTS or AXIS.match(name) is not None
+        return name in LAYOUT_OBJECTS or AXIS.match(name) is not None or COLORAXIS.match(name) is not None
 
     @property
     def annotations(self) -> list[Node]:

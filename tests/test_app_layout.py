@@ -123,3 +123,20 @@ def test_a_phone_keeps_the_lessons_key_in_view_beside_its_query():
     if gap:  # tokens left out between the key and the run: said under the figure and marked in it
         assert f"token {shown[0]}" in all_text(at) and f"tokens left out between them: {gap}" in all_text(at)
         assert fig["layout"].get("shapes")
+
+
+@pytest.mark.parametrize("view, fig_id, b", [("attention", "compare_attention", dict(cmp="whatif", cmp_iv="no-rope")),
+                                             ("norm", "compare_norm", dict(cmp="model", cmp_model="tiny-post"))])
+def test_a_phone_stacks_compare_modes_a_b_and_b_minus_a(view, fig_id, b):
+    fig = by_id(on(PHONE, view=view, model="tiny-pre", **b), fig_id)
+    lay = fig["layout"]
+    xs = [lay[k]["domain"] for k in sorted(lay) if k.startswith("xaxis")]
+    ys = sorted((lay[k]["domain"] for k in lay if k.startswith("yaxis")), key=lambda d: -d[1])
+    assert len(xs) == 3 and all(d[1] - d[0] > 0.9 for d in xs)  # A, B and B − A, each as wide as the figure
+    assert all(lower[1] < upper[0] for upper, lower in zip(ys, ys[1:]))  # one under another
+    m = lay["margin"]
+    assert (PHONE.main - m["l"] - m["r"]) / len(fig["data"][0]["x"]) >= 12  # cells, not strips
+    titles = [a["text"] for a in lay["annotations"] if a.get("yanchor") == "bottom"]
+    assert len(titles) == 3 and not any("<br>" in t for t in titles)  # each on one line
+    bars = [lay[k]["colorbar"] for k in ("coloraxis", "coloraxis2")]
+    assert all(bar["orientation"] == "h" for bar in bars) and bars[0]["y"] != bars[1]["y"]  # under, not on each other

@@ -15,7 +15,17 @@ import numpy as np
 
 from app import gateway
 from app.context import ViewContext
+from app.token_window import TOUCH_CELL
 from explorer_model.analysis import compare as C
+
+
+def stacked_row(ctx: ViewContext, n_rows: int) -> int | None:
+    """px of one heatmap of A, B and B − A when they stand one under another (a phone, whose columns Streamlit
+    stacks too), or None where they stand side by side: rows about a fingertip high, none taller than the column is
+    wide."""
+    if not ctx.screen.stacked:
+        return None
+    return int(min(ctx.screen.main - 60, max(160, TOUCH_CELL * n_rows)))
 
 
 @dataclass

@@ -29,12 +29,17 @@ def _finite_range(*ms) -> tuple[float, float]:
 def pair_heatmaps(fig_id: str, panels: Sequence[tuple[str, str, np.ndarray, Sequence[str], Sequence[str]]],
                   diff: tuple[str, np.ndarray, Sequence[str], Sequence[str]] | None = None, *,
                   zmin: float | None = None, zmax: float | None = None, colorscale: str = "Viridis",
-                  height: int = 430) -> go.Figure:
+                  height: int = 430, stacked_row: int | None = None) -> go.Figure:
     """A and B (panels: (meta, title, z, x labels, y labels)) on one shared colour axis (zmin/zmax, else the range
-    of both), and B − A (diff: (title, z, x, y)) on a second, diverging axis centred at 0."""
+    of both), and B − A (diff: (title, z, x, y)) on a second, diverging axis centred at 0. Side by side, or, with
+    `stacked_row` (px a heatmap's row of the grid gets), one under another: three side by side on a phone were
+    strips a few px wide under titles wrapped to four lines, each one's labels over its neighbour."""
     n = len(panels) + (diff is not None)
     titles = [p[1] for p in panels] + ([diff[0]] if diff is not None else [])
-    lay = grid_layout(1, n, titles, hspace=0.1)
+    if stacked_row:
+        lay, height = grid_layout(n, 1, titles, vspace=0.02), n * stacked_row + 120
+    else:
+        lay = grid_layout(1, n, titles, hspace=0.1)
     if zmin is None or zmax is None:
         lo, hi = _finite_range(*[p[2] for p in panels])
         zmin, zmax = (lo if zmin is None else zmin), (hi if zmax is None else zmax)
@@ -54,7 +59,8 @@ def pair_heatmaps(fig_id: str, panels: Sequence[tuple[str, str, np.ndarray, Sequ
     # both colour bars right of the last panel: between panels they would cover the next panel's labels
     fig.update_layout(**lay, coloraxis=dict(colorscale=colorscale, cmin=zmin, cmax=zmax,
                                             colorbar=dict(x=1.01, len=0.9, thickness=12, title="A · B")),
-                      meta={"id": fig_id}, height=height, margin=dict(l=60, r=130 if diff is not None else 60, t=40, b=80))
+                      meta={"id": fig_id}, height=height,
+                      margin=dict(l=60, r=10 if stacked_row else 130 if diff is not None else 60, t=40, b=80))
     fig.update_xaxes(type="category", tickangle=-90)
     fig.update_yaxes(type="category", autorange="reversed")
     return fig

@@ -10,7 +10,7 @@ from app import plots
 from app.context import display_piece, plain
 from app.panels.compare import figs as F
 from app.panels.generation import candidate_label
-from app.panels.compare.common import CURVE_KEYS, Pair, curves, divisor_difference, divisors, most_changed, side_rows
+from app.panels.compare.common import CURVE_KEYS, Pair, curves, stacked_row, divisor_difference, divisors, most_changed, side_rows
 from explorer_model.analysis import compare as C
 
 
@@ -79,7 +79,8 @@ def draw_norm(pair: Pair) -> None:
         diff = (t("compare.diff_title"), d, pair.diff_labels(), ya)
     panels = [("A", t("compare.divisors_title", side="A"), da, a.labels, ya),
               ("B", t("compare.divisors_title", side="B"), db, b.labels, yb)]
-    plots.show(lambda: F.pair_heatmaps("compare_norm", panels, diff), a, key="compare_norm")
+    row = stacked_row(a, len(ya))  # outside the build: a built figure is kept by what its function closes over
+    plots.show(lambda: F.pair_heatmaps("compare_norm", panels, diff, stacked_row=row), a, key="compare_norm")
     draw_curve_panels(pair, ("ln1_scale", "ln2_scale"), "compare_norm_curves")
     rows = []
     for side, ctx, m in (("A", a, da), ("B", b, db)):

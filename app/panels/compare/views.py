@@ -11,7 +11,7 @@ from app import plots
 from app.panels.compare import figs as F
 from app.panels.compare import stream as S
 from app.panels.attention.cells import WINDOW_DEFAULT, window
-from app.panels.compare.common import CURVE_KEYS, Pair, curves, ffn_change, gate_closed, pattern, scores, side_rows
+from app.panels.compare.common import CURVE_KEYS, Pair, curves, stacked_row, ffn_change, gate_closed, pattern, scores, side_rows
 from explorer_model.analysis import compare as C
 from explorer_model import interventions as I
 
@@ -88,9 +88,11 @@ def _matrix_figure(pair: Pair, kind: str, fig_id: str):
         diff = (t("compare.diff_title"), zd, ld, ld)
     if wa[1] - wa[0] < len(a.ids):
         st.caption(t("compare.window", half=WINDOW_DEFAULT, n=len(a.ids)))
+    row = stacked_row(pair.a, len(la))  # outside the build: a built figure is kept by what its function closes over
     plots.show(lambda: F.pair_heatmaps(fig_id, panels, diff, zmin=0.0 if kind == "pattern" else None,
                                        zmax=1.0 if kind == "pattern" else None,
-                                       colorscale="Blues" if kind == "pattern" else "Viridis"), pair.a, key=fig_id)
+                                       colorscale="Blues" if kind == "pattern" else "Viridis",
+                                       stacked_row=row), pair.a, key=fig_id)
     return m
 
 
