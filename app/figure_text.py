@@ -61,6 +61,18 @@ def cut(label, n: int) -> str:
     return s if len(s) <= n else s[:n - 1] + "…"
 
 
+def cut_to(label, room: float, font: float) -> str:
+    """`label` cut (with "…") to the longest beginning that fits `room` px at `font`; one character and "…" at
+    least."""
+    s = str(label)
+    if text_px(s, font) <= room:
+        return s
+    n = len(s) - 1
+    while n > 1 and text_px(s[:n] + "…", font) > room:
+        n -= 1
+    return s[:n] + "…"
+
+
 def toolbar_dropped(touch: bool) -> list[str]:
     """The buttons Plotly's toolbar leaves out (its config's modeBarButtonsToRemove)."""
     return list(TOUCH_TOOLBAR_DROPPED if touch else TOOLBAR_DROPPED)

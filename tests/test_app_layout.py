@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from apptest_util import all_text, by_id, decode, fig_with, figures, run_app, select
-from app.figure_text import MIN_TEXT
+from app.figure_text import MIN_TEXT, text_px
 from app.screen import DESKTOP, PHONE
 from app.token_window import TOUCH_CELL
 
@@ -77,9 +77,15 @@ def test_token_heatmaps_show_a_window_on_a_phone_and_every_token_on_a_desktop(vi
     assert len(shown) < len(everything) and 5 in shown
     assert cell_px(phone, PHONE) >= TOUCH_CELL
     np.testing.assert_array_equal(decode(phone["data"][0]["z"]), decode(desktop["data"][0]["z"])[:, shown])
-    if text:  # each cell shows the token it had to predict, at the phone's smallest text or larger
-        assert phone["data"][0]["text"][0] == [desktop["data"][0]["text"][0][p] for p in shown]
-        assert phone["data"][0]["textfont"]["size"] >= MIN_TEXT
+    if text:  # each cell shows the token it had to predict (its beginning, cut to the cell), at the phone's
+        # smallest text or larger, never reaching into the next cell; the hover names it whole
+        whole = [(desktop["data"][0].get("hovertext") or desktop["data"][0]["text"])[0][p] for p in shown]
+        cells, size = phone["data"][0]["text"][0], phone["data"][0]["textfont"]["size"]
+        assert size >= MIN_TEXT
+        assert all(c == w or (c.endswith("…") and w.startswith(c[:-1]) and len(c) >= 4) for c, w in zip(cells, whole))
+        assert all(text_px(c, size) <= cell_px(phone, PHONE) - 4 for c in cells)
+        if cells != whole:
+            assert phone["data"][0]["hovertext"][0] == whole and "%{hovertext}" in phone["data"][0]["hovertemplate"]
 
 
 def test_the_logit_lens_shows_as_many_positions_as_its_text_fits_on_a_phone():

@@ -29,14 +29,17 @@ STEP_KEYS = ("residual.step_raw", "residual.temperature", "residual.step_top_k",
 
 
 # ----------------------------------------------------------------------------- pure data / figures
-def loss_strip_figure(pl: PositionLosses, labels: list[str], t, lo: int = 0, hi: int | None = None) -> go.Figure:
-    """One row: cell t = −ln p(token t+1 | tokens ≤ t), labelled by the position and showing the token it had to
-    predict; the positions lo…hi-1 (all by default), coloured on the whole prompt's scale."""
+def loss_strip_figure(pl: PositionLosses, labels: list[str], t, lo: int = 0, hi: int | None = None,
+                      pieces: list[str] | None = None) -> go.Figure:
+    """One row: cell t = −ln p(token t+1 | tokens ≤ t), labelled by the position (labels) and showing the token it
+    had to predict (pieces, without the position the axis already names: the text a cell has room for is the
+    token's); the positions lo…hi-1 (all by default), coloured on the whole prompt's scale."""
+    pieces = labels if pieces is None else pieces
     hi = len(pl.losses) if hi is None else hi
     fig = plots.heatmap(pl.losses[None, lo:hi], labels[lo:hi], [t("residual.loss_row")], colorscale="Reds", zmin=0.0,
                         zmax=float(pl.losses.max()), title=t("residual.loss_strip_title", mean=pl.mean, n=len(pl.losses)),
                         x_title=t("residual.loss_x"), y_title="", value_name=t("residual.loss_nats"), fmt=".3f")
-    fig.update_traces(text=[labels[lo + 1:hi + 1]], texttemplate="%{text}",
+    fig.update_traces(text=[pieces[lo + 1:hi + 1]], texttemplate="%{text}",
                       customdata=[np.stack([pl.target_prob[lo:hi], pl.target_rank[lo:hi]], -1)],
                       hovertemplate="%{x} → %{text}<br>" + t("residual.loss_nats") +
                                     " %{z:.3f}<br>p %{customdata[0]:.4f}, rank %{customdata[1]}<extra></extra>")
@@ -138,9 +141,9 @@ def draw_loss_strip(ctx: ViewContext) -> None:
     pl = position_losses(ctx.rec)
     n = len(pl.losses)
     fit = token_window.fitting(ctx, [], y_title=False,
-                               min_cell=token_window.text_cell(ctx.labels[1:], ctx.presenter))
+                               min_cell=token_window.text_cell(ctx.pieces[1:], ctx.presenter))
     lo, hi = token_window.span("residual_loss_strip", n, fit, min(ctx.token, n - 1))
-    plots.show(partial(loss_strip_figure, pl, ctx.labels, t, lo, hi), ctx, key="residual_loss_strip")
+    plots.show(partial(loss_strip_figure, pl, ctx.labels, t, lo, hi, ctx.pieces), ctx, key="residual_loss_strip")
     token_window.controls(ctx, "residual_loss_strip", n, lo, hi)
     worst = int(np.argmax(pl.losses))
     st.caption(t("residual.loss_caption", mean=pl.mean, n=len(pl.losses), worst=ctx.labels[worst + 1],
