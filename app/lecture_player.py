@@ -263,6 +263,32 @@ def _plain_lines(text: str) -> str:
     return "  \n".join(plain(line) for line in text.split("\n"))
 
 
+# On a phone the pinned player took a third of the screen while following and nearly half while exploring (its
+# buttons, a 1.5rem title and five lines of caption, each with a rem of gap), and the figure's title hid under it.
+# There it keeps to its essentials, smaller: Previous, Next and Go to… in one row of short buttons, a title of body
+# size, three lines of caption before its box scrolls, the room's line in small text and little space between them.
+# (page_style.py pins it and lays out its rows; these rules only make them smaller, under its block alone.)
+BAR = ".st-key-lecture_bar"
+PHONE_PLAYER = (
+    "@media (max-width: 640px) {"
+    f"{BAR} {{gap: 0.35rem; padding: 0.5rem 0.75rem;}}"
+    f"{BAR} [data-testid='stVerticalBlock'] {{gap: 0.35rem;}}"
+    f"{BAR} [data-testid='stHorizontalBlock'] {{gap: 0.35rem 0.5rem;}}"
+    f"{BAR} button {{min-height: 2rem; padding: 0.1rem 0.5rem;}}"
+    f"{BAR} button p, {BAR} [data-testid='stCaptionContainer'] p {{font-size: 0.85rem; line-height: 1.3;}}"
+    # (Streamlit pulls a text's block up by a rem into its gap: with the gap narrowed, it would overlap the next)
+    f"{BAR} [data-testid='stMarkdownContainer'] {{margin-bottom: 0;}}"
+    f"{BAR} [data-testid='stMarkdownContainer'] p {{font-size: 0.9rem; line-height: 1.4; margin-bottom: 0;}}"
+    f"{BAR} h3 {{font-size: 1.1rem; line-height: 1.3;}}"
+    f"{BAR} .st-key-lecture_caption {{max-height: 4.2em;}}"  # three lines of 1.4
+    # Go to… beside Next rather than under it: the row of buttons is one row
+    f"{BAR} [data-testid='stColumn']:has(.st-key-lecture_next) {{flex: 2 1 55%;}}"
+    f"{BAR} [data-testid='stColumn']:has(.st-key-lecture_next) > [data-testid='stVerticalBlock'] "
+    "{flex-direction: row;}"
+    f"{BAR} [data-testid='stColumn']:has(.st-key-lecture_next) > [data-testid='stVerticalBlock'] > * "
+    "{flex: 1 1 0; min-width: 0; width: auto;}}")
+
+
 def bar(room_controls=None):
     """The player, in the main area (never the folded sidebar): step i / N, Previous / Next, title and caption,
     and under them `room_controls` (what the page is in a room: following, exploring, presenting), which stay with
@@ -277,6 +303,7 @@ def bar(room_controls=None):
         return None
     steps, i = ss["lecture"]["steps"], ss.get("lecture_step", 0)
     step = steps[i]
+    st.html(f"<style>{PHONE_PLAYER}</style>")
     with st.container(border=True, key="lecture_bar"):
         if ss.get("room_following"):  # a follower's step is the presenter's (app/room_follow.py): no buttons
             mid = st.container()

@@ -172,3 +172,31 @@ def test_a_lecture_made_in_the_page_downloads_as_its_file_and_opens_again(server
     side.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
     wait_idle(pg)
     assert counter(pg).startswith("Step 1 / 1 · Norms in class") and query(pg)["view"] == "norm"
+
+
+PLAYER_PARTS = """() => { const box = s => { const el = document.querySelector('.st-key-lecture_bar ' + s);
+    const r = el && el.getBoundingClientRect(); return r && {top: r.top, bottom: r.bottom}; };
+  const bar = document.querySelector('.st-key-lecture_bar').getBoundingClientRect();
+  return {bar: {top: bar.top, bottom: bar.bottom}, screen: innerHeight, buttons: [box('.st-key-lecture_prev'),
+          box('.st-key-lecture_next'), box('[data-testid="stPopover"]')], title: box('h3'),
+          counter: (el => { const r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom}; })(
+            [...document.querySelectorAll('.st-key-lecture_bar p')].find(p => !p.closest('button'))),
+          caption: box('.st-key-lecture_caption')}; }"""
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_on_a_phone_the_player_leaves_most_of_the_screen_to_the_view(server, browser, lang):
+    """390×844: the player (Previous, Next, Go to…, the counter, title and a long caption: step 8) is at most a
+    quarter of the screen high, its buttons in one row and its lines one under another, not over each other."""
+    pg = module_page(browser, 390, 844, is_mobile=True, has_touch=True)
+    open_app(pg, server, lecture="tutorial-000", step=8, lang=lang)
+    drawn_for_screen(pg)
+    parts = pg.evaluate(PLAYER_PARTS)
+    high = parts["bar"]["bottom"] - parts["bar"]["top"]
+    assert high <= 0.25 * parts["screen"], f"the player is {high:.0f} px of the phone's {parts['screen']} px"
+    prev, nxt, goto = parts["buttons"]
+    assert abs(prev["top"] - nxt["top"]) < 2 and abs(nxt["top"] - goto["top"]) < 2  # one row
+    lines = [max(b["bottom"] for b in parts["buttons"]), parts["counter"], parts["title"], parts["caption"]]
+    for above, below in zip([lines[0]] + [b["bottom"] for b in lines[1:-1]], lines[1:]):
+        assert above <= below["top"] + 1, parts
+    forget(pg)
