@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from app.figure_spec import Figure, Node, axes
-from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, Sizes, cut, cut_to, place_title, presenter_fonts,
-                             raise_fonts, text_px, title_pad, wrap_subplot_titles)
+from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, Sizes, cut, cut_cell_text, place_title,
+                             presenter_fonts, raise_fonts, text_px, title_pad, wrap_subplot_titles)
 
 LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
 LABEL_CHARS, NARROW_LABEL_CHARS = 14, 9  # longer tick labels are cut, with "…" (the hover names them whole)
@@ -36,7 +36,6 @@ PAD, TICK_GAP, STANDOFF = 8, 6, 8  # px: a heatmap's edge, between its tick labe
 COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colour bar of their own
 TITLE_GAP = 6  # px between a figure's title and the subplot titles under it
 MIN_SUBPLOT = 0.2  # of a row's width: side-by-side subplots are never made narrower to fit their axes' labels
-CELL_TEXT_PAD = 3  # px a heatmap's cell text keeps from either side of its cell
 LEGEND_ITEM_PX, LEGEND_ROW = 46, 1.6  # a legend item's symbol and gaps (px), a row's height (× its font size)
 
 
@@ -102,7 +101,7 @@ def size_heatmap(fig: Figure, width: float, sizes: Sizes, max_height: float | No
                        y_title=bool(lay.yaxis.title.text), colorbar=colorbar, colorbar_title=bar_title,
                        show_x=lay.xaxis.showticklabels is not False, show_y=show_y)
     cell_w = frame.plot_width(width) / len(x)
-    _cut_cell_text(tr, cell_w, sizes)
+    cut_cell_text(tr, cell_w, sizes.text)
     spill = _text_spill(tr, cell_w, sizes)  # cell text wider than the first and last cells reaches into the margins
     if spill > min(frame.left, frame.right):
         frame = replace(frame, left=max(frame.left, spill), right=max(frame.right, spill))
@@ -136,22 +135,6 @@ def size_heatmap(fig: Figure, width: float, sizes: Sizes, max_height: float | No
                                nticks=max(2, int(plot_h // (sizes.text * LABEL_ROOM * 1.5))))
     _thin(lay.xaxis, x, cell_w, sizes.tick, frame.label_chars, rotate=True)
     _thin(lay.yaxis, y, plot_h / len(y), sizes.tick, frame.label_chars)
-
-
-def _cut_cell_text(tr, cell_w: float, sizes: Sizes) -> None:
-    """A heatmap's cell text cut to its cell (with "…"): longer, it ran into the next cell's, and on a phone the
-    loss strip read "9:␣capital10:␣of". The hover keeps each text whole (its %{text} becomes %{hovertext})."""
-    if tr.text is None:
-        return
-    rows = [list(row) if isinstance(row, (list, tuple)) else [row] for row in tr.text]
-    font = max(tr.textfont.size or 0, sizes.text)
-    cut = [[cut_to(v, cell_w - 2 * CELL_TEXT_PAD, font) for v in row] for row in rows]
-    if cut == rows:
-        return
-    if tr.hovertext is None and "%{text}" in (tr.hovertemplate or ""):
-        tr.hovertext = rows
-        tr.hovertemplate = tr.hovertemplate.replace("%{text}", "%{hovertext}")
-    tr.text = cut
 
 
 def _text_spill(tr, cell_w: float, sizes: Sizes) -> float:

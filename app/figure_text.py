@@ -27,6 +27,7 @@ SHORT_GROUP = 12  # characters of a bracketed group no line breaks inside
 TITLE_TOP = 8  # px above a figure's title
 TOOLBAR_CLEAR = 3  # px more above a title of several lines: its second line, which may run under the toolbar,
 # starts below the buttons (place_title)
+CELL_TEXT_PAD = 3  # px a heatmap's cell text keeps from either side of its cell
 TAG = re.compile(r"<[^<>]*>")  # Plotly's text tags (<b>, <i>, <br>), which take no room of their own
 # px across Plotly's toolbar, which sits over the figure's top right corner (measured in Chromium: 80 and 152)
 TOOLBAR_PX, TOUCH_TOOLBAR_PX = 160, 88
@@ -71,6 +72,23 @@ def cut_to(label, room: float, font: float) -> str:
     while n > 1 and text_px(s[:n] + "…", font) > room:
         n -= 1
     return s[:n] + "…"
+
+
+def cut_cell_text(tr, cell_w: float, least: int) -> None:
+    """A heatmap trace's cell text cut to its cells, `cell_w` px wide (with "…"): longer, it ran into the next cell's,
+    and on a phone the loss strip read "9:␣capital10:␣of". The hover keeps each text whole (its %{text} becomes
+    %{hovertext}). `least`: the smallest text size, which cell text is drawn at or above."""
+    if tr.text is None:
+        return
+    rows = [list(row) if isinstance(row, (list, tuple)) else [row] for row in tr.text]
+    font = max(tr.textfont.size or 0, least)
+    cut = [[cut_to(v, cell_w - 2 * CELL_TEXT_PAD, font) for v in row] for row in rows]
+    if cut == rows:
+        return
+    if tr.hovertext is None and "%{text}" in (tr.hovertemplate or ""):
+        tr.hovertext = rows
+        tr.hovertemplate = tr.hovertemplate.replace("%{text}", "%{hovertext}")
+    tr.text = cut
 
 
 def toolbar_dropped(touch: bool) -> list[str]:
