@@ -64,7 +64,7 @@ def click_script():
     st.session_state["fake_head"] = {"selection": {**event["selection"], "points": [
         {"curve_number": 1, "point_index": 3, "customdata": {"0": 6, "1": 2}}]}}  # a typed array, as Chromium sends it
     L._jump_from_map("fake_map", 9)()
-    L.pick_pair_callback("fake_head", 40)()
+    L.pick_pair_callback("fake_head", list(range(40, 89)))()  # the figure shows positions 40…88
     st.session_state["fake_map"] = {"selection": {"points": [], "point_indices": [], "box": [], "lasso": []}}
     L._jump_from_map("fake_map", 0)()  # an empty selection (a second click deselects) changes nothing
     st.text(" ".join(str(st.session_state[k]) for k in ("layer", "head", "token", L.Q_KEY, L.K_KEY)))
