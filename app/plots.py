@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import plotly.io
 import streamlit as st
 
-from app import gateway, sections
+from app import gateway, i18n, sections
 
 from .context import ViewContext
 from .figure_layout import fit_figure
@@ -121,8 +121,8 @@ def chart_config(ctx: ViewContext, filename: str) -> dict:
     config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": filename, "scale": 2},
               "modeBarButtonsToRemove": toolbar_dropped(ctx.screen.touch)}
     if ctx.lang != "en":  # (numbers keep Plotly's English format: the locale names no other)
-        config.update(locale=ctx.lang, locales={ctx.lang: {"dictionary": {text: ctx.t(key)
-                                                                          for text, key in PLOTLY_TEXTS.items()}}})
+        words = {text: i18n.t(key, ctx.lang) for text, key in PLOTLY_TEXTS.items()}
+        config.update(locale=ctx.lang, locales={ctx.lang: {"dictionary": words}})
     return config
 
 
