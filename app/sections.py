@@ -6,9 +6,10 @@ its element a class the page can find (`st-key-section_{view}_{key}`). `request`
 widgets exist) names the part to land on, or the top of the page; `landing` puts a script on the page that scrolls
 the main area as little as brings the whole part into the first screen (its top first, when it is taller than the
 screen: what is above it stays in view when there is room; a lecture's player, pinned under the page's header, is
-counted as covering the top), and holds it there while
-figures above it still settle, until the visitor scrolls, clicks or types. Each request carries a number, so a
-page run that only redraws never scrolls.
+counted as covering the top; an element that would stand half under the header or the player is scrolled past
+whole), and holds it there while figures above it still settle and the page runs again for its screen, until the
+visitor scrolls, clicks or types. Each request carries a number, so a page run that only redraws never scrolls.
+A lecture step about no part lands on its view's first part, the main figure.
 
 A page that shows a comparison of A and B (app/compare.py) and names no part lands on the comparison's figures
 (COMPARISON), not on the top of the page, where the lesson's sentence, the view selector and the comparison's
@@ -21,7 +22,7 @@ phone at every step.
 State (st.session_state): section  the part the link names (app/url_state.py writes it while it is the view's);
 _landing  the number of the latest request; _only  (view, part) while a run shows that part alone; _section_note
 (view, part, text) a lesson's sentence until that part is drawn (lesson_note); _unsent  while
-it draws a part above that one.
+it draws a part above that one; _whole  whether a following page showed whole views at its last run.
 """
 from __future__ import annotations
 
@@ -180,7 +181,10 @@ LAND_JS = """(function (target, number) {
     const now = performance.now();
     const main = doc.querySelector('[data-testid="stMain"]');
     const app = doc.querySelector('[data-testid="stApp"]');
-    const running = !app || app.getAttribute("data-test-script-state") === "running";
+    // a page whose probe has just reported its screen (app/screen_probe.js) is about to run again, for that screen:
+    // what that run changes (the player's height and pinning, the parts above) is still to come
+    const running = !app || app.getAttribute("data-test-script-state") === "running" ||
+      doc.documentElement.dataset.screen === "reported";
     const el = target ? doc.querySelector(".st-key-" + target) : null;
     let offset = null;
     if (main && (!target || (!el && !running))) {  // the top, or a part the finished run did not draw
@@ -192,11 +196,39 @@ LAND_JS = """(function (target, number) {
       const header = doc.querySelector('[data-testid="stHeader"]');
       const bar = doc.querySelector(".st-key-lecture_bar");
       const box = main.getBoundingClientRect(), rect = el.getBoundingClientRect();
-      let covered = (header ? Math.max(header.getBoundingClientRect().bottom - box.top, 0) : 0) + 8;
-      if (bar && getComputedStyle(bar.parentElement).position === "sticky")
-        covered += bar.parentElement.getBoundingClientRect().height;
-      const top = rect.top - box.top + main.scrollTop;  // the part's top in the main area's content
-      const wanted = Math.max(0, top + Math.min(rect.height, main.clientHeight - covered) - main.clientHeight);
+      const head = header ? Math.max(header.getBoundingClientRect().bottom - box.top, 0) : 0;
+      const wrap = bar && bar.parentElement;
+      const pinned = wrap && getComputedStyle(wrap).position === "sticky" ? wrap.getBoundingClientRect().height : 0;
+      const covered = head + pinned + 8;
+      const inMain = r => r.top - box.top + main.scrollTop;  // a box's top in the main area's content
+      // the scroll from which the player stands pinned: its place in the page, under the element before it (or
+      // at its block's top), where it would be without pinning
+      let before = wrap && wrap.previousElementSibling;
+      while (before && !before.getClientRects().length) before = before.previousElementSibling;
+      const holder = wrap && getComputedStyle(wrap.parentElement);
+      const place = !pinned ? 0 : before
+        ? inMain(before.getBoundingClientRect()) + before.getBoundingClientRect().height + (parseFloat(holder.rowGap) || 0)
+        : inMain(wrap.parentElement.getBoundingClientRect()) + (parseFloat(holder.paddingTop) || 0);
+      const pinsFrom = pinned ? place - head : Infinity;
+      const top = inMain(rect);
+      const highest = Math.max(0, top - covered);  // the part's top just under the player
+      let wanted = Math.max(0, top + Math.min(rect.height, main.clientHeight - covered) - main.clientHeight);
+      // no element left half under the header or the player's bottom edge (a heading over the part, the slider
+      // labels of the title's row, whose bare values would stay): one that would stand across an edge is scrolled
+      // past whole, as long as the part's top stays in view
+      const above = [...main.querySelectorAll('[data-testid="stElementContainer"]')]
+        .filter(e => !el.contains(e) && !(bar && bar.contains(e)))
+        .map(e => e.getBoundingClientRect()).filter(r => r.height > 0 && inMain(r) < top)
+        .map(r => [inMain(r), inMain(r) + r.height]);
+      for (let again = 0; again < 3; again++) {
+        let more = wanted;
+        const edge = wanted >= pinsFrom - 1 ? covered - 8 : head;  // the player's bottom, or the header's
+        for (const [a, b] of above)
+          if (a < wanted + edge - 1 && wanted + edge < b - 1) more = Math.max(more, b - edge);
+        more = Math.min(more, highest);
+        if (more <= wanted) break;
+        wanted = more;
+      }
       if (Math.abs(main.scrollTop - wanted) > 1) main.scrollTop = wanted;
       offset = Math.round(wanted) + "|" + Math.round(rect.height);
     }
@@ -222,6 +254,12 @@ def landing() -> None:
     """The script of the latest request (none before the first), in the sidebar: it takes no room in the main area,
     and it runs in the page's window whether the sidebar is folded or not."""
     ss = st.session_state
+    whole = bool(ss.get("room_whole"))
+    if ss.get("room_following") and whole != ss.get("_whole", whole):
+        # Show whole views / Only each step's part fills or empties the parts above the step's: the page lands on
+        # that part again, or it would be pushed off the screen by the figures drawn above it
+        request(ss.get("view"), ss.get("section"))
+    ss["_whole"] = whole
     number = int(ss.get("_landing") or 0)
     if not number:
         return
@@ -230,6 +268,10 @@ def landing() -> None:
     target = css_key(view, key) if valid(view, key) else None  # checked against SECTIONS: only known names
     if target is None and ss.get("cmp"):  # compare mode: its figures (the top of the page if none are drawn)
         target = COMPARISON
+    elif target is None and ss.get("lecture") and SECTIONS.get(view):
+        # a lecture step about no part: its view's main figure, under the player (at the top of the page, the
+        # title's row, the player and the view's choices fill a projector's first screen above it)
+        target = css_key(view, SECTIONS[view][0])
     call = f"{LAND_JS}({json.dumps(target)}, {number});"
     with st.sidebar:
         st.iframe(FRAME % json.dumps(call), height=1)

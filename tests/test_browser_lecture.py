@@ -42,6 +42,9 @@ def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projecto
     pg = projector
     open_app(pg, server, lecture="tutorial-000", step=1, presenter=1)
     assert counter(pg).startswith("Step 1 / 21") and query(pg)["view"] == "predict"
+    # the first page of a new browser: its screen probe reports, and the page runs again for that screen
+    drawn_for_screen(pg)
+    assert_landed(pg, "predict", "loss", "step 1, opened by link")
     next_button = pg.locator(".st-key-lecture_next button")
     box = next_button.bounding_box()
     assert box and box["y"] + box["height"] <= 720  # in the first screen of the main area
@@ -64,6 +67,8 @@ def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projecto
         pg.wait_for_timeout(150)
     wait_idle(pg)
     assert counter(pg).startswith("Step 6 / 21") and query(pg)["step"] == "6", counter(pg)
+    press(pg, "ArrowRight")  # the head's heatmap, taller than the room under the player: its top first
+    assert_landed(pg, "attention", "head", "step 7")
     pg.screenshot(path=str(shots_dir() / "lecture_presenter.png"))
 
 
@@ -84,10 +89,23 @@ COVERS = """() => { const bar = document.querySelector('.st-key-lecture_bar');
             player: r && {top: r.top, bottom: r.bottom}}; }"""
 
 
+# the elements of the main area that stand across the bottom edge of what covers the page's top (the player where it
+# is pinned, else the header): their text cut in two, a heading's lower half or a slider's value without its label
+CUT = """() => { const header = document.querySelector('[data-testid="stHeader"]').getBoundingClientRect().bottom;
+    const bar = document.querySelector('.st-key-lecture_bar'), r = bar && bar.getBoundingClientRect();
+    const edge = r && r.top <= header + 1 ? r.bottom : header;
+    return [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stElementContainer"]')]
+        .filter(e => !(bar && bar.contains(e))).filter(e => { const b = e.getBoundingClientRect();
+            return b.height > 0 && b.top < edge - 1 && edge + 1 < b.bottom; })
+        .map(e => `${(e.innerText || '').trim().slice(0, 40)} (${e.className.match(/st-key-\\S+/) || ''})`); }"""
+
+
 def assert_landed(pg, view: str | None, key: str, what: str) -> None:
     """The part is on the first screen, below the header; in a lecture the player (the step's counter, title and
-    caption) is on that screen too, above the part."""
+    caption) is on that screen too, above the part; nothing stands half under the player or the header."""
     box = section_box(pg, view, key)
+    cut = pg.evaluate(CUT)
+    assert not cut, f"{what}: half under the page's header or the lecture's player: {cut}"
     part = f"the {view} view's {key} section" if view else "the comparison's figures"
     covers = pg.evaluate(COVERS)
     free = covers["header"]
@@ -116,6 +134,18 @@ def test_steps_and_presets_land_on_their_section_on_the_projector(server, projec
     press(pg, "ArrowRight")
     assert_landed(pg, "swiglu", "positionwise", "step 17")
     assert view_errors(pg) == []
+    # a larger projector: the player is shorter and step 20's heatmap needs only a small scroll, one that left the
+    # title's row half under the header (the sliders' values without their labels)
+    pg.set_viewport_size({"width": 1920, "height": 1080})
+    pg.wait_for_timeout(400)  # the screen probe's report of the new width, and the page's run for it
+    drawn_for_screen(pg)
+    pg.locator('[data-testid="stPopover"] button').filter(has_text=t("lecture.jump", "en")).click()
+    pg.locator('[data-testid="stPopoverBody"] [data-testid="stSelectbox"]').click()
+    pg.get_by_role("option", name="20 · ").click()
+    wait_idle(pg)
+    assert counter(pg).startswith("Step 20 / 21")
+    assert_landed(pg, "swiglu", "heatmap", "step 20 at 1920×1080")
+    pg.set_viewport_size({"width": 1280, "height": FIRST_SCREEN})
 
     open_app(pg, server, view="tokens", prompt="Hello there", presenter=1)  # a preset, from the presenter's row
     sidebar = pg.locator('[data-testid="stSidebar"]')
@@ -172,6 +202,8 @@ def test_a_lecture_made_in_the_page_downloads_as_its_file_and_opens_again(server
     side.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
     wait_idle(pg)
     assert counter(pg).startswith("Step 1 / 1 · Norms in class") and query(pg)["view"] == "norm"
+    assert "section" not in query(pg)
+    assert_landed(pg, "norm", "divisors", "a step about no part: its view's main figure")
 
 
 PLAYER_PARTS = """() => { const box = s => { const el = document.querySelector('.st-key-lecture_bar ' + s);

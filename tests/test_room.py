@@ -239,13 +239,18 @@ def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for
         presenter.button(key="lecture_next").click().run()
     student.run()
     assert step_of(student) == 9 and figure_ids(student) == ["attn_head"]
+    landing = student.session_state["_landing"]
     student.button(key="room_rest").click().run()
+    # the parts drawn above the step's push it down the page: the page lands on it again (app/sections.py)
+    assert student.session_state["_landing"] == landing + 1 and student.session_state["section"] == "head"
     assert figure_ids(student) == figure_ids(presenter) and student.session_state["room_following"]
     assert [b.key for b in student.button if b.key == "room_rest"] == []
     presenter.button(key="lecture_next").click().run()  # step 11: What-if
     student.run()
     assert student.session_state["view"] == "whatif" and [b for b in student.button if b.key == "room_rest"] == []
+    landing = student.session_state["_landing"]
     student.button(key="room_part").click().run()
+    assert student.session_state["_landing"] == landing + 1
     assert [b.key for b in student.button if b.key == "room_rest"] == ["room_rest"]
     assert t("room.part_only", "en") in all_text(student)
 
