@@ -1,6 +1,7 @@
 """Where the lecturer's controls stand. The presets and the shared selection (layer, head, token) sit in the sidebar;
 in presenter mode the sidebar is folded away on the projector, so they stand in one row beside the page's title,
-in the main area, where they take no screen height of their own. On a shared server the room's address (app/share.py)
+in the main area, where they take no screen height of their own (under the title when the main column is too narrow
+for both, as with the sidebar open on a projector). On a shared server the room's address (app/share.py)
 closes the row.
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from app import screen
 from app.context import plain
 from app.facts import ModelFacts
 from app.i18n import t
@@ -28,10 +30,20 @@ class Places:
     share: object | None  # the room's address (a shared server only)
 
 
+# The main column's width (px) from which presenter mode's title stands beside its controls: its column holds "LLaMA
+# Explorer" in presenter mode's heading at 1280×720 with the sidebar folded (1120 px). With the sidebar open (a
+# teacher opening a lecture, 820 px) the title, kept on one line, ran under the preset box.
+TITLE_BESIDE_PX = 1000
+
+
 def top_row(presenter: bool, shared: bool) -> Places:
     """The page's title and, in presenter mode, the controls beside it; the places of every control."""
     sb = st.sidebar
     if presenter:
+        if screen.current().main < TITLE_BESIDE_PX:  # the title over the row: beside it, it would not fit
+            st.title(tr("app.title"))
+            cols = st.columns([2.6, 1.5, 1.5, 1.5] + ([1.8] if shared else []), vertical_alignment="bottom")
+            return Places(*cols[:4], cols[4] if shared else None)
         cols = st.columns([3.4, 2.6, 1.5, 1.5, 1.5] + ([1.8] if shared else []), vertical_alignment="bottom")
         cols[0].title(tr("app.title"))
         return Places(cols[1], cols[2], cols[3], cols[4], cols[5] if shared else None)

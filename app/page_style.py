@@ -45,6 +45,11 @@ LECTURE_BAR = (
     f" box-shadow: 0 0.6rem 0.6rem -0.6rem rgba(0,0,0,0.25), 0 0 0 0.5rem {PAGE};}}"
     f"[data-testid='stHeader'] {{background: {PAGE};}}}}"
     ".st-key-lecture_bar h3 {padding: 0;}"
+    # beside the step's title, Previous and Next keep their words whole (with the sidebar open on a projector their
+    # columns' shares left "← Pre…"), and the title's column gives up the room, in one row
+    f"@media (min-width: 641px) {{{BUTTONS} {{flex-wrap: nowrap;}}"
+    f"{BUTTONS} > [data-testid='stColumn']:is(:first-child, :last-child) {{min-width: max-content;}}"
+    f"{BUTTONS} > [data-testid='stColumn']:nth-child(2) {{min-width: 0;}}}}"
     # on a phone, where Streamlit stacks columns, Previous and Next share the first row and the counter and title
     # follow (stacked in page order, Next came between the title and the caption); a room's line and its button
     # share a row

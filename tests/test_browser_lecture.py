@@ -69,7 +69,27 @@ def test_the_keyboard_steps_through_a_lecture_in_presenter_mode(server, projecto
     assert counter(pg).startswith("Step 6 / 21") and query(pg)["step"] == "6", counter(pg)
     press(pg, "ArrowRight")  # the head's heatmap, taller than the room under the player: its top first
     assert_landed(pg, "attention", "head", "step 7")
+    # the teacher opens the sidebar (to open another lecture): the title and the player's buttons still show whole
+    pg.locator('[data-testid="stExpandSidebarButton"]').click()
+    pg.wait_for_timeout(400)  # the screen probe's report of the narrower main column, and the page's run for it
+    drawn_for_screen(pg)
+    top = pg.evaluate(TOP)
+    assert not top["under"] and not top["cut"], f"with the sidebar open: {top}"
+    pg.locator('[data-testid="stSidebarCollapseButton"] button').click()
     pg.screenshot(path=str(shots_dir() / "lecture_presenter.png"))
+
+
+# the page's title under a control of its row (kept on one line, wider than its column), and the player's buttons whose
+# words are cut ("← Pre…")
+TOP = """() => { const box = e => e.getBoundingClientRect(), range = document.createRange();
+    range.selectNodeContents(document.querySelector('[data-testid="stMain"] h1'));
+    const title = range.getBoundingClientRect();
+    const under = [...document.querySelectorAll('[data-testid="stMain"] :is(.st-key-preset, .st-key-layer, .st-key-head,'
+        + ' .st-key-token)')].map(box).some(r => Math.min(r.right, title.right) - Math.max(r.left, title.left) > 1 &&
+                                                 Math.min(r.bottom, title.bottom) - Math.max(r.top, title.top) > 1);
+    const cut = [...document.querySelectorAll('.st-key-lecture_bar button')].filter(b =>
+        [b, ...b.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1)).map(b => b.innerText);
+    return {under, cut}; }"""
 
 
 def section_box(pg, view: str, key: str) -> dict:
