@@ -10,9 +10,12 @@ listed below: only those this app's sizing reads.
 """
 from __future__ import annotations
 
+import base64
 import json
+import math
 import re
 
+import numpy as np
 import plotly.io
 
 OBJECTS = {"title", "font", "tickfont", "colorbar", "margin", "legend", "hoverlabel", "textfont", "insidetextfont",
@@ -123,3 +126,30 @@ def axes(fig: Figure, letter: str) -> list[Node]:
     extra = sorted((k for k in d if AXIS.match(k) and k[0] == letter and k != letter + "axis"),
                    key=lambda k: int(k[5:]))
     return [getattr(layout, letter + "axis")] + [getattr(layout, k) for k in extra]
+
+
+def numbers(values) -> np.ndarray | None:
+    """A trace's x or y as numbers: a list, or the spec's base64-typed array ({"dtype", "bdata"})."""
+    if isinstance(values, dict) and "bdata" in values:
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"])
+    if isinstance(values, list) and values and all(isinstance(v, (int, float)) for v in values):
+        return np.asarray(values, dtype=float)
+    return None
+
+
+def whole_span(fig: Figure, axis) -> float | None:
+    """How far the traces on this numeric x axis reach (max - min), when every one of their x values is a whole
+    number; None when one is not, or no trace has numbers there."""
+    name, lo, hi = axis.plotly_name.replace("axis", ""), math.inf, -math.inf
+    for tr in fig.data:
+        if (tr.xaxis or "x") != name or tr.x is None:
+            continue
+        x = numbers(tr.x)
+        if x is None or not x.size:
+            return None
+        x = x[np.isfinite(x)]
+        if x.size and not np.all(x == np.round(x)):
+            return None
+        if x.size:
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    return hi - lo if hi > lo else None

@@ -243,10 +243,25 @@ def test_rows_of_subplots_keep_room_for_the_titles_of_the_row_below():
 
 
 def test_a_numeric_axis_gets_no_more_ticks_than_labels_fit():
-    fig = go.Figure(go.Scatter(x=np.arange(600), y=np.arange(600)), layout=dict(height=300))
-    fig = fit(fig, 300, presenter=True, touch=False)
     label = 5 * CHAR_EM * 16  # five characters at the projector's tick size
+    fig = fit(go.Figure(go.Scatter(x=np.linspace(0, 1, 600), y=np.arange(600)), layout=dict(height=300)), 300,
+              presenter=True, touch=False)
     assert fig.layout.xaxis.nticks * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
+    fig = fit(go.Figure(go.Scatter(x=np.arange(600), y=np.arange(600)), layout=dict(height=300)), 300,
+              presenter=True, touch=False)  # whole numbers: a whole step as long as the labels need
+    assert 599 / fig.layout.xaxis.dtick * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
+
+
+@pytest.mark.parametrize("x", [list(range(7)), np.arange(7), np.arange(7, dtype=float)])
+def test_an_axis_of_positions_has_ticks_at_whole_positions_only(x):
+    """Compare mode's line over a prompt's seven positions: Plotly's own ticks, on a wide figure, went in steps of 0.5
+    (positions 0.5, 1.5… that are no token)."""
+    two = [go.Scatter(x=x, y=np.random.rand(7), name="A"), go.Scatter(x=x[:6], y=np.random.rand(6), name="B")]
+    fig = fit(go.Figure(two, layout=dict(height=300)), 1400, presenter=False, touch=False)
+    assert fig.layout.xaxis.tick0 == 0 and fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.nticks is None
+    half = fit(go.Figure(go.Scatter(x=np.arange(7) / 2, y=np.arange(7)), layout=dict(height=300)), 1400,
+               presenter=False, touch=False)
+    assert half.layout.xaxis.dtick is None and half.layout.xaxis.nticks  # halves: Plotly's own ticks
 
 
 def test_the_screen_from_the_browser_or_a_guess():
