@@ -2,7 +2,8 @@
 test_browser_downloads.py on a tablet): each view's main figure as wide as its column and mostly plot, no text
 under the screen's smallest size, no overlapping tick labels, no two parts' texts overlapping (a legend, the title,
 an axis title, a subplot's title, a colour bar) nor an axis's text inside another subplot's plot, no text outside its
-figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no formula clipped."""
+figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no formula clipped (nor
+scrolling in a column beside a figure)."""
 from __future__ import annotations
 
 from browser_util import LAYOUT, open_expanders, settle_figures, shots_dir, steady, wait_idle
@@ -129,7 +130,7 @@ def page_problems(pg, view: str, least: int, presenter: bool = False) -> list[st
     return problems
 
 
-# a formula (KaTeX) wider than its box, and not scrollable into view there
+# a formula (KaTeX) wider than its box, and not scrollable into view there, or standing in a column beside a figure
 CLIPPED = """() => {
     const out = [];
     const W = document.documentElement.clientWidth;
@@ -146,8 +147,12 @@ CLIPPED = """() => {
                 shown = r.left >= b.left - 1 && r.right <= b.right + 1;
             }
         }
-        if (!fits && !shown) out.push(el.textContent.slice(0, 60) + ' (' + Math.round(r.width) + ' px in '
-                                      + p.clientWidth + ' px)');
+        // beside a figure (a column narrower than the main area), a formula that scrolls hides its end: only the
+        // reader who tries to scroll it finds the rest
+        const column = p.closest('[data-testid="stColumn"]'), main = document.querySelector('[data-testid="stMain"]');
+        const beside = column && column.getBoundingClientRect().width < main.clientWidth * 0.8;
+        if (!fits && (!shown || beside)) out.push(el.textContent.slice(0, 60) + ' (' + Math.round(r.width) +
+                                                  ' px in ' + p.clientWidth + ' px' + (beside ? ', beside a figure' : '') + ')');
     }
     return out;
 }"""

@@ -103,7 +103,9 @@ def draw(ctx: ViewContext) -> None:
     frame = partial(kv_frame, rows, T, t)
     with right:
         st.markdown(t("tokens.costs.kv_explain"))
-        st.latex(t("tokens.costs.kv_latex", bytes=KV_BYTES))
+    # under the chart and its words, as wide as the page: in the column beside the chart (a laptop with the sidebar
+    # open, a tablet) the formula ran past the column's edge, its end out of sight
+    st.latex(t("tokens.costs.kv_latex", bytes=KV_BYTES))
     plots.table(ctx, frame, key="tokens_costs_kv_table")
     plots.csv_button(ctx, t("tokens.csv.kv"), t("tokens.csv.kv"), lambda: frame().to_csv(index=False),
                      "kv_cache.csv", "tokens_csv_kv")
