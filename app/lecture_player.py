@@ -336,9 +336,12 @@ def _picker(steps: list[dict], i: int) -> None:
     """Any step by its number and title, under Next, folded into a popover (it adds no height to the pinned player):
     a lecturer takes a question about an earlier step, or skips ahead, in one choice instead of many presses."""
     st.session_state["lecture_jump"] = i  # the step on screen, whichever way it was reached
+    # the titles made now, in this run's language: a label function is also called outside the run, where the
+    # session's language is not known
+    titles = [f"{k + 1} · {plain(_lang_text(step.get('title')))}" for k, step in enumerate(steps)]
     with st.popover(tr("lecture.jump"), use_container_width=True):
         st.selectbox(tr("lecture.jump_to"), range(len(steps)), key="lecture_jump", on_change=_jump,
-                     format_func=lambda k: f"{k + 1} · {plain(_lang_text(steps[k].get('title')))}")
+                     format_func=titles.__getitem__)
 
 
 def _jump() -> None:
