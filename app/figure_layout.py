@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from app.figure_spec import Figure, Node, axes, whole_span
+from app.figure_spec import Figure, Node, axes, whole_span, whole_step
 from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, Sizes, cut, cut_cell_text, place_title,
                              presenter_fonts, raise_fonts, text_px, title_pad, wrap_subplot_titles)
 
@@ -422,19 +422,9 @@ def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
                 most = max(2, int(length // (5 * CHAR_EM * font + 24)))
                 span = whole_span(fig, axis) if axis.type not in ("log", "date") else None
                 if span:  # positions, counts: Plotly's own ticks would go to 0.5 where no point is
-                    axis.update(tick0=0, dtick=_whole_step(span / most))
+                    axis.update(tick0=0, dtick=whole_step(span / most))
                 else:
                     axis.update(nticks=most)
-
-
-def _whole_step(rough: float) -> int:
-    """The tick step of a whole-number axis: 1, 2, 5, 10, 20, 50… at least `rough`."""
-    power = 1
-    while True:
-        for k in (1, 2, 5):
-            if k * power >= rough:
-                return k * power
-        power *= 10
 
 
 def _thin_categories(axis, cats: list[str], letter: str, length: float, font: float) -> None:

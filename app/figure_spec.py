@@ -153,3 +153,13 @@ def whole_span(fig: Figure, axis) -> float | None:
         if x.size:
             lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
     return hi - lo if hi > lo else None
+
+
+def whole_step(rough: float) -> int:
+    """The tick step of a whole-number axis: 1, 2, 5, 10, 20, 50… at least `rough`."""
+    power = 1
+    while True:
+        for k in (1, 2, 5):
+            if k * power >= rough:
+                return k * power
+        power *= 10
