@@ -4,8 +4,10 @@ A lecture's player (app/lecture_player.py: step i / N, the step's title and capt
 area while the page scrolls, on any screen at least 560 px high: a step that lands on a part further down its view
 (app/sections.py) would otherwise scroll the step's title and caption off the screen, and the class (or a student
 following on a phone) would see a figure without the words that say what to look at (two steps on one view would
-look the same). On a phone the player keeps to about a third of the screen: Previous and Next share a row, and a long
-caption scrolls inside its own box.
+look the same). On a phone the player keeps to about a fifth of the screen (its own CSS: app/lecture_player.py).
+
+Streamlit's own words that would show in English on a Chinese page are hidden where the page says the same in its
+language: "Press Ctrl+Enter to apply" under the prompt box.
 
 A display formula wider than its column (on a phone: attention's scores and mask, the residual stream's update)
 scrolls sideways inside its own box, and nothing on the page said so: the formula simply ended at the screen's edge.
@@ -30,6 +32,9 @@ FORMULA_EDGES = (
     " right center / 0.9rem 100% no-repeat scroll;}")
 
 UPLOAD_LIMIT = ".st-key-lecture_upload [data-testid='stFileUploaderDropzoneInstructions'] {display: none;}"
+# Streamlit's "Press Ctrl+Enter to apply" under the prompt box is English on every page; the box's own label says it
+# in the page's language ("Prompt (Ctrl+Enter to run)")
+PROMPT_HINT = ".st-key-prompt [data-testid='InputInstructions'] {display: none;}"
 
 # Streamlit's header is 3.75rem high and lies over the main area's top (see-through: made opaque while the player
 # is pinned, or what scrolls past the player would show above it); the player's block (the layout wrapper around
@@ -68,4 +73,4 @@ def apply() -> None:
     views on a phone and a projector (tests/test_browser_layout.py), so the player's rules look only at its own block
     and its parent, where the walks through a lecture measure no cost."""
     player = LECTURE_BAR if st.session_state.get("lecture") else ""
-    st.html(f"<style>{FORMULA_EDGES}{UPLOAD_LIMIT}{player}</style>")
+    st.html(f"<style>{FORMULA_EDGES}{UPLOAD_LIMIT}{PROMPT_HINT}{player}</style>")

@@ -23,6 +23,10 @@ def test_type_prompt_browse_views_and_switch_language(server, page):
     wait_idle(page)
     box = page.locator('[data-testid="stSidebar"] textarea')
     box.fill("I love machine learning because it")
+    # Streamlit's English "Press Ctrl+Enter to apply" is there and hidden: the box's label says it in either language
+    hint = page.locator('.st-key-prompt [data-testid="InputInstructions"]')
+    hint.wait_for(state="attached")
+    assert not hint.is_visible(), hint.inner_text()
     box.press("Control+Enter")
     wait_idle(page)
     heatmap = page.locator(".js-plotly-plot").first
