@@ -334,18 +334,13 @@ def bar(room_controls=None):
 
 def _picker(steps: list[dict], i: int) -> None:
     """Any step by its number and title, under Next, folded into a popover (it adds no height to the pinned player):
-    a lecturer takes a question about an earlier step, or skips ahead, in one choice instead of many presses."""
-    st.session_state["lecture_jump"] = i  # the step on screen, whichever way it was reached
-    # the titles made now, in this run's language: a label function is also called outside the run, where the
-    # session's language is not known
-    titles = [f"{k + 1} · {plain(_lang_text(step.get('title')))}" for k, step in enumerate(steps)]
+    a lecturer takes a question about an earlier step, or skips ahead, in one click instead of many presses. A
+    button per step, the one on screen greyed: a click is an event, where a choice list's value is state, which a
+    browser that missed a step (a reconnect, an overtaken run) would send back and so move the lecture back."""
     with st.popover(tr("lecture.jump"), use_container_width=True):
-        st.selectbox(tr("lecture.jump_to"), range(len(steps)), key="lecture_jump", on_change=_jump,
-                     format_func=titles.__getitem__)
-
-
-def _jump() -> None:
-    go(st.session_state["lecture_jump"])
+        for k, step in enumerate(steps):
+            st.button(f"{k + 1} · {plain(_lang_text(step.get('title')))}", key=f"lecture_go_{k}", on_click=go,
+                      args=(k,), disabled=k == i, use_container_width=True)
 
 
 def caption(slot) -> None:
