@@ -159,7 +159,7 @@ UNCHANGED = 0.005
 def most_changed(ratio: np.ndarray, k: int = 3) -> list[int]:
     """Columns (compared positions) of the change map with the largest change at any depth, largest first; only
     positions that changed at all."""
-    peak = np.nan_to_num(np.nanmax(ratio, axis=0), nan=0.0)
+    peak = np.where(np.isnan(ratio), 0.0, ratio).max(axis=0)  # a column of no values (NaN) changed nothing
     return [int(i) for i in np.argsort(-peak, kind="stable")[:k] if peak[i] >= UNCHANGED]
 
 
