@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from browser_util import (browser, download, forget, module_page, open_app, query, server, shots_dir,  # noqa: F401
-                          steady, sync_api, view_errors, wait_idle)
+                          SCRIPT_STATE, steady, sync_api, view_errors, wait_idle)
 from layout_util import drawn_for_screen
 
 from app.i18n import t
@@ -202,9 +202,13 @@ def test_a_lecture_made_in_the_page_downloads_as_its_file_and_opens_again(server
     side = pg.locator('[data-testid="stSidebar"]')
     if side.get_attribute("data-collapsed") == "true":  # the browser keeps the fold a visitor chose (the walk above)
         pg.locator('[data-testid="stExpandSidebarButton"]').click()
-        pg.wait_for_timeout(400)  # the screen probe's report of the narrower main column, and the page's run for it
+        steady(pg, "JSON.stringify(document.querySelector('[data-testid=\"stSidebar\"]').getBoundingClientRect())",
+               300)  # slid open: the screen probe reports the narrower main column, and the page runs for it
         drawn_for_screen(pg)
     side.locator('[data-testid="stExpander"] summary').filter(has_text=t("lecture.box", "en")).click()
+    # no run under way and the button where it stays: a click on a button a run is drawing again can be lost
+    steady(pg, f"{SCRIPT_STATE} !== 'running' && "
+               "JSON.stringify(document.querySelector('.st-key-lecture_add').getBoundingClientRect())", 500)
     side.locator(".st-key-lecture_add button").click()
     wait_idle(pg)
     bar = pg.locator(".st-key-lecture_bar")
