@@ -36,6 +36,47 @@ def test_bytes_that_make_no_character_show_as_hex_and_empty_tokens_as_a_sign():
     assert fragment_labels([b"a\x80b"]) == ["a ‹80›b"]  # a stray continuation byte: no character goes on
 
 
+def labels_by_definition(token_bytes: list[bytes]) -> list[str]:
+    """The labels as the module's docstring defines them, token by token against every character: each character of
+    the joined bytes that a token holds whole keeps its text; one it holds part of is `char·k/n`, k counting the
+    tokens that hold some of it; bytes of no character are byte_text."""
+    from explorer_model.tokenizer.labels import _char_spans, byte_text
+
+    bounds, pos = [], 0
+    for b in token_bytes:
+        bounds.append((pos, pos + len(b)))
+        pos += len(b)
+    data, out = b"".join(token_bytes), []
+    for k, (start, end) in enumerate(bounds):
+        parts = []
+        for c0, c1, text, unfinished in _char_spans(data):
+            if c1 <= start or c0 >= end:
+                continue
+            if text is None:
+                parts.append((byte_text(data[max(c0, start):min(c1, end)], unfinished), True))
+            elif start <= c0 and c1 <= end:
+                parts.append((text, False))
+            else:
+                owners = [i for i, (s, e) in enumerate(bounds) if s < c1 and e > c0]
+                parts.append((f"{text}·{owners.index(k) + 1}/{len(owners)}", True))
+        out.append("".join((" " if piece and i and not parts[i - 1][0].isspace() else "") + text
+                           for i, (text, piece) in enumerate(parts)) or "∅")
+    return out
+
+
+def test_labels_of_random_cuts_through_mixed_text_follow_the_definition():
+    """Cuts anywhere (inside characters of 1 to 4 bytes, two in one character, empty tokens), a stray byte and a
+    character cut off at the end, over a text long enough that the one pass must keep its place in both lists."""
+    import random
+
+    rng = random.Random(5)
+    data = ("深度学习很 a😀é " * 12).encode() + b"\xff" + "很".encode()[:2]
+    for _ in range(10):
+        cuts = sorted(rng.choices(range(len(data) + 1), k=rng.randrange(1, len(data) // 2)))
+        tokens = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        assert fragment_labels(tokens) == labels_by_definition(tokens)
+
+
 def test_a_token_reads_as_its_characters_and_its_unfinished_bytes():
     assert readable("有".encode() + b"\xe5\xb0") == "有‹E5\u00a0B0…›"
     assert readable(b"\x9e") == "‹9E›"

@@ -8,6 +8,8 @@ of the next shows both parts (`深·2/2 度·1/2`).
 """
 from __future__ import annotations
 
+import bisect
+
 
 def byte_text(data: bytes, unfinished: bool = False) -> str:
     """Bytes that make no whole character, as hex between ‹ ›, ending in … when the character goes on past them
@@ -47,26 +49,31 @@ def readable(data: bytes) -> str:
 
 def fragment_labels(token_bytes: list[bytes]) -> list[str]:
     """One label per token of a sequence, naming each part of a split character `char·k/n`; bytes that make no
-    whole character (a character cut off at the end, a stray byte) as byte_text."""
-    bounds, pos = [], 0
+    whole character (a character cut off at the end, a stray byte) as byte_text. One pass over the tokens and the
+    characters together (both run in byte order): a prompt of any length costs its length, not its square."""
+    starts, ends, pos = [], [], 0
     for b in token_bytes:
-        bounds.append((pos, pos + len(b)))
+        starts.append(pos)
         pos += len(b)
+        ends.append(pos)
     data = b"".join(token_bytes)
     chars = _char_spans(data)
-    labels = []
-    for start, end in bounds:
+    labels, first = [], 0  # chars[first] is the first character that does not end before this token starts
+    for k, (start, end) in enumerate(zip(starts, ends)):
+        while first < len(chars) and chars[first][1] <= start:
+            first += 1
         parts = []  # (text, is a piece of a character)
-        for c0, c1, text, unfinished in chars:
-            if c1 <= start or c0 >= end:
-                continue
+        j = first
+        while j < len(chars) and chars[j][0] < end:
+            c0, c1, text, unfinished = chars[j]
+            j += 1
             if text is None:  # this token's own bytes of it
                 parts.append((byte_text(data[max(c0, start):min(c1, end)], unfinished), True))
             elif start <= c0 and c1 <= end:
                 parts.append((text, False))
-            else:
-                owners = [i for i, (s, e) in enumerate(bounds) if s < c1 and e > c0]  # tokens sharing this character
-                parts.append((f"{text}·{owners.index(bounds.index((start, end))) + 1}/{len(owners)}", True))
+            else:  # the tokens sharing this character: those ending after its start and starting before its end
+                lo, hi = bisect.bisect_right(ends, c0), bisect.bisect_left(starts, c1)
+                parts.append((f"{text}·{k - lo + 1}/{hi - lo}", True))
         # whole characters keep their exact text (spaces included); a piece is set apart from what precedes it
         label = "".join((" " if piece and i and not parts[i - 1][0].isspace() else "") + text
                         for i, (text, piece) in enumerate(parts))
