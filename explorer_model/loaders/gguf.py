@@ -38,6 +38,16 @@ _BLOCK = {
     "ffn_down": "mlp.down_proj",
 }
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+# how a GGUF file's name ends after the model's own name: its weights' type (Q4_1, Q4_K_M, IQ2_XS, F16, BF16, ...)
+_QUANT_TAG = re.compile(r"[.\-_](?:I?Q\d\w*|B?F(?:16|32)|FP(?:16|32))$", re.IGNORECASE)
+
+
+def model_name(path: Path) -> str:
+    """A GGUF model's name as its file names it, without the weights' type: SmolLM2-135M-Instruct.Q4_1.gguf is
+    SmolLM2-135M-Instruct. The file's own general.name is often generated from a training folder ("Smollm2 135M 8k
+    Lc100K Mix1 Ep2") and the same bytes may lie under several names, so the name is the file's, not the cache's."""
+    stem = Path(path).name.removesuffix(".gguf").removesuffix(".GGUF")
+    return _QUANT_TAG.sub("", stem) or stem
 
 
 def canonical_name(name: str) -> str:
@@ -185,6 +195,7 @@ def convert_config(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict]:
     vocab = int(tensors["token_embd.weight"].shape[1])
     try:
         cfg = ModelConfig.from_gguf_metadata(meta, vocab_size=vocab, tie_embeddings="output.weight" not in tensors)
+        cfg = cfg.with_(name=model_name(path))
     except ConfigError as e:
         raise LoadError(f"{path}: {one_line(e)}") from None
     except (TypeError, ValueError, ArithmeticError) as e:  # e.g. a head count of 0 or a string where a number goes
@@ -350,7 +361,7 @@ def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
         try:
             info = _cache_header(file)
             if info is not None:
-                return ModelConfig.from_dict(json.loads(info["config"]))
+                return ModelConfig.from_dict(json.loads(info["config"])).with_(name=model_name(path))
         except Exception:  # absent, truncated or garbled: the next dtype's, or the GGUF itself
             continue
     return None
@@ -391,6 +402,7 @@ def _from_cache(file: Path, requested, dtype: torch.dtype, source: Path):
     from ..tokenizer import Tokenizer
 
     cfg, state, tok_fields, note = cached
+    cfg = cfg.with_(name=model_name(source))
     if plan_dtype(cfg, requested, dtype, source, mapped=True) != dtype:
         return None
     try:
