@@ -140,7 +140,10 @@ def test_shapes_table_equals_recorded_shapes(tokens_page, reference):
     hooks = df["hook"].tolist()
     for hook, got in zip(hooks, df["recorded shape"]):
         tensor = rec.token_ids if hook == "token_ids" else rec.logits if hook == "logits" else rec[hook]
-        assert got == str(list(tensor.shape)), hook
+        # Q, K, V and z: the hook's own order named beside its numbers (the formula's column has T third)
+        order = " = [B, T, H_kv, Dh]" if hook.endswith(("hook_k", "hook_v")) else \
+            " = [B, T, H, Dh]" if hook.endswith(("hook_q", "hook_z")) else ""
+        assert got == str(list(tensor.shape)) + order, hook
     assert df["matches"].all()
     row = dict(zip(hooks, df["numeric"]))
     assert row[f"blocks.{LAYER}.attn.hook_q"] == str([1, cfg.n_heads, T, cfg.head_dim])
@@ -174,8 +177,9 @@ def test_family_table_has_published_totals_and_shapes(name):
     d, n, h, kv, dff, v = SHAPES[name]
     shapes, weights, params, memory = tables(at)[1], tables(at)[2], tables(at)[3], tables(at)[4]
     row = dict(zip(shapes["hook"], shapes["shape on the meta device"]))
-    assert row[f"blocks.{LAYER}.attn.hook_q"] == str([1, T, h, d // h])  # hooks keep [B, T, heads, Dh]
-    assert row[f"blocks.{LAYER}.attn.hook_k"] == str([1, T, kv, d // h])
+    # hooks keep [B, T, heads, Dh], and say so
+    assert row[f"blocks.{LAYER}.attn.hook_q"] == str([1, T, h, d // h]) + " = [B, T, H, Dh]"
+    assert row[f"blocks.{LAYER}.attn.hook_k"] == str([1, T, kv, d // h]) + " = [B, T, H_kv, Dh]"
     assert row[f"blocks.{LAYER}.mlp.hook_post"] == str([1, T, dff]) and row["logits"] == str([1, T, v])
     assert shapes["matches"].all()
     w = dict(zip(weights["weight"], weights["shape"]))

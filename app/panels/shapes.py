@@ -71,8 +71,18 @@ def shape_rows(cfg, T: int, layer: int, got: dict, t) -> list[dict]:
         shape = got.get(hook)
         used = None if shape is None else ([shape[p] for p in perm] if perm else list(shape))
         rows.append({"step": label, "symbolic": sym, "numeric": str(expected), "hook": hook,
-                     "hook_shape": "—" if shape is None else str(list(shape)), "matches": used == expected})
+                     "hook_shape": "—" if shape is None else str(list(shape)) + hook_order(sym, perm),
+                     "matches": used == expected})
     return rows
+
+
+def hook_order(sym: str, perm: tuple | None) -> str:
+    """" = [B, T, H, Dh]" where the hook keeps its dimensions in another order than the step's formula (Q is
+    [B, H, T, Dh] in the product, the hook's [1, 13, 9, 64] has T second): a reader sees which number is which."""
+    if not perm:
+        return ""
+    names = sym.strip("[]").split(", ")
+    return " = [" + ", ".join(names[perm.index(j)] for j in range(len(perm))) + "]"
 
 
 def weight_rows(cfg, layer: int) -> list[dict]:
