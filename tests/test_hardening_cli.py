@@ -344,8 +344,8 @@ def test_control_characters_from_files_and_arguments_are_escaped(tmp_path, capsy
     evil = "\x1b[2J\x1b]0;owned\x07\nfake line\x9b"
     add_name = gguf.GGUFWriter.add_name
     gguf.GGUFWriter.add_name = lambda self, _name: add_name(self, evil)
-    try:
-        path = write_gguf(hf_model("gqa"), tmp_path / "m.gguf")
+    try:  # in the file's general.name, and in its file name, which names the model
+        path = write_gguf(hf_model("gqa"), tmp_path / f"m{evil}.gguf")
     finally:
         gguf.GGUFWriter.add_name = add_name
     out = tmp_path / "r\x1b[31m\nx.npz"
