@@ -40,7 +40,7 @@ from .model import LlamaModel, causal_scores
 from .refusal import Refusal
 
 FORMS = ("ablate:blocks.L.attn[.headH[+H…]], ablate-mean:…, skip:blocks.L.attn|mlp, no-mask[:blocks.L], "
-         "no-rope[:blocks.L], norm-identity:blocks.L.ln1|ln2|ln_final, norm-eps:blocks.L.ln1=EPS, "
+         "no-rope[:blocks.L], norm-identity:NORM, norm-eps:NORM=EPS (NORM: blocks.L.ln1, blocks.L.ln2 or ln_final), "
          "scale:HOOK=FACTOR, gate-off[:blocks.L], relu[:blocks.L], patch:HOOK@POS")
 _READ, _REPLACE = 1, 0  # hook order on one hook point: replacements first, readers last
 # What SpecError says, by case (explorer_model/refusal.py: the app's catalogs say it as "interventions.<case>")
@@ -52,11 +52,12 @@ REFUSALS = {
     "no_gate": "this model's FFN has no gate (it is a ReLU FFN)",
     "patch_target": "patch a tensor with positions first ([batch, pos, …]), not attention scores or patterns",
     "position": "position {pos} does not exist in a prompt of {n} tokens",
+    "source_position": "position {pos} does not exist in the patch's source prompt of {n} tokens",
     "not_a_number": "{spec!r}: {text!r} is not a number",
     "not_finite": "{spec!r}: the number must be finite",
     "negative_eps": "{spec!r}: epsilon must be >= 0",
     "unknown": "unknown intervention {spec!r}; the forms are: {forms}",
-    "unreadable": "cannot read {spec!r} as a {kind} intervention; the forms are: {forms}",
+    "unreadable": "cannot read {spec!r} as a “{kind}” intervention; the forms are: {forms}",
 }
 
 
@@ -321,17 +322,19 @@ class Patch(Intervention):
         src = source[self.hook]
 
         def fn(x, hp):
-            p_src, p_dst = absolute_position(self.pos, src.shape[1]), absolute_position(self.pos, x.shape[1])
+            p_src = absolute_position(self.pos, src.shape[1], "source_position")
+            p_dst = absolute_position(self.pos, x.shape[1])
             x = x.clone()
             x[:, p_dst] = src[:, p_src].to(x.dtype)
             return x
         return [(self.hook, fn, _REPLACE)]
 
 
-def absolute_position(pos: int, n: int) -> int:
+def absolute_position(pos: int, n: int, case: str = "position") -> int:
+    """`pos` (negative: from the end) as an index into a prompt of n tokens; SpecError(case) where it has none."""
     p = pos + n if pos < 0 else pos
     if not 0 <= p < n:
-        raise SpecError("position", pos=pos, n=n)
+        raise SpecError(case, pos=pos, n=n)
     return p
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from .interventions import intervene
 from .model import KVCache, LlamaModel, attention_pattern, causal_scores
-from .tokenizer import check_ids
+from .tokenizer import PromptError, check_ids
 
 _DERIVED = re.compile(r"blocks\.(\d+)\.attn\.hook_(attn_scores|pattern)$")
 _ROTATED = re.compile(r"blocks\.(\d+)\.attn\.hook_rot_(q|k)$")
@@ -245,6 +245,8 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
     source prompt of `patch:` interventions. Scores and patterns are then hooked, not rebuilt, if an
     intervention replaces them (no-mask), since the rebuild would put the causal mask back.
     """
+    if isinstance(tokens, str):  # text, not ids: say what to do, not torch's "invalid data type 'str'"
+        raise PromptError("record() takes token ids, not text: tokenizer.encode_prompt(text) gives them")
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     if tokens.dim() == 1:
         tokens = tokens[None]

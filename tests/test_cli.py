@@ -159,13 +159,19 @@ def test_hostile_pickle_is_refused_and_not_run(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["tokenize", "smollm2", "--text", "   "], "prompt is empty"),
+    (["tokenize", "smollm2", "--text", "   "], "prompt is empty: give some text with --text"),
+    (["record", "smollm2", "--prompt", "   ", "--out", "x.npz"], "prompt is empty: give some text with --prompt"),
     (["record", "smollm2", "--token-ids", "1,999999", "--out", "x.npz"], "out of range"),
     (["record", "smollm2", "--token-ids", "1,a", "--out", "x.npz"], "comma-separated"),
     (["record", "smollm2", "--prompt", "hi", "--out", "x.npz", "--names", "no.such.*"], "no hook point"),
+    # each pattern on its own: a model named after --names is taken for a pattern, and must not pass unnoticed
+    (["record", "--prompt", "hi", "--out", "x.npz", "--names", "hook_embed", "tiny-pre"],
+     "--names 'tiny-pre' matches no hook point"),
     (["generate", "smollm2", "--prompt", "hi", "--top-p", "0"], "--top-p must be above 0 and at most 1, got 0.0"),
     (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p must be above 0 and at most 1, got 1.5"),
     (["record", "--prompt", "hi", "--out", "x.npz", "--patch-source", "river"], "none is given"),
+    (["record", "tiny-pre", "--prompt", "hi", "--out", "x.npz", "--intervene", "patch:blocks.1.hook_resid_post@-1",
+      "--patch-source", " "], "the prompt is empty: give some text with --patch-source"),
     (["record", "--prompt", "hi", "--out", "x.npz", "--intervene", "no-mask", "--patch-source", "river"],
      "none is given"),
 ])
@@ -174,6 +180,36 @@ def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle
     code = cli.main(args)
     assert_one_line_error(code, capsys.readouterr().err, needle)
     assert not (tmp_path / "x.npz").exists()
+
+
+@pytest.mark.parametrize("prompt, source, needle", [
+    ("The king", "The queen", "position 10 does not exist in a prompt of 3 tokens"),
+    ("The king is dead and gone, and the queen is here", "The queen", "position 10 does not exist in the patch's source prompt of 5 tokens"),
+])
+def test_a_patch_position_one_prompt_lacks_is_refused_before_anything_runs(tmp_path, capsys, prompt, source, needle):
+    code = cli.main(["record", "tiny-pre", "--prompt", prompt, "--out", str(tmp_path / "x.npz"), "--intervene",
+                     "patch:blocks.1.hook_resid_post@10", "--patch-source", source])
+    out, err = capsys.readouterr()
+    assert_one_line_error(code, err, needle)
+    assert out == "" and not (tmp_path / "x.npz").exists()  # no "recording 3 tokens: … will take" first
+
+
+def test_tokenize_counts_a_text_longer_than_the_context(capsys):
+    text = "the cat sat on the mat. " * 60  # ~370 tokens, where tiny-pre runs 256
+    assert cli.main(["tokenize", "tiny-pre", "--text", text, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["ids"]) > 256
+
+
+def test_generate_says_when_the_context_ends_it(capsys):
+    prompt = "the cat sat on the mat. " * 26  # ~236 tokens of tiny-pre's 256
+    assert cli.main(["generate", "tiny-pre", "--prompt", prompt, "--max-new-tokens", "80", "--temperature", "0",
+                     "--json"]) == 0
+    out, err = capsys.readouterr()
+    shown = json.loads(out)
+    assert len(shown["prompt_ids"]) + len(shown["new_ids"]) == 256 and len(shown["new_ids"]) < 80
+    assert err.strip() == f"stopped after {len(shown['new_ids'])} new tokens: the model's context ends at 256 tokens"
+    assert cli.main(["generate", "tiny-pre", "--prompt", "the cat", "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().err == ""  # three tokens, as asked: nothing to say
 
 
 def test_unwritable_output(tmp_path, capsys):

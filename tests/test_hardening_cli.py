@@ -73,6 +73,8 @@ def test_the_api_refuses_ids_a_model_cannot_run_with_the_clis_line(smol, capsys,
             one_line(cli.main(["record", "smollm2", "--token-ids", ",".join(map(str, ids)), "--out", str(out)]),
                      capsys.readouterr().err, needle)
             assert not out.exists()
+    with pytest.raises(PromptError, match=re.escape("record() takes token ids, not text: tokenizer.encode_prompt")):
+        record(smol.model, "The capital of France is")  # text where ids go (torch said "invalid data type 'str'")
 
 
 # --------------------------------------------------------------------------- text that is not text

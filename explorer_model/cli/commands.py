@@ -39,8 +39,10 @@ def _load(source: str, dtype: str | None = None):
     return load(source, dtype=dtype)
 
 
-def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
-    """Token ids from --prompt or --token-ids, checked against the vocabulary and context length."""
+def prompt_ids(loaded, text: str | None, token_ids: str | None, flag: str = "--prompt",
+               context: bool = True) -> list[int]:
+    """Token ids from --prompt (or the command's `flag`) or --token-ids, checked against the vocabulary and, where
+    the model will run them (`context`), against its context length."""
     cfg = loaded.model.cfg
     if token_ids is not None:
         try:
@@ -49,9 +51,9 @@ def prompt_ids(loaded, text: str | None, token_ids: str | None) -> list[int]:
             raise CliError(f"--token-ids must be comma-separated integers, got {token_ids!r}") from None
     else:
         if text is None or not text.strip():
-            raise CliError("the prompt is empty: give some text with --prompt")
+            raise CliError(f"the prompt is empty: give some text with {flag}")
         ids = loaded.tokenizer.encode_prompt(text)  # refuses over MAX_PROMPT_CHARS before tokenizing
-    return check_ids(ids, cfg.vocab_size, cfg.max_seq_len)
+    return check_ids(ids, cfg.vocab_size, cfg.max_seq_len if context else None)
 
 
 def memory_lines(cfg) -> list[str]:
@@ -123,7 +125,7 @@ def _decode_step(model) -> str:
 
 def cmd_tokenize(args) -> None:
     loaded = _load(args.source, args.dtype)
-    ids = prompt_ids(loaded, args.text, None)
+    ids = prompt_ids(loaded, args.text, None, "--text", context=False)  # counting a long text's tokens runs nothing
     tok = loaded.tokenizer
     # a piece of a character split over several tokens is named as the app names it (深·1/3), not by its bytes
     names = fragment_labels([tok.token_bytes(i) for i in ids])
@@ -150,10 +152,12 @@ def cmd_record(args) -> None:
 
     ids = prompt_ids(loaded, args.prompt, args.token_ids)
     names = args.names or None
-    if names and not loaded.model.select_hooks(names):
-        raise CliError(f"no hook point matches {names}; see docs/hooks.md for the names")
+    for name in names or []:  # each on its own: a model named after --names is read as one more pattern
+        if not loaded.model.select_hooks([name]):
+            raise CliError(f"--names {name!r} matches no hook point (see docs/hooks.md for the names; the model "
+                           "goes before --names)")
     dtype = torch.float16 if args.float16 else torch.float32
-    ivs, source_ids = what_if(loaded, args)
+    ivs, source_ids = what_if(loaded, args, len(ids))
     size = plan(loaded.model, ids, names, dtype)
     check_fits(size, target)
     print(printable(f"recording {len(ids)} token{'s' if len(ids) != 1 else ''}: {target} will take "
@@ -169,12 +173,14 @@ def cmd_record(args) -> None:
     except OSError as e:  # disk full, file-size limit, permissions: the previous file is left as it was
         raise CliError(f"cannot write {target}: {e.strerror or one_line(e)}") from None
     changed = f" with {format_list(ivs)}" if ivs else ""
-    print(printable(f"recorded {len(rec)} tensors over {len(ids)} tokens{changed} to {written}"))
+    print(printable(f"recorded {len(rec)} tensors over {len(ids)} token{'s' if len(ids) != 1 else ''}{changed} "
+                    f"to {written}"))
 
 
-def what_if(loaded, args):
-    """Interventions from --ablate/--intervene (None if there are none) and the ids of --patch-source."""
-    from ..interventions import needs_source, parse
+def what_if(loaded, args, n_tokens: int):
+    """Interventions from --ablate/--intervene (None if there are none) and the ids of --patch-source; a patch's
+    position is checked in both prompts (the one recorded has n_tokens)."""
+    from ..interventions import Patch, absolute_position, needs_source, parse
 
     specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
     try:
@@ -188,9 +194,17 @@ def what_if(loaded, args):
             raise CliError("--patch-source is the prompt a patch: intervention copies from, and none is given "
                            "(--intervene patch:blocks.L.hook_…@POS)")
         return ivs or None, None
-    if not args.patch_source:
+    if args.patch_source is None:
         raise CliError("a patch: intervention needs --patch-source TEXT (the prompt to copy the activation from)")
-    return ivs, prompt_ids(loaded, args.patch_source, None)
+    source = prompt_ids(loaded, args.patch_source, None, "--patch-source")
+    try:  # before anything runs: a position one of the two prompts lacks
+        for iv in ivs:
+            if isinstance(iv, Patch):
+                absolute_position(iv.pos, n_tokens)
+                absolute_position(iv.pos, len(source), "source_position")
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return ivs, source
 
 
 def generation_bar(max_new: int):
@@ -247,6 +261,10 @@ def cmd_generate(args) -> None:
                        args.seed, stop_ids={eos} if eos is not None else None, progress=bar)
     if bar:
         bar.finish()
+    if len(new) < args.max_new_tokens and (not new or new[-1] != eos) and \
+            len(ids) + len(new) >= loaded.model.cfg.max_seq_len:
+        print(f"stopped after {len(new)} new token{'s' if len(new) != 1 else ''}: the model's context ends at "
+              f"{loaded.model.cfg.max_seq_len} tokens", file=sys.stderr)
     if args.json:
         print(printable_json({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}))
     else:  # the text's own lines and tabs stay; a terminal command from the prompt or the model does not

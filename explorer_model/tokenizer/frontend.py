@@ -53,16 +53,16 @@ def check_prompt(text, limit: int = MAX_PROMPT_CHARS) -> str:
     return text
 
 
-def check_ids(ids, vocab_size: int, max_seq_len: int) -> list[int]:
+def check_ids(ids, vocab_size: int, max_seq_len: int | None) -> list[int]:
     """Token ids a model can run, as a list; else PromptError with one line: at least one id, no more than the
-    model's context, each an index of its embedding."""
+    model's context (None: ids only counted, not run), each an index of its embedding."""
     ids = [int(i) for i in ids]
     if not ids:
         raise PromptError("the prompt has no tokens")
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
         raise PromptError(f"token id {bad[0]} is out of range (the vocabulary has {vocab_size} tokens)")
-    if len(ids) > max_seq_len:
+    if max_seq_len is not None and len(ids) > max_seq_len:
         raise PromptError(f"the prompt has {len(ids)} tokens, more than this model's context of {max_seq_len}")
     return ids
 
