@@ -14,6 +14,9 @@ class ExportError(ValueError):
 def check_target(out: str | os.PathLike) -> Path:
     """The exact file that will be written. Refuses folders, devices and other non-regular files (numpy would
     append '.npz' to the name and write somewhere else) and a folder that does not exist."""
+    if str(out) == "-":  # many tools read "-" as standard output: this one would write a file named "-"
+        raise ExportError("a recording is a binary .npz file and is not written to standard output ('-'); give a "
+                          "file name such as recording.npz")
     try:
         path = Path(out).expanduser()
     except RuntimeError:  # ~nosuchuser/...

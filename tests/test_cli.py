@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from explorer_model import cli
+from explorer_model.paths import ASSETS
 
 pytest.importorskip("gguf")
 
@@ -160,6 +161,9 @@ def test_hostile_pickle_is_refused_and_not_run(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["tokenize", "smollm2", "--text", "   "], "prompt is empty: give some text with --text"),
+    (["info", "smollm"], "smollm: no such file or folder (the built-in models are smollm2, tiny-pre and tiny-post)"),
+    (["info", str(ASSETS / "tiny-pre" / "explorer_config.json")], "(give the folder that holds it, not the file)"),
+    (["record", "tiny-pre", "--prompt", "hi", "--out", "-"], "is not written to standard output ('-')"),
     (["record", "smollm2", "--prompt", "   ", "--out", "x.npz"], "prompt is empty: give some text with --prompt"),
     (["record", "smollm2", "--token-ids", "1,999999", "--out", "x.npz"], "out of range"),
     (["record", "smollm2", "--token-ids", "1,a", "--out", "x.npz"], "comma-separated"),

@@ -74,6 +74,12 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
+# a bare name that is no file: perhaps a mistyped built-in one
+_NAMES_HINT = f" (the built-in models are {DEFAULT}, tiny-pre and tiny-post)"
+# files a model's folder holds, given instead of the folder
+_FOLDER_FILES = ("config.json", "params.json", "explorer_config.json", "tokenizer.json", "tokenizer.model")
+
+
 def resolve(source: str | os.PathLike) -> Path:
     """The file or folder a source names (named models included), without checking it."""
     # --- named shipped twins: "tiny-pre" / "tiny-post" -> assets/tiny-pre etc. ---
@@ -144,7 +150,7 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, d
         if not path.exists():
             if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too
                 raise LoadError(f"{path}: a symbolic link that leads nowhere (broken, or a loop)")
-            raise LoadError(f"{path}: no such file or folder")
+            raise LoadError(f"{path}: no such file or folder" + _NAMES_HINT * (len(path.parts) == 1))
         if path.is_file() and _is_gguf(path):
             from .gguf import load_gguf
 
@@ -162,8 +168,10 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, d
 
             fmt, (model, tokenizer, description) = "meta", load_meta(path, dtype)
         else:
+            inside = " (give the folder that holds it, not the file)" if path.is_file() and path.name in _FOLDER_FILES \
+                or path.suffix in (".safetensors", ".pth", ".bin") else ""
             raise LoadError(f"{path} is not a GGUF file, HF folder (config.json) or Meta folder (params.json), "
-                            "nor an explorer folder (explorer_config.json)")
+                            f"nor an explorer folder (explorer_config.json){inside}")
         from .common import check_tokenizer_fits
 
         check_tokenizer_fits(model.cfg, tokenizer, path)
