@@ -37,11 +37,14 @@ def read_once() -> list[str]:
     if "max_tokens" in q:
         ss["max_tokens"] = q["max_tokens"]  # checked by state_guard, kept within the server's cap by the sidebar
     ss["_token_auto"] = "token" not in q
+    fell_back = []  # a link's language or view the page has not: its default, and the page says so
     if ss.get("lang") not in ("en", "zh"):
+        fell_back += ["lang"] * ("lang" in q)
         ss.lang = "en"
     if ss.get("view") not in [v[0] for v in VIEWS]:
+        fell_back += ["view"] * ("view" in q)
         ss.view = VIEWS[0][0]
-    bad = choice_state.from_link(q) + _lesson(q)
+    bad = fell_back + choice_state.from_link(q) + _lesson(q)
     if "section" in q:
         if sections.valid(ss.view, q["section"]):
             sections.request(ss.view, q["section"])

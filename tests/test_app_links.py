@@ -152,6 +152,15 @@ def test_bad_link_values_fall_back_to_their_defaults_with_one_line():
     assert "norm_which" not in link  # a choice of another view: not what this page shows
 
 
+@pytest.mark.parametrize("bad", [{"view": "rmsnorm"}, {"lang": "fr"}])
+def test_a_view_or_a_language_the_page_has_not_falls_back_with_the_line_too(bad):
+    at = run_app(**{"view": "norm", "lang": "en", **bad}, prompt=SHORT)
+    assert not at.exception and not at.error
+    assert at.session_state["view"] == ("tokens" if "view" in bad else "norm") and at.session_state["lang"] == "en"
+    assert [i.value for i in at.info].count(
+        "Some settings of this page had values it cannot use; they were set back to their defaults.") == 1
+
+
 def test_back_to_my_prompt_gives_the_whole_state_back():
     mine = dict(view="norm", prompt="My own words, typed here.", bos=1, layer=3, head=2, token=1, cmp="prompt",
                 cmp_prompt="Other words, for B.", section="gamma", norm_which="ln2")
