@@ -227,7 +227,7 @@ def test_the_no_mask_caption_states_what_this_run_did(loaded, prompt):
     text = all_text(run_app(view="whatif", whatif="no-mask", prompt=prompt))
     verb = "falls" if loss1 < loss0 else "rises"
     assert f"the loss {verb} from {loss0:.2f} to {loss1:.2f}" in text
-    assert f"from {own0:.2f} to {own1:.2f}" in text
+    assert f"from {own0:.2g} to {own1:.2g}" in text  # probabilities to two significant digits
     assert "the loss " + ("rises" if verb == "falls" else "falls") not in text
     if prompt != PROMPT:
         assert verb == "rises"  # the case a fixed sentence would get wrong
@@ -241,3 +241,6 @@ def test_the_no_mask_caption_key_follows_the_loss():
     assert no_mask_lesson(3.0, 1.0, [0.1], [0.9])[0] == "whatif.no_mask_loss_falls"
     key, values = no_mask_lesson(3.69, 4.89, [0.3, 0.2], [0.01, 0.03])
     assert key == "whatif.no_mask_loss_rises" and values == {"loss0": "3.69", "loss1": "4.89", "p0": "0.25", "p1": "0.02"}
+    # a random model: the loss hardly moves, and its tiny probabilities are not written 0.00
+    key, values = no_mask_lesson(8.34, 8.31, [2.1e-4, 2.3e-4], [2.4e-4, 2.6e-4])
+    assert key == "whatif.no_mask_loss_same" and (values["p0"], values["p1"]) == ("0.00022", "0.00025")

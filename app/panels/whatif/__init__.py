@@ -224,12 +224,18 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     plots.csv_button(ctx, label, label, csv, "whatif.csv", key="whatif_csv")
 
 
+SAME_LOSS = 0.02  # of the loss: a change smaller than this (or than 0.05 nats) is no change to tell a class about
+
+
 def no_mask_lesson(loss0: float, loss1: float, own0, own1) -> tuple[str, dict]:
     """The no-mask caption's key and numbers, read off this run: with the future in view a model may use it (the loss
-    falls, p(own next token) rises) or, trained with the mask, be thrown by it (the loss rises). Both happen on
-    real prompts, so the sentence says which one this run shows."""
+    falls, p(own next token) rises), or, trained with the mask, be thrown by it (the loss rises), or on this prompt
+    hardly notice (a random or tiny model: the loss barely moves). All happen, so the sentence says which one this
+    run shows; probabilities keep two significant digits (a random model's 0.0002 is not 0.00)."""
     values = {"loss0": f"{loss0:.2f}", "loss1": f"{loss1:.2f}",
-              "p0": f"{float(np.mean(own0)):.2f}", "p1": f"{float(np.mean(own1)):.2f}"}
+              "p0": f"{float(np.mean(own0)):.2g}", "p1": f"{float(np.mean(own1)):.2g}"}
+    if abs(loss1 - loss0) < max(0.05, SAME_LOSS * abs(loss0)):
+        return "whatif.no_mask_loss_same", values
     return ("whatif.no_mask_loss_falls" if loss1 < loss0 else "whatif.no_mask_loss_rises"), values
 
 
