@@ -5,8 +5,8 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
 - a heatmap's height, margins and colour bar: cells about square, every row labelled when the rows fit, a colour
   bar under the plot on a phone (beside it, no more ticks than fit along it), no label cut;
 - the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
-  room a label's line needs (its box is 1.33 font sizes high), so labels never overlap; on a numeric x axis as many
-  ticks as labels fit;
+  room a label's line needs (1.33 font sizes), so labels never overlap; a numeric x axis as many ticks as fit, a
+  log axis over less than a decade enough to read by;
 - a legend under the plot: at the figure's foot, below the x axis's labels and title, the figure grown for its rows;
 - subplots side by side: room between them for each one's y axis labels and title; between rows, room for the
   lower row's titles; above the first row, room for the title's lines and the subplot titles' lines;
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from app.figure_spec import Figure, Node, axes, whole_span, whole_step
+from app.figure_spec import Figure, Node, axes, log_ticks, whole_span, whole_step
 from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, Sizes, cut, cut_cell_text, place_title,
                              presenter_fonts, raise_fonts, text_px, title_pad, wrap_subplot_titles)
 
@@ -45,8 +45,7 @@ def is_heatmap(fig: Figure) -> bool:
     if not fig.data or fig.data[0].type != "heatmap" or len(axes(fig, "x")) != 1:
         return False
     x, y = fig.data[0].x, fig.data[0].y  # labels are lists of text; numbers come base64-typed (a dict)
-    return isinstance(x, list) and isinstance(y, list) and bool(x and y) and isinstance(x[0], str) and \
-        isinstance(y[0], str)
+    return isinstance(x, list) and isinstance(y, list) and bool(x and y) and all(isinstance(v[0], str) for v in (x, y))
 
 
 @dataclass(frozen=True)
@@ -241,8 +240,7 @@ def _bottom_labels_px(fig: Figure, sizes: Sizes) -> float:
 
 def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
     """The top margin holds the title's lines and, under them, the first row's subplot titles (which grow upwards
-    from the plot): the figure grows by what is missing. A figure's margin is set for one line of each; on a phone
-    both wrap."""
+    from the plot): the figure grows by what is missing (a margin is set for one line of each; a phone wraps)."""
     notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]  # the first row's
     if not title_lines or not notes:
         return
@@ -418,6 +416,8 @@ def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
             cats = _axis_categories(fig, axis, letter) if axis.type in (None, "-", "category") else []
             if len(cats) >= 2:
                 _thin_categories(axis, cats, letter, length, font)
+            elif axis.type == "log" and (vals := log_ticks(fig, axis, letter)):
+                axis.update(tickvals=vals)
             elif letter == "x" and axis.tickvals is None and axis.dtick is None:
                 most = max(2, int(length // (5 * CHAR_EM * font + 24)))
                 span = whole_span(fig, axis) if axis.type not in ("log", "date") else None

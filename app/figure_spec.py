@@ -163,3 +163,28 @@ def whole_step(rough: float) -> int:
             if k * power >= rough:
                 return k * power
         power *= 10
+
+
+def log_ticks(fig: Figure, axis, letter: str) -> list[float] | None:
+    """Tick values for a log axis whose data span too little for Plotly's own (a power of ten at most once in it,
+    where Plotly labels one tick or none): 1, 2, 5 × 10^k inside the data, else four values spread evenly on the
+    log scale at two significant digits. None when the data hold two powers of ten, or no positive numbers, or the
+    figure chose its ticks itself."""
+    if axis.tickvals is not None or axis.dtick is not None:
+        return None
+    name, found = axis.plotly_name.replace("axis", ""), []
+    for tr in fig.data:
+        values = numbers(getattr(tr, letter)) if (getattr(tr, letter + "axis") or letter) == name else None
+        if values is not None:
+            found.append(values[np.isfinite(values) & (values > 0)])
+    data = np.concatenate(found) if found else np.array([])
+    if not data.size or data.max() <= data.min():
+        return None
+    lo, hi = math.log10(data.min()), math.log10(data.max())
+    if math.floor(hi) - math.ceil(lo) >= 1:
+        return None
+    nice = [k * 10.0 ** p for p in range(math.floor(lo), math.ceil(hi) + 1) for k in (1, 2, 5)]
+    inside = [v for v in nice if lo <= math.log10(v) <= hi]
+    if len(inside) >= 3:
+        return inside
+    return sorted({float(f"{10 ** x:.2g}") for x in np.linspace(lo, hi, 4)})

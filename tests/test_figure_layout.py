@@ -264,6 +264,22 @@ def test_an_axis_of_positions_has_ticks_at_whole_positions_only(x):
     assert half.layout.xaxis.dtick is None and half.layout.xaxis.nticks  # halves: Plotly's own ticks
 
 
+@pytest.mark.parametrize("y, ticks", [
+    ([0.021, 0.035, 0.048], [0.021, 0.028, 0.036, 0.048]),  # no 1, 2, 5 × 10^k inside: four spread evenly
+    ([0.015, 0.06, 0.09], [0.015, 0.027, 0.05, 0.09]),  # two (0.02, 0.05) are too few: spread
+    ([1.2, 4.0, 9.5], [1.2, 2.4, 4.8, 9.5]),
+    ([0.011, 0.3, 0.95], [0.02, 0.05, 0.1, 0.2, 0.5]),  # one power of ten inside, and 1, 2, 5 steps enough
+])
+def test_a_log_axis_over_less_than_a_decade_gets_ticks_to_read_it_by(y, ticks):
+    """Compare mode's residual sizes (RMS 0.02 … 0.05): Plotly labelled one tick of the log axis, or none."""
+    fig = fit(go.Figure(go.Scatter(x=[0, 1, 2], y=y), layout=dict(height=300, yaxis_type="log")), 700,
+              presenter=False, touch=False)
+    assert fig.layout.yaxis.tickvals == ticks  # inside the data, at two significant digits: short labels
+    wide = fit(go.Figure(go.Scatter(x=[0, 1], y=[0.003, 0.9]), layout=dict(height=300, yaxis_type="log")), 700,
+               presenter=False, touch=False)
+    assert wide.layout.yaxis.tickvals is None  # two powers of ten in the data: Plotly's decades read well
+
+
 def test_the_screen_from_the_browser_or_a_guess():
     assert guess("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0) Mobile/15E148") == PHONE
     assert guess("Mozilla/5.0 (Linux; Android 14; SM-X710) AppleWebKit/537.36 Safari/537.36") == TABLET
