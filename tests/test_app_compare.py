@@ -121,7 +121,7 @@ def test_pre_vs_post_residual_curves_match_the_recordings(twins):
         np.testing.assert_allclose(decode(trace(fig, "A")["y"]), rms_a, rtol=1e-9)
         np.testing.assert_allclose(decode(trace(fig, "B")["y"]), rms_b, rtol=1e-9)
         np.testing.assert_allclose(decode(trace(fig, "A")["x"]), np.arange(7) / 6)
-        assert [tr["name"] for tr in fig["data"]] == ["A (Pre-Norm)", "B (Post-Norm)"]
+        assert [tr["name"] for tr in fig["data"]] == ["A · tiny-pre (Pre-Norm)", "B · tiny-post (Post-Norm)"]
     assert rms_a[-1] > 5 * rms_a[0] and (np.diff(rms_a) > 0).all()  # Pre-Norm: the sum grows block by block
     assert (np.abs(rms_b[1:] - 1) < 0.3).all()  # Post-Norm: held near unit RMS after every block
     text = all_text(at)
@@ -279,4 +279,16 @@ def test_the_stream_names_each_side_by_its_norm_only_when_they_differ():
     at = run_app(view="norm", model="smollm2", prompt="The capital of France is", cmp="whatif",
                  cmp_iv="norm-identity:blocks.0.ln1")
     assert not at.exception
-    assert [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]] == ["A", "B"]
+    # each side named by what it is (a legend alone says which line is which), not by a norm placement
+    assert [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]] == ["A · unchanged",
+                                                                               "B · norm-identity:blocks.0.ln1"]
+
+
+def test_a_figure_s_legend_says_what_each_side_is():
+    """Two prompts: each line named by its prompt's first words (cut, angle brackets as Plotly cannot misread
+    them), so a figure read or saved alone still says which is which."""
+    at = run_app(view="norm", model="tiny-pre", prompt="The bank of the river", cmp="prompt",
+                 cmp_prompt="<b>The bank approved the loan to the farmer</b>")
+    assert not at.exception
+    names = [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]]
+    assert names == ["A · “The bank of the river”", "B · “‹b›The bank approved the loan …"]

@@ -10,11 +10,13 @@ head or token draws from cache and runs nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from app import gateway
 from app.context import ViewContext
+from app.figure_text import cut
 from app.token_window import TOUCH_CELL
 from explorer_model.analysis import compare as C
 
@@ -26,6 +28,9 @@ def stacked_row(ctx: ViewContext, n_rows: int) -> int | None:
     if not ctx.screen.stacked:
         return None
     return int(min(ctx.screen.main - 60, max(160, TOUCH_CELL * n_rows)))
+
+
+LEGEND_CHARS = 32  # of a side's name in a legend: a long prompt or path is cut, with an ellipsis
 
 
 @dataclass
@@ -41,6 +46,19 @@ class Pair:
 
     def t(self, key: str, **values) -> str:
         return self.a.t(key, **values)
+
+    def legend(self, side: str) -> str:
+        """"A" or "B" as a figure's legend names it: the letter and what makes that side itself (its model, its
+        change, or its prompt's first words), so a figure read or saved on its own still says which line is which."""
+        ctx = self.a if side == "A" else self.b
+        if self.a.source != self.b.source:
+            what = Path(ctx.source).name or ctx.source
+        elif self.specs_b:
+            what = self.specs_b if side == "B" else self.t("whatif.unchanged")
+        else:  # the prompt's text, without its special tokens (a BOS)
+            what = "“" + ctx.facts.decode([i for i in ctx.ids if not ctx.facts.is_special(i)]).strip() + "”"
+        what = " ".join(what.split())  # one line
+        return f"{side} · " + cut(what, LEGEND_CHARS).replace("<", "‹").replace(">", "›")  # Plotly reads text as HTML
 
     @property
     def sides(self) -> tuple:

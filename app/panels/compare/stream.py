@@ -30,7 +30,8 @@ def pair_curves(pair: Pair) -> tuple[C.LayerCurves, C.LayerCurves]:
 def draw_curve_panels(pair: Pair, fields, fig_id: str) -> None:
     """A and B's per-layer curves (LayerCurves fields), one panel each, on relative depth."""
     ca, cb = pair_curves(pair)
-    panels = [(pair.t(CURVE_KEYS[f]), [("A", "A", ca.depth, getattr(ca, f)), ("B", "B", cb.depth, getattr(cb, f))])
+    panels = [(pair.t(CURVE_KEYS[f]), [("A", pair.legend("A"), ca.depth, getattr(ca, f)),
+                                        ("B", pair.legend("B"), cb.depth, getattr(cb, f))])
               for f in fields]
     plots.show(lambda: F.curves_grid(fig_id, panels, x_title=pair.t("compare.depth"), cols=len(fields), height=330),
                pair.a, key=fig_id)
@@ -54,7 +55,8 @@ def draw_stream(pair: Pair, field: str, fig_id: str) -> None:
     ca, cb = pair_curves(pair)
     t = pair.t
     placed = ca.norm_placement != cb.norm_placement  # each side named by where its norm sits only when they differ
-    series = [(side, t("compare.stream_side", side=side, kind=c.norm_placement.capitalize()) if placed else side,
+    series = [(side, t("compare.stream_side", side=pair.legend(side), kind=c.norm_placement.capitalize()) if placed
+               else pair.legend(side),
                c.stream_depth, getattr(c, field)) for side, c in (("A", ca), ("B", cb))]
     title, x_title, y_title = t(STREAM_KEYS[field][0]), t("compare.stream_depth"), t(STREAM_KEYS[field][1])
     plots.show(lambda: F.curves_figure(fig_id, series, title=title, x_title=x_title, y_title=y_title, log_y=True),
@@ -114,7 +116,7 @@ def draw_next_token(pair: Pair) -> dict:
     res = pair.cached("next", next_token, pair.same_vocab, a.facts.piece, b.facts.piece, a.token, b.token)
     rows = res["top_k"]["rows"]
     labels = candidate_labels(pair, [r["text"] for r in rows])
-    bars = [("A", "A", [r["p_a"] for r in rows]), ("B", "B", [r["p_b"] for r in rows])]
+    bars = [("A", pair.legend("A"), [r["p_a"] for r in rows]), ("B", pair.legend("B"), [r["p_b"] for r in rows])]
     title = t("compare.next_title", token_a=a.token, piece_a=a.pieces[a.token], token_b=b.token,
               piece_b=b.pieces[b.token])
     y_title = t("compare.probability")

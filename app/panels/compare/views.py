@@ -134,8 +134,8 @@ def draw_rope(pair: Pair) -> None:
 def draw_swiglu(pair: Pair) -> None:
     a, b, t = pair.a, pair.b, pair.t
     ca, cb = gate_closed(a.rec, a.layer), gate_closed(b.rec, b.layer)
-    series = [("A", t("compare.side_name", side="A", layer=a.layer), np.arange(len(ca)), ca),
-              ("B", t("compare.side_name", side="B", layer=b.layer), np.arange(len(cb)), cb)]
+    series = [("A", t("compare.side_name", side=pair.legend("A"), layer=a.layer), np.arange(len(ca)), ca),
+              ("B", t("compare.side_name", side=pair.legend("B"), layer=b.layer), np.arange(len(cb)), cb)]
     title, x_title, y_title = t("compare.gates_title"), t("compare.position"), t("compare.closed_share")
     plots.show(lambda: F.curves_figure("compare_swiglu", series, title=title, x_title=x_title, y_title=y_title), a,
                key="compare_swiglu")
@@ -159,7 +159,8 @@ def draw_block(pair: Pair) -> None:
     panels = []
     for f in CURVE_FIELDS:
         xa, xb = (ca.stream_depth, cb.stream_depth) if f.startswith("stream") else (ca.depth, cb.depth)
-        panels.append((t(CURVE_KEYS[f]), [("A", "A", xa, getattr(ca, f)), ("B", "B", xb, getattr(cb, f))]))
+        panels.append((t(CURVE_KEYS[f]), [("A", pair.legend("A"), xa, getattr(ca, f)),
+                                          ("B", pair.legend("B"), xb, getattr(cb, f))]))
     st.caption(t("compare.block_caption"))
     plots.show(lambda: F.curves_grid("compare_block", panels, x_title=t("compare.depth")), pair.a, key="compare_block")
     rows = []
