@@ -57,8 +57,8 @@ class Pair:
             what = self.specs_b if side == "B" else self.t("whatif.unchanged")
         else:  # the prompt's text, without its special tokens (a BOS)
             what = "“" + ctx.facts.decode([i for i in ctx.ids if not ctx.facts.is_special(i)]).strip() + "”"
-        what = " ".join(what.split())  # one line
-        return f"{side} · " + cut(what, LEGEND_CHARS).replace("<", "‹").replace(">", "›")  # Plotly reads text as HTML
+        what = cut(" ".join(what.split()), LEGEND_CHARS)  # one line
+        return f"{side} · " + what.replace("<", "‹").replace(">", "›")  # Plotly reads a legend's text as HTML
 
     @property
     def sides(self) -> tuple:
