@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -107,6 +108,18 @@ def rename_blocks(state: dict[str, torch.Tensor], prefix: str, block_names: dict
                 continue
         out[k] = v
     return out
+
+
+# how a model file's name ends after the model's own name: its weights' type (Q4_1, Q4_K_M, IQ2_XS, F16, BF16, ...)
+_WEIGHTS_TAG = re.compile(r"[.\-_](?:I?Q\d\w*|B?F(?:16|32)|FP(?:16|32))$", re.IGNORECASE)
+
+
+def model_name(path: os.PathLike | str) -> str:
+    """A one-file model's name as its file names it, without the weights' type: SmolLM2-135M-Instruct.Q4_1.gguf is
+    SmolLM2-135M-Instruct. A GGUF's own general.name is often generated from a training folder ("Smollm2 135M 8k
+    Lc100K Mix1 Ep2") and the same bytes may lie under several names, so the name is the file's, not its cache's."""
+    stem = Path(path).name.removesuffix(".gguf").removesuffix(".GGUF")
+    return _WEIGHTS_TAG.sub("", stem) or stem
 
 
 def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> str:

@@ -25,8 +25,8 @@ import torch
 
 from ..cache_folder import cache_root, one_at_a_time, remove_stale_temporaries
 from ..config import ConfigError, ModelConfig, RopeScaling
-from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, one_line,
-                     plan_dtype, save_streaming)
+from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, model_name,
+                     one_line, plan_dtype, save_streaming)
 
 CACHE_VERSION = "3"  # bump whenever what is cached or how it is computed changes
 CACHE_SPARE = 256 * 2**20  # bytes a weight cache leaves free on its disk, for everything else
@@ -38,18 +38,6 @@ _BLOCK = {
     "ffn_down": "mlp.down_proj",
 }
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-# how a GGUF file's name ends after the model's own name: its weights' type (Q4_1, Q4_K_M, IQ2_XS, F16, BF16, ...)
-_QUANT_TAG = re.compile(r"[.\-_](?:I?Q\d\w*|B?F(?:16|32)|FP(?:16|32))$", re.IGNORECASE)
-
-
-def model_name(path: Path) -> str:
-    """A GGUF model's name as its file names it, without the weights' type: SmolLM2-135M-Instruct.Q4_1.gguf is
-    SmolLM2-135M-Instruct. The file's own general.name is often generated from a training folder ("Smollm2 135M 8k
-    Lc100K Mix1 Ep2") and the same bytes may lie under several names, so the name is the file's, not the cache's."""
-    stem = Path(path).name.removesuffix(".gguf").removesuffix(".GGUF")
-    return _QUANT_TAG.sub("", stem) or stem
-
-
 def canonical_name(name: str) -> str:
     if name in _TOP:
         return _TOP[name]
