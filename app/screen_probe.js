@@ -65,35 +65,54 @@ function loadFonts() {
   new MutationObserver(load).observe(document.head, {childList: true});
 }
 
+// Streamlit calls the function below again with each run's data while the probe stays mounted; the cleanup it
+// returns runs only when the probe is unmounted. So the page keeps one measuring state (window.__llamaExplorerProbe)
+// that each call hands its data and its setStateValue: a measurement is judged against the server's latest
+// assumption, never against an earlier run's (an earlier call's observer, still watching, marked a page drawn for
+// its screen as "reported" again, and every resize was measured once per call).
 export default function ({data, setStateValue}) {
   installTap();
   loadFonts();
-  let sent = null;
-  const measure = () => {
-    const main = document.querySelector('[data-testid="stMainBlockContainer"]');
-    if (!main) return;
-    const style = getComputedStyle(main);
-    const inner = main.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-    const now = {main: Math.floor(inner / data.step) * data.step, window: window.innerWidth,
-                 touch: window.matchMedia('(pointer: coarse)').matches};
-    const kept = `${now.main}.${now.window}.${now.touch ? 1 : 0}`;
-    if (!document.cookie.split('; ').includes(`${data.cookie}=${kept}`)) {
-      document.cookie = `${data.cookie}=${kept}; path=/; max-age=31536000; SameSite=Lax`;
-    }
-    const same = (a) => a && Math.abs(a.main - now.main) <= data.slack && a.touch === now.touch &&
-        (a.window < data.stack) === (now.window < data.stack);
-    // the page says whether the server has drawn it for this screen (a test waits for "drawn")
-    document.documentElement.dataset.screen = same(data) ? 'drawn' : 'reported';
-    if (same(data) || same(sent)) return;
-    sent = now;
-    setStateValue('screen', now);
-  };
-  let timer = null;
-  const later = () => { clearTimeout(timer); timer = setTimeout(measure, 150); };
-  const observer = new ResizeObserver(later);
+  const probe = window.__llamaExplorerProbe ??= {sent: null, timer: null, watched: null};
+  const owner = {};
+  Object.assign(probe, {data, setStateValue, owner});
+  if (!probe.measure) {
+    probe.measure = () => {
+      const main = document.querySelector('[data-testid="stMainBlockContainer"]');
+      if (!main) return;
+      const {data, sent} = probe;
+      const style = getComputedStyle(main);
+      const inner = main.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+      const now = {main: Math.floor(inner / data.step) * data.step, window: window.innerWidth,
+                   touch: window.matchMedia('(pointer: coarse)').matches};
+      const kept = `${now.main}.${now.window}.${now.touch ? 1 : 0}`;
+      if (!document.cookie.split('; ').includes(`${data.cookie}=${kept}`)) {
+        document.cookie = `${data.cookie}=${kept}; path=/; max-age=31536000; SameSite=Lax`;
+      }
+      const same = (a) => a && Math.abs(a.main - now.main) <= data.slack && a.touch === now.touch &&
+          (a.window < data.stack) === (now.window < data.stack);
+      // the page says whether the server has drawn it for this screen (a test waits for "drawn")
+      document.documentElement.dataset.screen = same(data) ? 'drawn' : 'reported';
+      if (same(data) || same(sent)) return;
+      probe.sent = now;
+      probe.setStateValue('screen', now);
+    };
+    probe.later = () => { clearTimeout(probe.timer); probe.timer = setTimeout(probe.measure, 150); };
+    probe.observer = new ResizeObserver(probe.later);
+    window.addEventListener('resize', probe.later);
+  }
   const main = document.querySelector('[data-testid="stMainBlockContainer"]');
-  if (main) observer.observe(main);
-  window.addEventListener('resize', later);
-  measure();
-  return () => { observer.disconnect(); window.removeEventListener('resize', later); clearTimeout(timer); };
+  if (main && main !== probe.watched) {  // (Streamlit may have drawn the main column anew)
+    probe.observer.disconnect();
+    probe.observer.observe(main);
+    probe.watched = main;
+  }
+  probe.measure();
+  return () => {  // unmounted: the page measures no more, unless a later call has taken the probe over
+    if (probe.owner !== owner) return;
+    probe.observer.disconnect();
+    window.removeEventListener('resize', probe.later);
+    clearTimeout(probe.timer);
+    delete window.__llamaExplorerProbe;
+  };
 }
