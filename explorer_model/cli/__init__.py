@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the whole report as JSON (the answer included)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(fn=cmd_classroom_check)
-    for name in ("info", "tokenize", "record", "generate", "serve"):
+    for name in ("info", "record", "generate", "serve"):  # (tokenize reads no weights)
         sub.choices[name].add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP)
     return p
 

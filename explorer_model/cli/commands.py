@@ -39,11 +39,10 @@ def _load(source: str, dtype: str | None = None):
     return load(source, dtype=dtype)
 
 
-def prompt_ids(loaded, text: str | None, token_ids: str | None, flag: str = "--prompt",
+def prompt_ids(cfg, tokenizer, text: str | None, token_ids: str | None, flag: str = "--prompt",
                context: bool = True) -> list[int]:
-    """Token ids from --prompt (or the command's `flag`) or --token-ids, checked against the vocabulary and, where
-    the model will run them (`context`), against its context length."""
-    cfg = loaded.model.cfg
+    """Token ids from --prompt (or the command's `flag`) or --token-ids, checked against the vocabulary of `cfg`
+    and, where the model will run them (`context`), against its context length."""
     if token_ids is not None:
         try:
             ids = [int(x) for x in token_ids.replace(" ", "").split(",") if x != ""]
@@ -52,7 +51,7 @@ def prompt_ids(loaded, text: str | None, token_ids: str | None, flag: str = "--p
     else:
         if text is None or not text.strip():
             raise CliError(f"the prompt is empty: give some text with {flag}")
-        ids = loaded.tokenizer.encode_prompt(text)  # refuses over MAX_PROMPT_CHARS before tokenizing
+        ids = tokenizer.encode_prompt(text)  # refuses over MAX_PROMPT_CHARS before tokenizing
     return check_ids(ids, cfg.vocab_size, cfg.max_seq_len if context else None)
 
 
@@ -124,9 +123,10 @@ def _decode_step(model) -> str:
 
 
 def cmd_tokenize(args) -> None:
-    loaded = _load(args.source, args.dtype)
-    ids = prompt_ids(loaded, args.text, None, "--text", context=False)  # counting a long text's tokens runs nothing
-    tok = loaded.tokenizer
+    from ..loaders import read_tokenizer
+
+    cfg, tok = read_tokenizer(args.source)  # no weights: a text's tokens need only the tokenizer
+    ids = prompt_ids(cfg, tok, args.text, None, "--text", context=False)  # a text longer than the context counts too
     # a piece of a character split over several tokens is named as the app names it (深·1/3), not by its bytes
     names = fragment_labels([tok.token_bytes(i) for i in ids])
     rows = [{"id": i, "label": tok.piece(i) if tok.is_special(i) else name, "bytes": tok.token_bytes(i).hex(" ")}
@@ -150,7 +150,7 @@ def cmd_record(args) -> None:
     from ..memory import layer_progress, text_progress
     from ..recording import record
 
-    ids = prompt_ids(loaded, args.prompt, args.token_ids)
+    ids = prompt_ids(loaded.model.cfg, loaded.tokenizer, args.prompt, args.token_ids)
     names = args.names or None
     for name in names or []:  # each on its own: a model named after --names is read as one more pattern
         if not loaded.model.select_hooks([name]):
@@ -196,7 +196,7 @@ def what_if(loaded, args, n_tokens: int):
         return ivs or None, None
     if args.patch_source is None:
         raise CliError("a patch: intervention needs --patch-source TEXT (the prompt to copy the activation from)")
-    source = prompt_ids(loaded, args.patch_source, None, "--patch-source")
+    source = prompt_ids(loaded.model.cfg, loaded.tokenizer, args.patch_source, None, "--patch-source")
     try:  # before anything runs: a position one of the two prompts lacks
         for iv in ivs:
             if isinstance(iv, Patch):
@@ -240,7 +240,7 @@ def cmd_generate(args) -> None:
     if args.threads is not None and not 1 <= args.threads <= 256:
         raise CliError(f"--threads must be between 1 and 256, got {args.threads}")
     loaded = _load(args.source, args.dtype)
-    ids = prompt_ids(loaded, args.prompt, None)
+    ids = prompt_ids(loaded.model.cfg, loaded.tokenizer, args.prompt, None)
     eos = loaded.tokenizer.eos_id
     from ..generate.decode import pack_for_decode, packing_for
     from ..generate.sampling import generate

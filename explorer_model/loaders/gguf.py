@@ -335,9 +335,9 @@ def read_cache(file: Path):
         return None
 
 
-def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
-    """The config in the header of a cache of this GGUF (any dtype), or None: an estimate before a load without
-    parsing the vocabulary (~1 s for SmolLM2's); no weight is read or checksummed (the load does that)."""
+def cached_header(path: Path, cache_dir=None) -> dict | None:
+    """The header of a cache of this GGUF (any dtype: config and tokenizer fields), or None; no weight is read or
+    checksummed (a load does that), nor the GGUF's vocabulary parsed (~1 s for SmolLM2's)."""
     from ..memory import DTYPES
 
     with open(path, "rb") as f:  # anything else is refused by the parse, before a hash of all its bytes
@@ -345,11 +345,10 @@ def cached_config(path: Path, cache_dir=None) -> ModelConfig | None:
             return None
     digest = content_digest(path)
     for dtype in DTYPES.values():
-        file = cache_file(path, cache_dir, digest, dtype)
         try:
-            info = _cache_header(file)
-            if info is not None:
-                return ModelConfig.from_dict(json.loads(info["config"])).with_(name=model_name(path))
+            if (info := _cache_header(cache_file(path, cache_dir, digest, dtype))) is not None:
+                ModelConfig.from_dict(json.loads(info["config"]))  # readable, else the next dtype's
+                return info
         except Exception:  # absent, truncated or garbled: the next dtype's, or the GGUF itself
             continue
     return None
