@@ -11,6 +11,7 @@ a failed write (disk full, file-size limit, Ctrl+C) leaves the previous file as 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -88,14 +89,39 @@ def check_fits(p: Plan, path: Path, memory: int | None = None, disk: int | None 
                           f"{p.largest}) but only {gb(memory)} is available; {hint}")
 
 
-def save_npz(rec, out: str | os.PathLike) -> Path:
-    """Write every recorded name, token_ids and logits (the same members as np.savez(path, **rec.to_numpy())),
-    one array at a time, atomically. Returns the exact file written."""
-    path = check_target(out)
-    with atomic_file(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+ABOUT = "about"  # the member that says what a file holds: JSON text, json.loads(np.load(file)["about"].item())
+
+
+def about(rec, model: str, text: str | None, changes=(), source: str | None = None,
+          patch_source: str | None = None) -> dict:
+    """What the file of recording `rec` says about itself (its member ABOUT), so that a file saved among others
+    still names its model, its prompt and what was changed in the run: `text` None when the run was given token
+    ids, `changes` the interventions as they are written (ablate:blocks.3.attn.head5, no-mask, ...) with the prompt
+    a patch copied from (`patch_source`), the dtype of its arrays, and `source` (the model's path) when the file
+    stays on the machine that has the model (the app's downloads leave the server's paths out)."""
+    dtype = torch.float32 if rec.dtype == torch.bfloat16 else rec.dtype  # as as_numpy writes it
+    return {"model": model, "text": text, "changes": [str(c) for c in changes],
+            "dtype": str(dtype).removeprefix("torch."), **({"patch_source": patch_source} if patch_source else {}),
+            **({"source": source} if source is not None else {})}
+
+
+def write_members(rec, file, about: dict | None = None) -> None:
+    """Every recorded name, token_ids and logits (the same members as np.savez(path, **rec.to_numpy())), one array
+    at a time, into the new zip `file`, and `about` (see `about`) as the member ABOUT."""
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name in [*rec.names, "token_ids"]:
             arr = rec.token_ids.numpy() if name == "token_ids" else as_numpy(rec[name])
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
             del arr  # a rebuilt attention pattern is freed before the next one is made
+        if about is not None:  # a 0-d unicode array: read back without allow_pickle
+            with zf.open(f"{ABOUT}.npy", "w") as f:
+                np.lib.format.write_array(f, np.array(json.dumps(about, ensure_ascii=False)), allow_pickle=False)
+
+
+def save_npz(rec, out: str | os.PathLike, about: dict | None = None) -> Path:
+    """write_members into `out`, atomically. Returns the exact file written."""
+    path = check_target(out)
+    with atomic_file(path) as tmp:
+        write_members(rec, tmp, about)
     return path

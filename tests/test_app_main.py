@@ -220,6 +220,13 @@ def test_recording_npz_holds_every_hook():
     data = np.load(state.recording_npz("smollm2", ids))  # an open file, built on disk
     assert "blocks.29.attn.hook_pattern" in data.files and "token_ids" in data.files
     assert data["blocks.0.mlp.hook_post"].shape == (1, len(ids), 1536)
+    # the file names what it holds, without the server's paths: the model, the prompt, no change
+    assert json.loads(data["about"].item()) == {"model": "SmolLM2-135M-Instruct", "text": "I love machine learning.",
+                                                "changes": [], "dtype": "float32"}
+    changed = np.load(state.changed_recording_npz("smollm2", ids, "no-mask,ablate:blocks.3.attn.head5"))
+    assert json.loads(changed["about"].item())["changes"] == ["no-mask", "ablate:blocks.3.attn.head5"]
+    tiny, _ = state.encode_prompt("tiny-pre", "Hello there", 256)  # its BOS first: the text is still the typed one
+    assert json.loads(np.load(state.recording_npz("tiny-pre", tiny))["about"].item())["text"] == "Hello there"
 
 
 def test_share_mode_shows_every_room_address_with_a_qr_code(monkeypatch):

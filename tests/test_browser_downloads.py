@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import struct
 
@@ -49,6 +50,8 @@ def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
     wanted = set(NPZ_NAMES) | {n.format(L=L) for n in NPZ_LAYER_NAMES for L in range(n_layers)}
     assert wanted <= names, f"the .npz lacks recorded names: {sorted(wanted - names)[:8]}"
     assert arrays["token_ids"].shape[-1] == n_tokens, "the .npz holds another prompt's tokens"
+    about = json.loads(arrays["about"].item())  # the file names its model and the prompt typed in the page
+    assert (about["model"], about["text"]) == ("SmolLM2-135M-Instruct", ZH_PROMPT), about
     pattern = arrays[f"blocks.{n_layers - 1}.attn.hook_pattern"]
     assert pattern.shape[-2:] == (n_tokens, n_tokens)
     np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-4)  # softmax rows, independent of the app

@@ -72,8 +72,12 @@ def test_record_npz_with_globs(tmp_path, capsys):
     assert cli.main(["record", "smollm2", "--prompt", "I love machine learning.", "--out", str(out),
                      "--names", "blocks.2.attn.hook_pattern", "blocks.*.ln1.hook_scale"]) == 0
     data = np.load(out)
-    assert set(data.files) == {"blocks.2.attn.hook_pattern", "token_ids", "logits"} | {
+    assert set(data.files) == {"blocks.2.attn.hook_pattern", "token_ids", "logits", "about"} | {
         f"blocks.{l}.ln1.hook_scale" for l in range(30)}
+    from explorer_model.loaders import default_gguf_path
+
+    assert json.loads(data["about"].item()) == {"model": "SmolLM2-135M-Instruct", "text": "I love machine learning.",
+                                                "changes": [], "dtype": "float32", "source": str(default_gguf_path())}
     T = data["token_ids"].shape[1]
     assert data["blocks.2.attn.hook_pattern"].shape == (1, 9, T, T)
     assert data["logits"].shape == (1, T, 49152)
@@ -85,6 +89,18 @@ def test_record_token_ids_float16(tmp_path, capsys):
                      "--names", "hook_embed"]) == 0
     data = np.load(out)
     assert data["hook_embed"].dtype == np.float16 and data["token_ids"].tolist() == [[504, 3575, 282]]
+    about = json.loads(data["about"].item())
+    assert (about["text"], about["dtype"]) == (None, "float16")  # given ids, the file claims no text
+
+
+def test_a_changed_record_names_its_changes_and_the_patchs_source(tmp_path, capsys):
+    out = tmp_path / "p.npz"
+    assert cli.main(["record", "tiny-pre", "--prompt", "The bank approved the loan.", "--out", str(out),
+                     "--names", "hook_embed", "--intervene", "no-mask", "--intervene",
+                     "patch:blocks.1.hook_resid_post@-1", "--patch-source", "The river bank."]) == 0
+    about = json.loads(np.load(out)["about"].item())
+    assert about["changes"] == ["no-mask", "patch:blocks.1.hook_resid_post@-1"]
+    assert (about["text"], about["patch_source"]) == ("The bank approved the loan.", "The river bank.")
 
 
 def test_generate_greedy_paris():

@@ -208,7 +208,7 @@ def test_exact_name_is_written_and_named(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.strip().splitlines()[-1].endswith(f"to {out}") and "will take" in printed
     assert [p.name for p in tmp_path.iterdir()] == ["r.data"]
-    assert set(np.load(out).files) == {"hook_embed", "logits", "token_ids"}
+    assert set(np.load(out).files) == {"hook_embed", "logits", "token_ids", "about"}
 
 
 def test_sizes_read_as_people_read_them():

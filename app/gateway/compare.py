@@ -55,7 +55,8 @@ def changed_recording_npz(source: str, ids, specs: str = ""):
     ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
     if not specs:
         return runs.recording_npz(source, ids)
-    return npz_file(source, len(ids), lambda: changed_recording(source, ids, specs))
+    return npz_file(source, len(ids), lambda: changed_recording(source, ids, specs),
+                    gw.check_interventions(source, specs))
 
 
 def compare_lesson(source: str, preset_key: str, ids) -> dict:

@@ -19,7 +19,7 @@ from app.gateway import state as gw
 from app.gateway.state import RunRefused
 from app.gateway.settings import cache_budget_bytes
 from explorer_model import memory as _memory
-from explorer_model.recording import as_numpy
+from explorer_model.export import about, write_members
 
 _BUILDING = {"bytes": 0}
 _BUILDING_LOCK = threading.Lock()
@@ -60,9 +60,12 @@ def check_export(source: str, n_tokens: int) -> None:
         raise RunRefused("export.too_big", size=_memory.gb(size), cap=_memory.gb(cap))
 
 
-def npz_file(source: str, n_tokens: int, get_recording):
-    """An open binary file holding the .npz of get_recording(), already unlinked. RunRefused when it is over the
-    cap, or when downloads being built now would go over it together."""
+def npz_file(source: str, n_tokens: int, get_recording, changes=()):
+    """An open binary file holding the .npz of get_recording(), which names its model, its prompt and `changes`
+    (explorer_model.export.about; not the server's paths), already unlinked. RunRefused when it is over the cap, or when downloads being built now would go over it together.
+    Written by export.write_members, not save_npz: its atomic rename sets a signal handler, which only the main
+    thread may do, and Streamlit builds a download in a worker thread (the folder is private and removed: no
+    rename is needed)."""
     check_export(source, n_tokens)
     size, cap = npz_bytes(source, n_tokens), export_cap_bytes()
     with _BUILDING_LOCK:
@@ -74,7 +77,9 @@ def npz_file(source: str, n_tokens: int, get_recording):
         folder = tempfile.mkdtemp(prefix="llama-explorer-npz-")  # private (0700) to this server's user
         path = os.path.join(folder, "recording.npz")
         try:
-            _write_npz(rec, path)
+            tok, ids = gw._model(source).tokenizer, rec.token_ids[0].tolist()
+            body = ids[1:] if ids[:1] == [tok.bos_id] else ids  # the text typed, not the BOS the page put first
+            write_members(rec, path, about(rec, gw._model(source).model.cfg.name, tok.decode(body), changes))
             del rec
             handle = open(path, "rb")
         finally:
@@ -87,22 +92,6 @@ def npz_file(source: str, n_tokens: int, get_recording):
     finally:
         with _BUILDING_LOCK:
             _BUILDING["bytes"] -= size
-
-
-def _write_npz(rec, path: str) -> None:
-    """The members of export.save_npz, one array at a time, into a file of this server's private folder. Not
-    save_npz itself: its atomic rename sets a signal handler, which only the main thread may do, and Streamlit
-    builds a download in a worker thread (the folder is private and removed: no rename is needed)."""
-    import zipfile
-
-    import numpy as np
-
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name in [*rec.names, "token_ids"]:
-            arr = rec.token_ids.numpy() if name == "token_ids" else as_numpy(rec[name])
-            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
-            del arr
 
 
 def _numel(shape) -> int:

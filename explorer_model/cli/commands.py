@@ -145,7 +145,7 @@ def cmd_record(args) -> None:
     loaded = _load(args.source, args.dtype)
     import torch
 
-    from ..export import check_fits, gb, plan, save_npz
+    from ..export import about, check_fits, gb, plan, save_npz
     from ..interventions import format_list
     from ..memory import layer_progress, text_progress
     from ..recording import record
@@ -168,8 +168,10 @@ def cmd_record(args) -> None:
             rec = record(loaded.model, ids, names=names, dtype=dtype, interventions=ivs, source_tokens=source_ids)
     except ValueError as e:  # e.g. a patch position beyond one of the prompts
         raise CliError(str(e)) from None
+    text = args.prompt if args.token_ids is None else None  # (the file names what it recorded: export.about)
     try:
-        written = save_npz(rec, target)
+        written = save_npz(rec, target, about(rec, loaded.model.cfg.name, text, ivs or (), source=loaded.source,
+                                                 patch_source=args.patch_source))
     except OSError as e:  # disk full, file-size limit, permissions: the previous file is left as it was
         raise CliError(f"cannot write {target}: {e.strerror or one_line(e)}") from None
     changed = f" with {format_list(ivs)}" if ivs else ""
