@@ -68,3 +68,11 @@ def test_a_missing_tokenizer_or_source_is_one_line(ckpt, tmp_path, gqa):
     hf = ckpt.save_hf(gqa[0], tmp_path / "hf", tokenizer=False)
     with pytest.raises(LoadError, match="tokenizer"):
         L.read_tokenizer(hf)
+
+
+def test_info_on_a_folder_without_a_tokenizer_prints_only_the_refusal(ckpt, tmp_path, gqa, capsys):
+    folder = ckpt.save_hf(gqa[0], tmp_path / "hf", tokenizer=False)
+    capsys.readouterr()  # (transformers' progress bar while writing the folder)
+    assert cli.main(["info", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "tokenizer" in err, (out, err)
