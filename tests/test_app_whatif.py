@@ -6,7 +6,7 @@ import torch
 from apptest_util import all_text, decode, fig_with, figures, run_app, title
 
 import app.gateway as app_explorer
-from app.context import display_piece
+from app.context import display_piece, plain
 from app.i18n import t
 from app.panels.whatif.bank import BANK_SOURCE, BANK_TARGET, MIN_KL
 from explorer_model.analysis import measures as M
@@ -123,6 +123,11 @@ def test_bank_patch_and_chinese(loaded):
     _, clean, changed = runs(loaded, BANK_TARGET, [spec], BANK_SOURCE)
     dist = figures(at)[0]
     assert "修改前后" in title(dist)
+    # the page's heading and the figure's legend name the prompt the patch copied from: a saved figure says it too
+    assert f"施加 {plain(spec)} 之后（激活取自“{BANK_SOURCE}”）" in [h.value for h in at.subheader]  # (as markdown)
+    changed_legend = dist["data"][1]["name"]
+    assert changed_legend.startswith(t("whatif.changed", "zh") + " · patch:blocks.20.hook_resid_post@-1 ← “")
+    assert changed_legend.endswith("…") and BANK_SOURCE.startswith(changed_legend.split("“")[1][:-1])
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)

@@ -17,8 +17,8 @@ from app.i18n import error_text
 from app.panels.whatif import bank as whatif_bank
 from app.panels.generation import candidate_label
 from app.sections import section
-from app.panels.whatif.figs import (attention_figure, distribution_data, distribution_figure, kl_figure,
-                                     masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
+from app.panels.whatif.figs import (attention_figure, changed_name, distribution_data, distribution_figure,
+                                     kl_figure, masked_blank, moved_figure, own_token_figure, pattern_of, sweep_figure)
 from explorer_model import interventions as I
 from explorer_model import view_choices as VC
 from explorer_model.analysis import measures as M
@@ -179,7 +179,11 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     except ValueError as e:  # e.g. a patch position beyond the source prompt, or a run too long for this server
         st.error(plain(error_text(e, ctx.lang)))
         return
-    st.subheader(t("whatif.with", plain_specs=plain(specs)))
+    if source_text is None:
+        st.subheader(t("whatif.with", plain_specs=plain(specs)))
+    else:  # the prompt a patch copies from is part of the change
+        st.subheader(t("whatif.with_source", plain_specs=plain(specs), source=plain(" ".join(source_text.split()))))
+    changed = changed_name(t, specs, source_text)
     whatif_bank.draw_note(ctx, specs)
     loss0, loss1 = M.prompt_loss(ctx.rec.logits, ids), run["loss"]
     d = distribution_data(ctx.rec.logits[0, -1], run["last"])
@@ -198,7 +202,7 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: distribution_figure(d, name, t), ctx, key="whatif_dist", height=420, share=0.6)
+        plots.show(lambda: distribution_figure(d, name, t, changed), ctx, key="whatif_dist", height=420, share=0.6)
     with right:
         plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420, share=0.4)
     plots.show(lambda: kl_figure(kl, t), ctx, key="whatif_kl", height=340)
@@ -207,7 +211,7 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     own0 = M.next_token_logprobs(ctx.rec.logits, ids).exp().numpy()
     own1 = run["own"]
     if len(ids) > 1:
-        plots.show(partial(own_token_figure, own0, own1, ctx.labels, t), ctx, key="whatif_own", height=360)
+        plots.show(partial(own_token_figure, own0, own1, ctx.labels, t, changed), ctx, key="whatif_own", height=360)
         if any(isinstance(iv, I.NoMask) for iv in ivs):
             key, values = no_mask_lesson(loss0, loss1, own0, own1)
             st.caption(t(key, **values))

@@ -5,6 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app import plots
+from app.figure_text import cut
 from explorer_model import interventions as I
 from explorer_model.analysis import views_data as V
 
@@ -24,11 +25,23 @@ def distribution_data(clean_logits, changed_logits, n: int = N_TOP) -> dict:
     return V.distribution_data(clean_logits, changed_logits, n)
 
 
-def distribution_figure(d: dict, name, t) -> go.Figure:
-    """name(id): how a candidate token reads (a character fragment as the character it completes)."""
+LEGEND_CHARS = 44  # of the changed run's name in a legend: a long list of changes or source prompt is cut
+
+
+def changed_name(t, specs: str, source_text: str | None = None) -> str:
+    """The changed run as a legend names it: "changed · no-mask", a patch with the prompt it copied from
+    ("changed · patch:blocks.20.hook_resid_post@-1 ← “The bank near the river…”"), so that a figure read or saved
+    on its own still says what was changed. One line; Plotly reads a legend's text as HTML."""
+    what = specs + (f" ← “{' '.join(source_text.split())}”" if source_text else "")
+    return f"{t('whatif.changed')} · " + cut(what, LEGEND_CHARS).replace("<", "‹").replace(">", "›")
+
+
+def distribution_figure(d: dict, name, t, changed: str) -> go.Figure:
+    """name(id): how a candidate token reads (a character fragment as the character it completes); `changed`: the
+    changed run's name (changed_name)."""
     x = [f"{name(int(i))} ({int(i)})" for i in d["ids"]]
     fig = go.Figure([go.Bar(x=x, y=d["clean"], name=t("whatif.unchanged"), marker_color="#888888"),
-                     go.Bar(x=x, y=d["changed"], name=t("whatif.changed"), marker_color="#d62728")])
+                     go.Bar(x=x, y=d["changed"], name=changed, marker_color="#d62728")])
     fig.update_layout(barmode="group", title=t("whatif.next_token_probabilities_at_the"),
                       xaxis_title=t("whatif.token_id"), yaxis_title=t("whatif.probability"),
                       margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.3))
@@ -56,10 +69,10 @@ def kl_figure(kl: np.ndarray, t) -> go.Figure:
     return fig
 
 
-def own_token_figure(p_clean: np.ndarray, p_changed: np.ndarray, labels, t) -> go.Figure:
+def own_token_figure(p_clean: np.ndarray, p_changed: np.ndarray, labels, t, changed: str) -> go.Figure:
     x = labels[:len(p_clean)]
     fig = go.Figure([go.Scatter(x=x, y=y, mode="lines+markers", name=name, line=dict(color=colour)) for y, name, colour in
-                     ((p_clean, t("whatif.unchanged"), "#888888"), (p_changed, t("whatif.changed"), "#d62728"))])
+                     ((p_clean, t("whatif.unchanged"), "#888888"), (p_changed, changed, "#d62728"))])
     fig.update_layout(title=t("whatif.probability_each_position_gives_to"),
                       xaxis_title=t("whatif.position_predicting_the_token_after"),
                       yaxis_title=t("whatif.probability"), yaxis_range=[0, 1.02], margin=dict(l=10, r=10, t=50, b=10),
