@@ -31,6 +31,7 @@ def determinism(model, prompt: str, threads: int = 4) -> dict:
     import torch
 
     from app.gateway.result_cache import ResultCache
+    from explorer_model.export import ABOUT
     from explorer_model.recording import record
 
     ids = model.tokenizer.encode(prompt, add_bos=getattr(model.tokenizer, "add_bos", False))
@@ -73,7 +74,8 @@ def determinism(model, prompt: str, threads: int = 4) -> dict:
                             "--out", str(out)], check=True, capture_output=True, cwd=ROOT,
                            env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
             with np.load(out) as data:
-                digests[f"process_{i}"] = array_digest({k: data[k] for k in data.files})
+                # the recorded arrays (the file's `about` names the command's model and prompt: no array)
+                digests[f"process_{i}"] = array_digest({k: data[k] for k in data.files if k != ABOUT})
     return {"prompt": prompt, "tokens": len(ids), "tensors": len(ref.names) + 1, "thread_recordings": threads,
             "cache_recordings": len(cached), "cache_recomputed": distinct_cached,
             "unequal_tensors": unequal, "digests": digests,
