@@ -154,25 +154,30 @@ def read_tokenizer(source: str | os.PathLike = DEFAULT):
 
     path = resolve(source)
     _must_exist(path)
-    cfg = read_config(path)
     from ..tokenizer import Tokenizer
     from .common import check_tokenizer_fits, load_tokenizer
 
     try:
-        if path.is_file():  # a GGUF: read_config has refused anything else
-            from ..tokenizer import read_gguf_tokenizer_fields
-            from .gguf import cached_header, open_reader
+        if path.is_file() and _is_gguf(path):
+            from .gguf import cached_header, convert_config, open_reader, read_metadata
 
-            info = cached_header(path)
-            fields = json.loads(info["tokenizer"]) if info else read_gguf_tokenizer_fields(open_reader(path))
+            if info := cached_header(path):  # a load has been here: the config and the fields in its header
+                cfg, fields = read_config(path), json.loads(info["tokenizer"])  # (the file's digest is kept)
+            else:  # the metadata read once, for both
+                reader = open_reader(path)
+                meta = read_metadata(reader)
+                cfg = convert_config(reader, meta, path)[0]
+                fields = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
             tokenizer = load_tokenizer(Tokenizer.from_gguf_fields, path, fields, source=str(path))
-        elif is_native(path) or (path / "params.json").is_file() and not (path / "config.json").is_file():
-            file = path / TOKENIZER_NAME  # the same name in an explorer folder and a Meta one
-            if not file.is_file():
-                raise LoadError(f"{path}: no {TOKENIZER_NAME} (SentencePiece) in the folder")
-            tokenizer = load_tokenizer(Tokenizer.from_sentencepiece, file, file)
-        else:  # an HF folder: tokenizer.json or tokenizer.model
-            tokenizer = load_tokenizer(Tokenizer.from_path, path, path)
+        else:
+            cfg = read_config(path)  # anything that is no model folder is refused here, in the loaders' words
+            if is_native(path) or not (path / "config.json").is_file():  # an explorer folder or a Meta one
+                file = path / TOKENIZER_NAME  # the same name in both
+                if not file.is_file():
+                    raise LoadError(f"{path}: no {TOKENIZER_NAME} (SentencePiece) in the folder")
+                tokenizer = load_tokenizer(Tokenizer.from_sentencepiece, file, file)
+            else:  # an HF folder: tokenizer.json or tokenizer.model
+                tokenizer = load_tokenizer(Tokenizer.from_path, path, path)
     except LoadError:
         raise
     except OSError as e:
