@@ -62,10 +62,10 @@ def check_export(source: str, n_tokens: int) -> None:
 
 def npz_file(source: str, n_tokens: int, get_recording, changes=()):
     """An open binary file holding the .npz of get_recording(), which names its model, its prompt and `changes`
-    (explorer_model.export.about; not the server's paths), already unlinked. RunRefused when it is over the cap, or when downloads being built now would go over it together.
-    Written by export.write_members, not save_npz: its atomic rename sets a signal handler, which only the main
-    thread may do, and Streamlit builds a download in a worker thread (the folder is private and removed: no
-    rename is needed)."""
+    (explorer_model.export.about; not the server's paths), already unlinked. RunRefused when it is over the cap,
+    or when downloads being built now would go over it together. Written by export.write_members, not save_npz:
+    its atomic rename sets a signal handler, which only the main thread may do, and Streamlit builds a download
+    in a worker thread (the folder is private and removed: no rename is needed)."""
     check_export(source, n_tokens)
     size, cap = npz_bytes(source, n_tokens), export_cap_bytes()
     with _BUILDING_LOCK:
@@ -77,9 +77,9 @@ def npz_file(source: str, n_tokens: int, get_recording, changes=()):
         folder = tempfile.mkdtemp(prefix="llama-explorer-npz-")  # private (0700) to this server's user
         path = os.path.join(folder, "recording.npz")
         try:
-            tok, ids = gw._model(source).tokenizer, rec.token_ids[0].tolist()
-            body = ids[1:] if ids[:1] == [tok.bos_id] else ids  # the text typed, not the BOS the page put first
-            write_members(rec, path, about(rec, gw._model(source).model.cfg.name, tok.decode(body), changes))
+            loaded, ids = gw._model(source), rec.token_ids[0].tolist()
+            body = ids[1:] if ids[:1] == [loaded.tokenizer.bos_id] else ids  # the text typed, not the page's BOS
+            write_members(rec, path, about(rec, loaded.model.cfg.name, loaded.tokenizer.decode(body), changes))
             del rec
             handle = open(path, "rb")
         finally:
