@@ -249,3 +249,18 @@ def test_the_no_mask_caption_key_follows_the_loss():
     # a random model: the loss hardly moves, and its tiny probabilities are not written 0.00
     key, values = no_mask_lesson(8.34, 8.31, [2.1e-4, 2.3e-4], [2.4e-4, 2.6e-4])
     assert key == "whatif.no_mask_loss_same" and (values["p0"], values["p1"]) == ("0.00022", "0.00025")
+
+
+def test_a_typed_source_survives_a_spec_that_did_not_parse():
+    """The source box is hidden while the spec is wrong; fixed, it shows (and the run uses) the source typed before,
+    the one the page's link holds, not the bank sentence it was first given."""
+    typed = "The bank near the river collapsed."
+    at = run_app(view="whatif", prompt=BANK_TARGET)
+    at.text_input(key="whatif_specs").set_value("patch:blocks.20.hook_resid_post@-1").run()
+    at.text_input(key="whatif_source_text").set_value(typed).run()
+    at.text_input(key="whatif_specs").set_value("patch:blocks.40.hook_resid_post@-1").run()
+    assert at.error and not [w for w in at.text_input if w.key == "whatif_source_text"]
+    at.text_input(key="whatif_specs").set_value("patch:blocks.20.hook_resid_post@-1").run()
+    assert not at.exception and not at.error
+    assert at.text_input(key="whatif_source_text").value == typed == at.session_state["whatif_source"]
+    assert any(typed in h.value for h in at.subheader)

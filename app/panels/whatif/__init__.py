@@ -104,11 +104,8 @@ def built_spec(ctx: ViewContext, kind: str) -> str:
 def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
     """The widgets; returns the parsed interventions (empty on error) and the source prompt's text."""
     t = ctx.t
-    # Without a source in the link, the other bank sentence is the source (the same for whoever opens it).
-    other = whatif_bank.other_sentence(st.session_state.get("prompt"))
-    for key, widget, default in (("whatif", "whatif_specs", ""), ("whatif_source", "whatif_source_text", other)):
-        if widget not in st.session_state:  # a widget's state is dropped while another view is shown
-            st.session_state[widget] = st.session_state.get(key) or default
+    if "whatif_specs" not in st.session_state:  # a widget's state is dropped while another view is shown
+        st.session_state["whatif_specs"] = st.session_state.get("whatif") or ""
     c = st.columns(5)
     c[0].button(t("whatif.no_causal_mask"), key="whatif_q_mask", on_click=_set_specs, args=("no-mask",))
     c[1].button(t("whatif.no_rope"), key="whatif_q_rope", on_click=_set_specs, args=("no-rope",))
@@ -134,6 +131,12 @@ def draw_chooser(ctx: ViewContext) -> tuple[list, str | None]:
             return [], None
         source = None
         if I.needs_source(ivs):
+            # The box shows the source the page runs with (whatif_source, which its link holds), set each time it
+            # is drawn: hidden for a run (a spec that did not parse), it kept the value it was first given, and came
+            # back with that while the link held the one typed. Without a source in the link, the other bank
+            # sentence is the source (the same for whoever opens it).
+            st.session_state["whatif_source_text"] = (st.session_state.get("whatif_source")
+                                                      or whatif_bank.other_sentence(st.session_state.get("prompt")))
             st.text_input(t("whatif.source_prompt_activations_are_copied"),
                           key="whatif_source_text", on_change=lambda: st.session_state.update(
                               whatif_source=st.session_state.get("whatif_source_text", "")))
