@@ -125,9 +125,10 @@ def test_bank_patch_and_chinese(loaded):
     assert "修改前后" in title(dist)
     # the page's heading and the figure's legend name the prompt the patch copied from: a saved figure says it too
     assert f"施加 {plain(spec)} 之后（激活取自“{BANK_SOURCE}”）" in [h.value for h in at.subheader]  # (as markdown)
-    changed_legend = dist["data"][1]["name"]
-    assert changed_legend.startswith(t("whatif.changed", "zh") + " · patch:blocks.20.hook_resid_post@-1 ← “")
-    assert changed_legend.endswith("…") and BANK_SOURCE.startswith(changed_legend.split("“")[1][:-1])
+    changed_legend = dist["data"][1]["name"]  # the change, then (a second line) the source, cut with an ellipsis
+    assert changed_legend.startswith(t("whatif.changed", "zh") + " · patch:blocks.20.hook_resid_post@-1<br>← “")
+    assert changed_legend.endswith("…”") and BANK_SOURCE.startswith(changed_legend.split("“")[1][:-2])
+    assert len(changed_legend.split("“")[1]) >= 40  # enough of the source to tell it from another
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)

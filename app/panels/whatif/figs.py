@@ -25,15 +25,16 @@ def distribution_data(clean_logits, changed_logits, n: int = N_TOP) -> dict:
     return V.distribution_data(clean_logits, changed_logits, n)
 
 
-LEGEND_CHARS = 44  # of the changed run's name in a legend: a long list of changes or source prompt is cut
+LEGEND_CHARS = 44  # of a line of the changed run's name in a legend: a long list of changes or source prompt is cut
 
 
 def changed_name(t, specs: str, source_text: str | None = None) -> str:
-    """The changed run as a legend names it: "changed · no-mask", a patch with the prompt it copied from
-    ("changed · patch:blocks.20.hook_resid_post@-1 ← “The bank near the river…”"), so that a figure read or saved
-    on its own still says what was changed. One line; Plotly reads a legend's text as HTML."""
-    what = specs + (f" ← “{' '.join(source_text.split())}”" if source_text else "")
-    return f"{t('whatif.changed')} · " + cut(what, LEGEND_CHARS).replace("<", "‹").replace(">", "›")
+    """The changed run as a legend names it: "changed · no-mask", and for a patch the prompt it copied from on a
+    second line ("changed · patch:blocks.27.hook_resid_post@-1" / "← “She walked along the bank of the river…”"),
+    so that a figure read or saved on its own still says what was changed. Plotly reads a legend's text as HTML."""
+    def safe(text: str) -> str:
+        return cut(" ".join(text.split()), LEGEND_CHARS).replace("<", "‹").replace(">", "›")
+    return f"{t('whatif.changed')} · {safe(specs)}" + (f"<br>← “{safe(source_text)}”" if source_text else "")
 
 
 def distribution_figure(d: dict, name, t, changed: str) -> go.Figure:
