@@ -40,7 +40,7 @@ from .model import LlamaModel, causal_scores
 from .refusal import Refusal
 
 FORMS = ("ablate:blocks.L.attn[.headH[+H…]], ablate-mean:…, skip:blocks.L.attn|mlp, no-mask[:blocks.L], "
-         "no-rope[:blocks.L], norm-identity:NORM, norm-eps:NORM=EPS (NORM: blocks.L.ln1, blocks.L.ln2 or ln_final), "
+         "no-rope[:blocks.L], norm-identity:NORM, norm-eps:NORM=EPS (NORM: blocks.L.ln1|ln2, ln_final), "
          "scale:HOOK=FACTOR, gate-off[:blocks.L], relu[:blocks.L], patch:HOOK@POS")
 _READ, _REPLACE = 1, 0  # hook order on one hook point: replacements first, readers last
 # What SpecError says, by case (explorer_model/refusal.py: the app's catalogs say it as "interventions.<case>")
@@ -51,8 +51,8 @@ REFUSALS = {
     "no_final_norm": "this model has no final norm (Post-Norm)",
     "no_gate": "this model's FFN has no gate (it is a ReLU FFN)",
     "patch_target": "patch a tensor with positions first ([batch, pos, …]), not attention scores or patterns",
-    "position": "position {pos} does not exist in a prompt of {n} tokens",
-    "source_position": "position {pos} does not exist in the patch's source prompt of {n} tokens",
+    "position": "position {pos} does not exist in a prompt of length {n}",
+    "source_position": "position {pos} does not exist in the patch's source prompt of length {n}",
     "not_a_number": "{spec!r}: {text!r} is not a number",
     "not_finite": "{spec!r}: the number must be finite",
     "negative_eps": "{spec!r}: epsilon must be >= 0",
@@ -97,6 +97,8 @@ def _check_layer(model: LlamaModel, layer: int | None) -> None:
 
 def _check_hook(model: LlamaModel, name: str) -> None:
     if name not in model.hook_dict:
+        block = re.match(r"blocks\.(\d+)\.", name)  # a layer the model lacks: say which it has
+        _check_layer(model, int(block.group(1)) if block else None)
         raise SpecError("hook", name=name)
 
 

@@ -96,8 +96,8 @@ def test_record_token_ids_float16(tmp_path, capsys):
 def test_a_changed_record_names_its_changes_and_the_patchs_source(tmp_path, capsys):
     out = tmp_path / "p.npz"
     assert cli.main(["record", "tiny-pre", "--prompt", "The bank approved the loan.", "--out", str(out),
-                     "--names", "hook_embed", "--intervene", "no-mask", "--intervene",
-                     "patch:blocks.1.hook_resid_post@-1", "--patch-source", "The river bank."]) == 0
+                     "--names", "hook_embed", "--intervene", "no-mask,patch:blocks.1.hook_resid_post@-1",
+                     "--patch-source", "The river bank."]) == 0  # (several forms in one --intervene, as in a link)
     about = json.loads(np.load(out)["about"].item())
     assert about["changes"] == ["no-mask", "patch:blocks.1.hook_resid_post@-1"]
     assert (about["text"], about["patch_source"]) == ("The bank approved the loan.", "The river bank.")
@@ -203,8 +203,8 @@ def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle
 
 
 @pytest.mark.parametrize("prompt, source, needle", [
-    ("The king", "The queen", "position 10 does not exist in a prompt of 3 tokens"),
-    ("The king is dead and gone, and the queen is here", "The queen", "position 10 does not exist in the patch's source prompt of 5 tokens"),
+    ("The king", "The queen", "position 10 does not exist in a prompt of length 3"),
+    ("The king is dead and gone, and the queen is here", "The queen", "position 10 does not exist in the patch's source prompt of length 5"),
 ])
 def test_a_patch_position_one_prompt_lacks_is_refused_before_anything_runs(tmp_path, capsys, prompt, source, needle):
     code = cli.main(["record", "tiny-pre", "--prompt", prompt, "--out", str(tmp_path / "x.npz"), "--intervene",
@@ -236,3 +236,9 @@ def test_unwritable_output(tmp_path, capsys):
     code = cli.main(["record", "smollm2", "--prompt", "hi", "--names", "hook_embed", "--out",
                      str(tmp_path / "missing" / "dir" / "r.npz")])
     assert_one_line_error(code, capsys.readouterr().err, "cannot write")
+
+
+def test_a_layer_the_model_lacks_names_the_layers_it_has(tmp_path, capsys):
+    assert cli.main(["record", "tiny-pre", "--prompt", "hi there", "--out", str(tmp_path / "r.npz"),
+                     "--intervene", "patch:blocks.20.hook_resid_post@-1", "--patch-source", "hello"]) == 2
+    assert "layer 20 does not exist: the model has layers 0…5" in capsys.readouterr().err

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ablate", action="append", metavar="HEADS",
                    help="ablate heads for this run: blocks.3.attn.head5, blocks.3.attn.head2+5 or blocks.3.attn")
     s.add_argument("--intervene", action="append", metavar="SPEC",
-                   help="any what-if form, e.g. no-mask, no-rope, skip:blocks.3.mlp, patch:blocks.5.hook_resid_pre@4")
+                   help="any what-if form, e.g. no-mask, no-rope, skip:blocks.3.mlp, patch:blocks.5.hook_resid_pre@4; "
+                        "repeatable, or several comma-separated as in the app's link")
     s.add_argument("--patch-source", metavar="TEXT", help="source prompt for patch: interventions")
     s.set_defaults(fn=cmd_record)
 

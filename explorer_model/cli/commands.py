@@ -184,7 +184,9 @@ def what_if(loaded, args, n_tokens: int):
     position is checked in both prompts (the one recorded has n_tokens)."""
     from ..interventions import Patch, absolute_position, needs_source, parse
 
-    specs = [f"ablate:{a}" for a in args.ablate or []] + list(args.intervene or [])
+    # each --intervene one form, or several comma-separated as the app's link writes them
+    specs = [f"ablate:{a}" for a in args.ablate or []]
+    specs += [s for given in args.intervene or [] for s in given.split(",") if s.strip()]
     try:
         ivs = [parse(s) for s in specs]
         for iv in ivs:
