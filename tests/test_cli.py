@@ -242,3 +242,10 @@ def test_a_layer_the_model_lacks_names_the_layers_it_has(tmp_path, capsys):
     assert cli.main(["record", "tiny-pre", "--prompt", "hi there", "--out", str(tmp_path / "r.npz"),
                      "--intervene", "patch:blocks.20.hook_resid_post@-1", "--patch-source", "hello"]) == 2
     assert "layer 20 does not exist: the model has layers 0…5" in capsys.readouterr().err
+
+
+def test_options_before_the_command_are_answered_with_the_right_order(capsys):
+    assert cli.main(["--prompt", "hi", "record", "--out", "a.npz"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "llama-explorer: error: the command comes first, then its options: llama-explorer record --prompt … " \
+                  "(see --help)", err

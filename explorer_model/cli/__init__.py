@@ -155,15 +155,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_classroom_check)
     for name in ("info", "record", "generate", "serve"):  # (tokenize reads no weights)
         sub.choices[name].add_argument("--dtype", choices=DTYPE_CHOICES, default=None, help=DTYPE_HELP)
+    p.commands = tuple(sub.choices)
     return p
+
+
+def _command_after_options(given: list, commands) -> str | None:
+    """The command of `--prompt hi record …`: options written before it (argparse would read "hi" as the command)."""
+    if given and isinstance(given[0], str) and given[0].startswith("-") and given[0] not in ("-h", "--help"):
+        return next((a for a in given[1:] if a in commands), None)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     # torch's unpickler warns about pickle protocols on the way to refusing a file; the user needs
     # our one line, not its internals.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
+    parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    if command := _command_after_options(given, parser.commands):
+        return _fail(f"the command comes first, then its options: llama-explorer {command} {given[0]} … (see --help)")
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as e:  # a refused argument (2, one line) or --help (0): a status, as for every command
         return e.code if isinstance(e.code, int) else 2
     from ..runtime import keep_freed_memory
