@@ -65,8 +65,11 @@ def test_no_mask_figures_equal_the_functions(no_mask_page, loaded):
     assert metrics[t("whatif.loss_on_the_prompt_changed", "en")] == f"{loss1:.3f}"
     assert loss1 < 0.5 * loss0
 
-    attn = fig_with(at, "Attention of layer 2, head 3")["data"]
+    pair = fig_with(at, "Attention of layer 2, head 3")
+    attn = pair["data"]
     assert len(attn) == 2
+    # the panels say what was changed (a subplot's title is an annotation)
+    assert [a["text"] for a in pair["layout"]["annotations"][:2]] == ["unchanged", "changed · no-mask"]
     before, after = decode(attn[0]["z"]), decode(attn[1]["z"])
     upper = np.triu(np.ones_like(before, dtype=bool), 1)
     assert np.isnan(before[upper]).all() and (after[upper] > 0).all()  # the changed head reads the future

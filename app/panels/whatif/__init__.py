@@ -250,7 +250,7 @@ def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_id
     t, L, H = ctx.t, ctx.layer, ctx.head
     mats = [masked_blank(ctx.rec.pattern(L)[0, H].double().numpy(), [], L),
             masked_blank(pattern_of(run, L, ivs)[H], ivs, L)]
-    titles = [t("whatif.unchanged"), t("whatif.changed")]
+    titles = [t("whatif.unchanged"), changed_name(t, specs)]  # the pair says what the change was, saved alone too
     label_sets = [ctx.labels, ctx.labels]
     rope_off = any(isinstance(iv, I.NoRope) and iv.layer is None for iv in ivs)
     if rope_off:
