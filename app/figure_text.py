@@ -62,6 +62,12 @@ def cut(label, n: int) -> str:
     return s if len(s) <= n else s[:n - 1] + "…"
 
 
+def legend_line(text, n: int) -> str:
+    """Text a person wrote (a prompt, a list of changes, a path) as one line of a legend: on one line, cut to `n`
+    characters with "…", its angle brackets made harmless (Plotly reads a legend's text as HTML)."""
+    return cut(" ".join(str(text).split()), n).replace("<", "‹").replace(">", "›")
+
+
 def cut_to(label, room: float, font: float) -> str:
     """`label` cut (with "…") to the longest beginning that fits `room` px at `font`; one character and "…" at
     least."""

@@ -105,23 +105,23 @@ def about(rec, model: str, text: str | None, changes=(), source: str | None = No
             **({"source": source} if source is not None else {})}
 
 
-def write_members(rec, file, about: dict | None = None) -> None:
+def write_members(rec, file, described: dict | None = None) -> None:
     """Every recorded name, token_ids and logits (the same members as np.savez(path, **rec.to_numpy())), one array
-    at a time, into the new zip `file`, and `about` (see `about`) as the member ABOUT."""
+    at a time, into the new zip `file`, and `described` (what `about` gives) as the member ABOUT."""
     with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name in [*rec.names, "token_ids"]:
             arr = rec.token_ids.numpy() if name == "token_ids" else as_numpy(rec[name])
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
             del arr  # a rebuilt attention pattern is freed before the next one is made
-        if about is not None:  # a 0-d unicode array: read back without allow_pickle
+        if described is not None:  # a 0-d unicode array: read back without allow_pickle
             with zf.open(f"{ABOUT}.npy", "w") as f:
-                np.lib.format.write_array(f, np.array(json.dumps(about, ensure_ascii=False)), allow_pickle=False)
+                np.lib.format.write_array(f, np.array(json.dumps(described, ensure_ascii=False)), allow_pickle=False)
 
 
-def save_npz(rec, out: str | os.PathLike, about: dict | None = None) -> Path:
+def save_npz(rec, out: str | os.PathLike, described: dict | None = None) -> Path:
     """write_members into `out`, atomically. Returns the exact file written."""
     path = check_target(out)
     with atomic_file(path) as tmp:
-        write_members(rec, tmp, about)
+        write_members(rec, tmp, described)
     return path

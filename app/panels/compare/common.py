@@ -16,7 +16,7 @@ import numpy as np
 
 from app import gateway
 from app.context import ViewContext
-from app.figure_text import cut
+from app.figure_text import legend_line
 from app.token_window import TOUCH_CELL
 from explorer_model.analysis import compare as C
 
@@ -57,8 +57,7 @@ class Pair:
             what = self.specs_b if side == "B" else self.t("whatif.unchanged")
         else:  # the prompt's text, without its special tokens (a BOS)
             what = "“" + ctx.facts.decode([i for i in ctx.ids if not ctx.facts.is_special(i)]).strip() + "”"
-        what = cut(" ".join(what.split()), LEGEND_CHARS)  # one line
-        return f"{side} · " + what.replace("<", "‹").replace(">", "›")  # Plotly reads a legend's text as HTML
+        return f"{side} · " + legend_line(what, LEGEND_CHARS)
 
     @property
     def sides(self) -> tuple:

@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app import plots
-from app.figure_text import cut
+from app.figure_text import legend_line
 from explorer_model import interventions as I
 from explorer_model.analysis import views_data as V
 
@@ -32,9 +32,8 @@ def changed_name(t, specs: str, source_text: str | None = None) -> str:
     """The changed run as a legend names it: "changed · no-mask", and for a patch the prompt it copied from on a
     second line ("changed · patch:blocks.27.hook_resid_post@-1" / "← “She walked along the bank of the river…”"),
     so that a figure read or saved on its own still says what was changed. Plotly reads a legend's text as HTML."""
-    def safe(text: str) -> str:
-        return cut(" ".join(text.split()), LEGEND_CHARS).replace("<", "‹").replace(">", "›")
-    return f"{t('whatif.changed')} · {safe(specs)}" + (f"<br>← “{safe(source_text)}”" if source_text else "")
+    first = f"{t('whatif.changed')} · {legend_line(specs, LEGEND_CHARS)}"
+    return first + (f"<br>← “{legend_line(source_text, LEGEND_CHARS)}”" if source_text else "")
 
 
 def distribution_figure(d: dict, name, t, changed: str) -> go.Figure:
