@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import gateway, sections, sidebar as side
+from app import gateway, sections
+from app.plots import npz_button
 from app.context import ViewContext, plain, token_labels
 from app.i18n import error_text, t
 from app.panels.compare.common import Pair, map_layer, partner
@@ -207,14 +208,9 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
         st.warning(err)
         return False
     source_b, ids_b, specs_b = pair.b.source, tuple(int(i) for i in pair.b.ids), pair.specs_b
-    try:
-        gateway.check_export(source_b, len(ids_b))
-    except gateway.RunRefused as e:
-        st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
-    else:
-        st.sidebar.download_button(tr("compare.download_b"), key="download_npz_b", mime=side.NPZ_MIME,
-                                   data=lambda: gateway.changed_recording_npz(source_b, ids_b, specs_b),
-                                   file_name="recording_B.npz", on_click="ignore")  # called after the run: plain values
+    npz_button(st.sidebar, tr("compare.download_b"), source_b, len(ids_b),  # called after the run: plain values
+               lambda: gateway.changed_recording_npz(source_b, ids_b, specs_b), "recording_B.npz", "download_npz_b",
+               st.session_state.get("lang", "en"))
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))
     st.caption(describe(pair, spec))
     st.caption(tr(LESSON_KEYS[pair.lesson], specs=plain(spec["specs"]), model_b=plain(spec["source"])))

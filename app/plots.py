@@ -274,6 +274,24 @@ def csv_button(ctx: ViewContext, label: str, *args, key: str | None = None) -> N
                        on_click="ignore")
 
 
+# An .npz is a zip archive, and named so the server sends it as it is: as application/octet-stream it would be
+# compressed again on every download (0.7 s of CPU at gzip's level 9 for a 23 MB recording, 12 % smaller).
+NPZ_MIME = "application/zip"
+
+
+def npz_button(place, label: str, source: str, n_tokens: int, data, file_name: str, key: str, lang: str) -> None:
+    """A recording's .npz download in `place` (st, st.sidebar). `data`: a function of plain values that builds the
+    open file (app/gateway/exports.py's npz_file); Streamlit calls it when the browser fetches the file, outside
+    any script run, where st.session_state does not exist. Over this server's download cap the reason is said
+    there instead, before anyone clicks."""
+    try:
+        gateway.check_export(source, n_tokens)
+    except gateway.RunRefused as e:
+        place.caption(i18n.error_text(e, lang))
+        return
+    place.download_button(label, data=data, file_name=file_name, mime=NPZ_MIME, on_click="ignore", key=key)
+
+
 # --------------------------------------------------------------------------- subplot grids
 def axis_ids(r: int, c: int, cols: int) -> tuple[str, str]:
     n = (r - 1) * cols + c

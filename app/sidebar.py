@@ -19,12 +19,11 @@ from app import gateway, sections
 from app.context import ARCH_NAMES, plain
 from app.controls import Places
 from app.facts import ModelFacts
-from app.i18n import error_text, t
-from app.plots import waiting
+from app.i18n import t
+from app.plots import npz_button, waiting
 from app.presets import BY_KEY, PRESETS, opened
 
 OTHER = "__other__"
-NPZ_MIME = "application/zip"  # what an .npz is (download below and compare.py's B)
 PROMPT_STATE = ("prompt", "ids", "ids_text")
 # What "back to my prompt" gives back: the model, the prompt, BOS, the view and its section, the selection, the
 # comparison and its B, the What-if interventions and the lesson.
@@ -237,16 +236,8 @@ def npz_data(source: str, ids) -> callable:
 
 
 def download(source: str, ids) -> None:
-    try:
-        gateway.check_export(source, len(ids))
-    except gateway.RunRefused as e:  # over the server's download cap: said here, before anyone clicks
-        st.sidebar.caption(error_text(e, st.session_state.get("lang", "en")))
-        return
-    # An .npz is a zip archive, and named so the server sends it as it is: as application/octet-stream it would be
-    # compressed again on every download (0.7 s of CPU at gzip's level 9 for a 23 MB recording, 12 % smaller).
-    st.sidebar.download_button(tr("sidebar.download"), data=npz_data(source, ids), file_name="recording.npz",
-                               mime=NPZ_MIME, on_click="ignore", key="download_npz")
-
+    npz_button(st.sidebar, tr("sidebar.download"), source, len(ids), npz_data(source, ids), "recording.npz",
+               "download_npz", st.session_state.get("lang", "en"))
 
 
 def model_caption(facts: ModelFacts) -> str:

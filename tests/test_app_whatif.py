@@ -1,22 +1,24 @@
 """The What-if view: its figures show exactly what the intervention functions compute on the real model."""
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from apptest_util import all_text, decode, fig_with, figures, run_app, title
+from apptest_util import all_text, decode, deferred_downloads, fig_with, figures, run_app, title
 
 import app.gateway as app_explorer
 from app.context import display_piece, plain
 from app.i18n import t
 from app.panels.whatif.bank import BANK_SOURCE, BANK_TARGET, MIN_KL
 from explorer_model.analysis import measures as M
+from explorer_model.recording import record
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
 
 
 def runs(loaded, text, specs, source=None):
-    from explorer_model.recording import record
     ids = loaded.tokenizer.encode(text)
     src = loaded.tokenizer.encode(source) if source else None
     return ids, record(loaded.model, ids), record(loaded.model, ids, interventions=specs, source_tokens=src)
@@ -135,6 +137,19 @@ def test_bank_patch_and_chinese(loaded):
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)
+    # the changed run whole, beside the sidebar's unchanged one: named so a saved file says what it holds, its
+    # patched point holding the source prompt's value there (what a patch is), its logits this test's patched run's
+    files = deferred_downloads(at)
+    assert {"recording.npz", "recording_changed.npz"} <= set(files)
+    with np.load(files["recording_changed.npz"]()) as z:
+        about = json.loads(z["about"].item())
+        assert about == {"model": "SmolLM2-135M-Instruct", "text": BANK_TARGET, "changes": [spec],
+                         "patch_source": BANK_SOURCE, "dtype": "float32"}
+        source_run = record(loaded.model, loaded.tokenizer.encode(BANK_SOURCE), names=["blocks.20.hook_resid_post"])
+        np.testing.assert_allclose(z["blocks.20.hook_resid_post"][0, -1],
+                                   source_run["blocks.20.hook_resid_post"][0, -1].numpy(), atol=1e-5)
+        np.testing.assert_allclose(z["logits"], changed.logits.numpy(), atol=1e-4)
+        np.testing.assert_allclose(z["blocks.19.hook_resid_post"], clean["blocks.19.hook_resid_post"].numpy(), atol=1e-5)
 
 
 def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):

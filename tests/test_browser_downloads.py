@@ -1,9 +1,10 @@
 """In Debian's Chromium, on a tablet (768×1024) with a Chinese prompt typed into the 中文 page, one walk through every
 view checks three things:
 
-- every download button (the sidebar's recording, each view's CSVs, the PNG camera of each view's first and last
-  figure) delivers a file that opens, and its contents agree with the page: the recording's arrays and the CSVs'
-  token axis with the prompt's tokens, a PNG with its signature and size;
+- every download button (the sidebar's recording, What-if's changed run, each view's CSVs, the PNG camera of each
+  view's first and last figure) delivers a file that opens, and its contents agree with the page: the recordings'
+  arrays and what they say they hold, the CSVs' token axis with the prompt's tokens, a PNG with its signature and
+  size;
 - no view's text, figure or CSV shows a byte escape or U+FFFD (SmolLM2 splits most Chinese characters into byte
   fragments: the app names them like 深·1/3);
 - the tablet's layout (layout_util.py, as test_browser_layout.py measures phones and the projector), and with every
@@ -44,7 +45,7 @@ LOADED_FONTS = ("() => [...document.fonts].filter(f => f.status !== 'unloaded')"
 FRAGMENT = re.compile(r"[\u4e00-\u9fff]\u00b7\d/\d")  # 深·1/3: a character's part, as the token labels name it
 
 
-def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
+def check_npz(name: str, data: bytes, n_tokens: int, n_layers: int) -> None:
     arrays = np.load(io.BytesIO(data))
     names = set(arrays.files)
     wanted = set(NPZ_NAMES) | {n.format(L=L) for n in NPZ_LAYER_NAMES for L in range(n_layers)}
@@ -52,6 +53,8 @@ def check_npz(data: bytes, n_tokens: int, n_layers: int) -> None:
     assert arrays["token_ids"].shape[-1] == n_tokens, "the .npz holds another prompt's tokens"
     about = json.loads(arrays["about"].item())  # the file names its model and the prompt typed in the page
     assert (about["model"], about["text"]) == ("SmolLM2-135M-Instruct", ZH_PROMPT), about
+    # the sidebar's file is the unchanged run, What-if's the changed one, and each says so
+    assert bool(about["changes"]) == (name == "recording_changed.npz"), (name, about)
     pattern = arrays[f"blocks.{n_layers - 1}.attn.hook_pattern"]
     assert pattern.shape[-2:] == (n_tokens, n_tokens)
     np.testing.assert_allclose(pattern.sum(-1), 1.0, atol=1e-4)  # softmax rows, independent of the app
@@ -111,7 +114,7 @@ def open_file(pg, click, what: str, server, labels, n_layers, lang: str) -> str:
     if name.endswith(".csv"):
         check_csv(f"{what}: {name}", data, labels, lang)
     elif name.endswith(".npz"):
-        check_npz(data, len(labels), n_layers)
+        check_npz(name, data, len(labels), n_layers)
     elif name.endswith(".png"):
         check_png(f"{what}: {name}", data)
     else:
@@ -230,6 +233,8 @@ def test_every_download_button_delivers_a_file_that_opens(server, page):
     for view in (*CORE_VIEWS, "whatif"):
         if not any(n.endswith(".png") for n in opened.get(view, [])):
             problems.append(f"the {view} view delivered no figure PNG")
+    if "recording_changed.npz" not in opened.get("whatif", []):
+        problems.append("the What-if view delivered no recording of its changed run")
     if not any(n.endswith(".csv") for names in opened.values() for n in names):
         problems.append("no view delivered a CSV")
     assert not problems, "\n".join(problems)

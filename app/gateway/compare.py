@@ -16,25 +16,25 @@ from explorer_model.recording import Recording
 
 # A side of a comparison is (source, ids, specs): specs "" is the plain recording, else the same prompt and model
 # run with what-if interventions (their string form, as in the What-if view and the URL).
-def changed_recording(source: str, ids, specs: str = "") -> Recording:
+def changed_recording(source: str, ids, specs: str = "", source_ids=()) -> Recording:
     """The full recording of a prompt run with interventions, cached like recording(); specs "" is recording().
-    ValueError (one line) for a spec that does not parse or fit the model; a patch needs a second prompt and is
-    left to the What-if view."""
-    ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
+    `source_ids`: the prompt a patch copies from (the What-if view's; compare mode's B has no patch). ValueError
+    (one line) for a spec that does not parse or fit the model, or a patch without its source prompt."""
+    ids, specs, source_ids = tuple(int(i) for i in ids), (specs or "").strip(), tuple(int(i) for i in source_ids)
     if not specs:
         return runs.recording(source, ids)
     ivs = gw.check_interventions(source, specs)
-    if any(isinstance(iv, gw.I.Patch) for iv in ivs):
+    if any(isinstance(iv, gw.I.Patch) for iv in ivs) and not source_ids:
         raise ValueError("a patch needs a source prompt: use the What-if view for it")
 
     def run() -> Recording:
-        rec = record(gw._model(source).model, list(ids), interventions=ivs)
-        gw._forward()
+        rec = record(gw._model(source).model, list(ids), interventions=ivs, source_tokens=list(source_ids) or None)
+        gw._forward(1 + bool(source_ids))
         return rec
-    key = ("recording", gw._ident(source), ids, gw.I.format_list(ivs))
+    key = ("recording", gw._ident(source), ids, gw.I.format_list(ivs), source_ids)
     cost = costs.prompt_cost(source, ids)  # B keeps what A's recording of these ids keeps, and runs the changes too
-    costs._admit_unless_cached(key, source, cost["seconds"] + costs.intervention_seconds(source, ivs, len(ids)),
-                            cost["recording"], len(ids))
+    costs._admit_unless_cached(key, source, cost["seconds"] + costs.pass_seconds(source, len(source_ids))
+                               + costs.intervention_seconds(source, ivs, len(ids)), cost["recording"], len(ids))
     return gw.result_cache().get(key, run, gw._FORWARD)
 
 
@@ -50,13 +50,14 @@ def pair_derived(name: str, sides, fn, *args):
     return gw.result_cache().get(key, compute, FLIGHTS.one(key))
 
 
-def changed_recording_npz(source: str, ids, specs: str = ""):
-    """B's recording as .npz (the sidebar's download in compare mode), an open file like recording_npz."""
-    ids, specs = tuple(int(i) for i in ids), (specs or "").strip()
+def changed_recording_npz(source: str, ids, specs: str = "", source_ids=()):
+    """A changed run's recording as .npz (compare mode's B in the sidebar, the What-if view's changed run), an open
+    file like recording_npz; its `about` names the changes and the prompt a patch copied from."""
+    ids, specs, source_ids = tuple(int(i) for i in ids), (specs or "").strip(), tuple(int(i) for i in source_ids)
     if not specs:
         return runs.recording_npz(source, ids)
-    return npz_file(source, len(ids), lambda: changed_recording(source, ids, specs),
-                    gw.check_interventions(source, specs))
+    return npz_file(source, len(ids), lambda: changed_recording(source, ids, specs, source_ids),
+                    gw.check_interventions(source, specs), source_ids)
 
 
 def compare_lesson(source: str, preset_key: str, ids) -> dict:

@@ -60,10 +60,10 @@ def check_export(source: str, n_tokens: int) -> None:
         raise RunRefused("export.too_big", size=_memory.gb(size), cap=_memory.gb(cap))
 
 
-def npz_file(source: str, n_tokens: int, get_recording, changes=()):
-    """An open binary file holding the .npz of get_recording(), which names its model, its prompt and `changes`
-    (explorer_model.export.about; not the server's paths), already unlinked. RunRefused when it is over the cap,
-    or when downloads being built now would go over it together. Written by export.write_members, not save_npz:
+def npz_file(source: str, n_tokens: int, get_recording, changes=(), source_ids=()):
+    """An open binary file holding the .npz of get_recording(), which names its model, its prompt, `changes` and
+    the prompt a patch copied from (`source_ids`) (explorer_model.export.about; not the server's paths), already
+    unlinked. RunRefused when it is over the cap, or when downloads being built now would go over it together. Written by export.write_members, not save_npz:
     its atomic rename sets a signal handler, which only the main thread may do, and Streamlit builds a download
     in a worker thread (the folder is private and removed: no rename is needed)."""
     check_export(source, n_tokens)
@@ -78,8 +78,11 @@ def npz_file(source: str, n_tokens: int, get_recording, changes=()):
         path = os.path.join(folder, "recording.npz")
         try:
             loaded, ids = gw._model(source), rec.token_ids[0].tolist()
-            body = ids[1:] if ids[:1] == [loaded.tokenizer.bos_id] else ids  # the text typed, not the page's BOS
-            write_members(rec, path, about(rec, loaded.model.cfg.name, loaded.tokenizer.decode(body), changes))
+
+            def typed(ids: list[int]) -> str:  # the text typed, not the BOS the page puts first
+                return loaded.tokenizer.decode(ids[1:] if ids[:1] == [loaded.tokenizer.bos_id] else ids)
+            write_members(rec, path, about(rec, loaded.model.cfg.name, typed(ids), changes,
+                                           patch_source=typed(list(source_ids)) if source_ids else None))
             del rec
             handle = open(path, "rb")
         finally:

@@ -11,7 +11,7 @@ from functools import partial
 import numpy as np
 import streamlit as st
 
-from app import choice_state, gateway, plots
+from app import choice_state, gateway, plots, sections
 from app.context import ViewContext, plain
 from app.i18n import error_text
 from app.panels.whatif import bank as whatif_bank
@@ -229,6 +229,10 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
         return plots.to_csv(["quantity", "id_or_position", "token", "unchanged", "changed"], rows)
     label = t("whatif.csv_runs")
     plots.csv_button(ctx, label, label, csv, "whatif.csv", key="whatif_csv")
+    if not sections.unsent():  # the changed run whole (the sidebar's recording is the unchanged one)
+        plots.npz_button(st, t("whatif.download_changed"), source, len(ids),
+                         partial(gateway.changed_recording_npz, source, ids, specs, source_ids),
+                         "recording_changed.npz", "whatif_npz", ctx.lang)
 
 
 SAME_LOSS = 0.02  # of the loss: a change smaller than this (or than 0.05 nats) is no change to tell a class about
