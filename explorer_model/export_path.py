@@ -11,6 +11,13 @@ class ExportError(ValueError):
     """The output cannot be written where asked; the message is one line naming the file."""
 
 
+# file names that promise another format than the .npz archive written under them (a model's file among them:
+# writing a recording over it would lose the model)
+OTHER_FORMATS = {".npy": "single .npy array", ".pt": "torch file", ".pth": "torch file", ".bin": "weights file",
+                 ".safetensors": "safetensors file", ".gguf": "GGUF model", ".json": "JSON file", ".csv": "CSV table",
+                 ".txt": "text file"}
+
+
 def check_target(out: str | os.PathLike) -> Path:
     """The exact file that will be written. Refuses folders, devices and other non-regular files (numpy would
     append '.npz' to the name and write somewhere else) and a folder that does not exist."""
@@ -22,6 +29,9 @@ def check_target(out: str | os.PathLike) -> Path:
     except RuntimeError:  # ~nosuchuser/...
         raise ExportError(f"{out}: no such user's home folder") from None
     path = _through_links(path)
+    if path.suffix.lower() in OTHER_FORMATS:  # e.g. x.npy: numpy would open it as an archive all the same
+        raise ExportError(f"{path}: a recording is an .npz archive (one array per hook), not a "
+                          f"{OTHER_FORMATS[path.suffix.lower()]}; name it {path.with_suffix('.npz').name}")
     if path.is_dir():
         raise ExportError(f"{path} is a folder; give a file name inside it, e.g. {path / 'recording.npz'}")
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):

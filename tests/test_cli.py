@@ -97,7 +97,8 @@ def test_a_changed_record_names_its_changes_and_the_patchs_source(tmp_path, caps
     out = tmp_path / "p.npz"
     assert cli.main(["record", "tiny-pre", "--prompt", "The bank approved the loan.", "--out", str(out),
                      "--names", "hook_embed", "--intervene", "no-mask,patch:blocks.1.hook_resid_post@-1",
-                     "--patch-source", "The river bank."]) == 0  # (several forms in one --intervene, as in a link)
+                     "--patch-source", "The river bank.", "--intervene", "no-mask"]) == 0
+    # several forms in one --intervene, as in a link; a change given twice is made (and named) once
     about = json.loads(np.load(out)["about"].item())
     assert about["changes"] == ["no-mask", "patch:blocks.1.hook_resid_post@-1"]
     assert (about["text"], about["patch_source"]) == ("The bank approved the loan.", "The river bank.")
@@ -194,12 +195,16 @@ def test_hostile_pickle_is_refused_and_not_run(tmp_path):
       "--patch-source", " "], "the prompt is empty: give some text with --patch-source"),
     (["record", "--prompt", "hi", "--out", "x.npz", "--intervene", "no-mask", "--patch-source", "river"],
      "none is given"),
+    (["record", "tiny-pre", "--prompt", "hi", "--out", "x.npz", "--intervene", "patch:blocks.1.hook_resid_post@-1",
+      "--patch-source", "river", "--patch-source", "bank"], "--patch-source is given twice: give it once"),
+    (["record", "tiny-pre", "--prompt", "hi", "--out", "x.npy"], "not a single .npy array; name it x.npz"),
+    (["record", "tiny-pre", "--prompt", "hi", "--out", "model.gguf"], "not a GGUF model; name it model.npz"),
 ])
 def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)
     code = cli.main(args)
     assert_one_line_error(code, capsys.readouterr().err, needle)
-    assert not (tmp_path / "x.npz").exists()
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 @pytest.mark.parametrize("prompt, source, needle", [

@@ -37,6 +37,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"llama-explorer: error: {printable(message)} (see --help)\n")
 
 
+class Once(argparse.Action):
+    """An option that takes one value: given a second time it is refused (argparse would keep the last silently,
+    and a run would quietly use another value than the one the person read first)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"{option_string} is given twice: give it once")
+        setattr(namespace, self.dest, value)
+
+
 def number(kind=int, low=None, high=None, what: str = ""):
     """An argparse type: a finite number of `kind` within [low, high] (NaN, inf, out of range: refused)."""
     def parse(text: str):
@@ -92,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--intervene", action="append", metavar="SPEC",
                    help="any what-if form, e.g. no-mask, no-rope, skip:blocks.3.mlp, patch:blocks.5.hook_resid_pre@4; "
                         "repeatable, or several comma-separated as in the app's link")
-    s.add_argument("--patch-source", metavar="TEXT", help="source prompt for patch: interventions")
+    s.add_argument("--patch-source", metavar="TEXT", action=Once, help="source prompt for patch: interventions")
     s.set_defaults(fn=cmd_record)
 
     s = sub.add_parser("generate", help="continue a prompt (KV cache)")

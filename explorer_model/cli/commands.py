@@ -188,7 +188,7 @@ def what_if(loaded, args, n_tokens: int):
     specs = [f"ablate:{a}" for a in args.ablate or []]
     specs += [s for given in args.intervene or [] for s in given.split(",") if s.strip()]
     try:
-        ivs = [parse(s) for s in specs]
+        ivs = list({str(iv): iv for iv in map(parse, specs)}.values())  # one change given twice is made once
         for iv in ivs:
             iv.check(loaded.model)
     except ValueError as e:
