@@ -58,6 +58,12 @@ def test_tokenize_json(capsys):
     assert cli.main(["tokenize", "--text", "深度", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["pieces"], out["bytes"]) == (["深·1/3", "深·2/3", "深·3/3", "度"], ["e6", "b7", "b1", "e5 ba a6"])
+    # as a table, the bytes start in the same terminal column on every line: a Chinese character takes two
+    assert cli.main(["tokenize", "--text", "深度 is"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "     177  '深·1/3'" + " " * 17 + "e6", "     132  '深·2/3'" + " " * 17 + "b7",
+        "     126  '深·3/3'" + " " * 17 + "b1", "   43488  '度'" + " " * 21 + "e5 ba a6",
+        "     314  ' is'" + " " * 20 + "20 69 73"]
 
 
 @pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["record", "--prompt", "hi", "--out", "r.npz"],

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from ..printable import printable, printable_json
+from ..printable import padded, printable, printable_json
 from ..tokenizer import check_ids
 from ..tokenizer.labels import fragment_labels
 
@@ -135,7 +135,7 @@ def cmd_tokenize(args) -> None:
         print(printable_json({"ids": ids, "pieces": [r["label"] for r in rows], "bytes": [r["bytes"] for r in rows]}))
         return
     for r in rows:
-        print(f"{r['id']:>8}  {r['label']!r:<24} {r['bytes']}")
+        print(f"{r['id']:>8}  {padded(repr(r['label']), 25)}{r['bytes']}")
 
 
 def cmd_record(args) -> None:
