@@ -134,6 +134,9 @@ def test_bank_patch_and_chinese(loaded):
     assert changed_legend.startswith(t("whatif.changed", "zh") + " · patch:blocks.20.hook_resid_post@-1<br>← “")
     assert changed_legend.endswith("…”") and BANK_SOURCE.startswith(changed_legend.split("“")[1][:-2])
     assert len(changed_legend.split("“")[1]) >= 40  # enough of the source to tell it from another
+    # one series, no legend: the title says what was changed (the narrow figure without the source prompt)
+    assert title(fig_with(at, "两次运行从哪里开始分开")).endswith(")" + changed_legend.replace("<br>", " "))
+    assert title(fig_with(at, "变化最大的token")).endswith("原模型" + changed_legend.split("<br>")[0])
     shown = bar_ids(dist["data"][0]["x"])
     np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)

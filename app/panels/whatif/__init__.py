@@ -207,8 +207,8 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     with left:
         plots.show(lambda: distribution_figure(d, name, t, changed), ctx, key="whatif_dist", height=420, share=0.6)
     with right:
-        plots.show(lambda: moved_figure(d, name, t), ctx, key="whatif_moved", height=420, share=0.4)
-    plots.show(lambda: kl_figure(kl, t), ctx, key="whatif_kl", height=340)
+        plots.show(lambda: moved_figure(d, name, t, changed), ctx, key="whatif_moved", height=420, share=0.4)
+    plots.show(lambda: kl_figure(kl, t, changed), ctx, key="whatif_kl", height=340)
     start = max(0, len(ids) - KL_MAX_POS)
     st.caption(t("whatif.averaged_over_positions_a_layer", start=start, len_ids_1=len(ids) - 1))
     own0 = M.next_token_logprobs(ctx.rec.logits, ids).exp().numpy()

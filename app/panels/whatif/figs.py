@@ -49,21 +49,25 @@ def distribution_figure(d: dict, name, t, changed: str) -> go.Figure:
     return fig
 
 
-def moved_figure(d: dict, name, t) -> go.Figure:
+def moved_figure(d: dict, name, t, changed: str) -> go.Figure:
+    """Δp of the tokens that moved most; the title names the change on its next line (the first line of `changed`,
+    changed_name's: this figure has one series, no legend to say it; a patch's source prompt is left to the
+    figures beside it, in a column this narrow it would double the title)."""
     y = [f"{name(int(i))} ({int(i)})" for i in d["moved"]]
     colours = np.where(d["delta"] > 0, "#2ca02c", "#d62728")
     fig = go.Figure(go.Bar(x=d["delta"], y=y, orientation="h", marker_color=colours,
                            hovertemplate="%{y}<br>Δp = %{x:.4f}<extra></extra>"))
-    fig.update_layout(title=t("whatif.tokens_that_moved_most_p"),
+    fig.update_layout(title=f'{t("whatif.tokens_that_moved_most_p")}<br>{changed.split("<br>")[0]}',
                       xaxis_title="Δp", margin=dict(l=10, r=10, t=50, b=10))
     fig.update_yaxes(autorange="reversed", type="category")
     return fig
 
 
-def kl_figure(kl: np.ndarray, t) -> go.Figure:
+def kl_figure(kl: np.ndarray, t, changed: str) -> go.Figure:
+    """KL per layer; the title names the change on its next lines, as moved_figure's."""
     fig = go.Figure(go.Bar(x=list(range(len(kl))), y=kl, marker_color="#9467bd",
                            hovertemplate="L%{x}: %{y:.4f} nats<extra></extra>"))
-    fig.update_layout(title=t("whatif.where_the_runs_part_kl"),
+    fig.update_layout(title=f'{t("whatif.where_the_runs_part_kl")}<br>{changed}',
                       xaxis_title=t("whatif.layer"), yaxis_title=t("whatif.kl_nats_mean_over_positions"),
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
