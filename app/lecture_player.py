@@ -274,7 +274,7 @@ PHONE_PLAYER = (
     f"{BAR} {{gap: 0.35rem; padding: 0.5rem 0.75rem;}}"
     f"{BAR} [data-testid='stVerticalBlock'] {{gap: 0.35rem;}}"
     f"{BAR} [data-testid='stHorizontalBlock'] {{gap: 0.35rem 0.5rem;}}"
-    f"{BAR} button {{min-height: 2rem; padding: 0.1rem 0.5rem;}}"
+    f"{BAR} button {{min-height: 2.75rem; padding: 0.1rem 0.5rem;}}"  # a finger's tap target: 44 px high
     f"{BAR} button p, {BAR} [data-testid='stCaptionContainer'] p {{font-size: 0.85rem; line-height: 1.3;}}"
     # (Streamlit pulls a text's block up by a rem into its gap: with the gap narrowed, it would overlap the next)
     f"{BAR} [data-testid='stMarkdownContainer'] {{margin-bottom: 0;}}"

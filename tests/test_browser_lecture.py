@@ -252,7 +252,8 @@ PLAYER_PARTS = """() => { const box = s => { const el = document.querySelector('
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_on_a_phone_the_player_leaves_most_of_the_screen_to_the_view(server, browser, lang):
     """390×844: the player (Previous, Next, Go to…, the counter, title and a long caption: step 8) is at most a
-    quarter of the screen high, its buttons in one row and its lines one under another, not over each other."""
+    quarter of the screen high, its buttons in one row and each a finger's tap target (44 px high), and its lines
+    one under another, not over each other."""
     pg = module_page(browser, 390, 844, is_mobile=True, has_touch=True)
     open_app(pg, server, lecture="tutorial-000", step=8, lang=lang)
     drawn_for_screen(pg)
@@ -261,6 +262,7 @@ def test_on_a_phone_the_player_leaves_most_of_the_screen_to_the_view(server, bro
     assert high <= 0.25 * parts["screen"], f"the player is {high:.0f} px of the phone's {parts['screen']} px"
     prev, nxt, goto = parts["buttons"]
     assert abs(prev["top"] - nxt["top"]) < 2 and abs(nxt["top"] - goto["top"]) < 2  # one row
+    assert [round(b["bottom"] - b["top"]) >= 44 for b in parts["buttons"]] == [True] * 3, parts["buttons"]
     lines = [max(b["bottom"] for b in parts["buttons"]), parts["counter"], parts["title"], parts["caption"]]
     for above, below in zip([lines[0]] + [b["bottom"] for b in lines[1:-1]], lines[1:]):
         assert above <= below["top"] + 1, parts
