@@ -17,11 +17,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app import gateway, sections
-from app.plots import npz_button
 from app.context import ViewContext, plain, token_labels
 from app.i18n import error_text, t
 from app.panels.compare.common import Pair, map_layer, partner
 from app.panels.compare.views import HOOKS
+from app.plots import npz_button
 from explorer_model.analysis import compare as C
 
 URL_KEYS = ("cmp", "cmp_prompt", "cmp_model", "cmp_iv", "cmp_align")

@@ -63,9 +63,10 @@ def check_export(source: str, n_tokens: int) -> None:
 def npz_file(source: str, n_tokens: int, get_recording, changes=(), source_ids=()):
     """An open binary file holding the .npz of get_recording(), which names its model, its prompt, `changes` and
     the prompt a patch copied from (`source_ids`) (explorer_model.export.about; not the server's paths), already
-    unlinked. RunRefused when it is over the cap, or when downloads being built now would go over it together. Written by export.write_members, not save_npz:
-    its atomic rename sets a signal handler, which only the main thread may do, and Streamlit builds a download
-    in a worker thread (the folder is private and removed: no rename is needed)."""
+    unlinked. RunRefused when it is over the cap, or when downloads being built now would go over it together.
+    Written by export.write_members, not save_npz: its atomic rename sets a signal handler, which only the main
+    thread may do, and Streamlit builds a download in a worker thread (the folder is private and removed: no
+    rename is needed)."""
     check_export(source, n_tokens)
     size, cap = npz_bytes(source, n_tokens), export_cap_bytes()
     with _BUILDING_LOCK:
