@@ -262,11 +262,16 @@ class Scale(Intervention):
     def __str__(self) -> str:
         return f"scale:{self.hook}={fmt_number(self.factor)}"
 
+    @property
+    def alters_attention(self) -> bool:  # scaled scores or weights are not what Q and K give: stored, not rebuilt
+        return self.hook.endswith(("attn.hook_attn_scores", "attn.hook_pattern"))
+
     def check(self, model):
         _check_hook(model, self.hook)
 
     def hooks(self, model, source):
-        return [(self.hook, lambda x, hp: x * self.factor, _REPLACE)]
+        # the mask's -inf stays: 0 × -inf would be NaN, a negative factor would open the future
+        return [(self.hook, lambda x, hp: torch.where(torch.isinf(x), x, x * self.factor), _REPLACE)]
 
 
 def _check_gated(model: LlamaModel, layer: int | None) -> None:

@@ -278,7 +278,8 @@ def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: 
     if rec.dtype != torch.float32 or rec.token_ids is None or rec.token_ids.shape[0] != 1:
         raise ValueError("extend needs a float32 recording of one prompt")
     if any(_DERIVED.match(name) for name in rec._store):
-        raise ValueError("extend needs derived attention (a recording made with attention='stored' cannot grow)")
+        raise ValueError("extend needs derived attention: a recording that stores scores and weights (attention="
+                         "'stored', or a run whose attention was changed, e.g. no-mask) cannot grow")
     keep = rec.n_pos if keep is None else int(keep)
     if not 1 <= keep <= rec.n_pos or not new:
         raise ValueError(f"extend keeps 1..{rec.n_pos} positions and adds at least one token (keep={keep}, "

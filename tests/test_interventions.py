@@ -272,6 +272,27 @@ def test_scale_branch(model, clean):
     same(rec, clean, ["blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post"])
 
 
+@pytest.mark.parametrize("spec, weights", [
+    ("scale:blocks.1.attn.hook_attn_scores=0.5", lambda s: torch.softmax(s * 0.5, -1)),
+    ("scale:blocks.1.attn.hook_attn_scores=0", lambda s: torch.softmax(torch.where(torch.isinf(s), s, 0.0), -1)),
+    ("scale:blocks.1.attn.hook_pattern=2", lambda s: 2 * torch.softmax(s, -1)),
+])
+def test_scaled_attention_is_what_the_recording_shows(model, clean, spec, weights):
+    """A scaled score or weight is recorded as it flowed (not rebuilt from Q and K, which would undo it): the
+    recorded weights are the equation's on the unchanged scores, and each head's z is its weights times V. Factor
+    0 makes attention uniform over the keys the mask lets through (0 × -inf would be NaN everywhere)."""
+    rec = changed(model, spec)
+    assert torch.isfinite(rec.logits).all()
+    scores = clean["blocks.1.attn.hook_attn_scores"][0]  # layer 1's input is unchanged
+    p = rec.pattern(1)[0]
+    assert torch.allclose(p, weights(scores), atol=1e-6)
+    v = rec["blocks.1.attn.hook_v"][0].repeat_interleave(3, dim=1).transpose(0, 1)  # [head, pos, d]
+    assert torch.allclose(rec["blocks.1.attn.hook_z"][0].transpose(0, 1), p @ v, atol=1e-5)
+    assert not torch.allclose(rec["blocks.1.hook_attn_out"], clean["blocks.1.hook_attn_out"])
+    for name in layer_names(clean, 0):  # (the explicit attention path the recording takes: equal within rounding)
+        assert torch.allclose(rec[name], clean[name], atol=1e-5), name
+
+
 @pytest.mark.parametrize("hook, pos", [("blocks.1.hook_resid_pre", 4), ("blocks.2.hook_attn_out", -1),
                                        ("blocks.0.mlp.hook_post", 0)])
 def test_patch(model, clean, hook, pos):
