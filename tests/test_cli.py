@@ -99,6 +99,20 @@ def test_record_token_ids_float16(tmp_path, capsys):
     assert (about["text"], about["dtype"]) == (None, "float16")  # given ids, the file claims no text
 
 
+def test_names_add_up_and_the_file_keeps_the_models_whole_path(tmp_path, capsys, monkeypatch):
+    """--names given twice records both selections (as --intervene adds up); a model given by a relative path is
+    named by its absolute one, which still finds it once the file is moved."""
+    monkeypatch.chdir(ASSETS)
+    out = tmp_path / "n.npz"
+    assert cli.main(["record", "tiny-pre", "--prompt", "hi there", "--out", str(out), "--names", "hook_embed",
+                     "--names", "blocks.0.hook_resid_post"]) == 0
+    assert cli.main(["record", "./tiny-pre", "--prompt", "hi there", "--out", str(out), "--names", "hook_embed",
+                     "--names", "blocks.0.hook_resid_post"]) == 0
+    data = np.load(out)
+    assert set(data.files) == {"hook_embed", "blocks.0.hook_resid_post", "logits", "token_ids", "about"}
+    assert json.loads(data["about"].item())["source"] == str(ASSETS / "tiny-pre")
+
+
 def test_a_changed_record_names_its_changes_and_the_patchs_source(tmp_path, capsys):
     out = tmp_path / "p.npz"
     assert cli.main(["record", "tiny-pre", "--prompt", "The bank approved the loan.", "--out", str(out),
@@ -190,6 +204,8 @@ def test_hostile_pickle_is_refused_and_not_run(tmp_path):
     (["record", "smollm2", "--prompt", "   ", "--out", "x.npz"], "prompt is empty: give some text with --prompt"),
     (["record", "smollm2", "--token-ids", "1,999999", "--out", "x.npz"], "out of range"),
     (["record", "smollm2", "--token-ids", "1,a", "--out", "x.npz"], "comma-separated"),
+    (["record", "tiny-pre", "--token-ids", "1 2 3", "--out", "x.npz"], "comma-separated integers, got '1 2 3'"),
+    (["record", "tiny-pre", "--token-ids", "1,,2", "--out", "x.npz"], "comma-separated integers, got '1,,2'"),
     (["record", "smollm2", "--prompt", "hi", "--out", "x.npz", "--names", "no.such.*"], "no hook point"),
     # each pattern on its own: a model named after --names is taken for a pattern, and must not pass unnoticed
     (["record", "--prompt", "hi", "--out", "x.npz", "--names", "hook_embed", "tiny-pre"],

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt")
     g.add_argument("--token-ids", help="comma-separated ids, e.g. 1,2,3")
     s.add_argument("--out", required=True)
-    s.add_argument("--names", nargs="*", help="hook-name globs, e.g. 'blocks.*.attn.hook_pattern'")
+    s.add_argument("--names", nargs="*", action="extend", help="hook-name globs, e.g. 'blocks.*.attn.hook_pattern' "
+                   "(repeatable)")
     s.add_argument("--float16", action="store_true", help="store tensors in float16 (half the size)")
     s.add_argument("--progress", action="store_true", help="draw a per-layer progress bar on stderr "
                    "(default: when stderr is a terminal)")

@@ -45,7 +45,8 @@ def prompt_ids(cfg, tokenizer, text: str | None, token_ids: str | None, flag: st
     and, where the model will run them (`context`), against its context length."""
     if token_ids is not None:
         try:
-            ids = [int(x) for x in token_ids.replace(" ", "").split(",") if x != ""]
+            # "1 2" and "1,,2" refused, not read as 12 or skipped; nothing at all is "no tokens" (check_ids)
+            ids = [int(x) for x in token_ids.split(",")] if token_ids.replace(",", "").strip() else []
         except ValueError:
             raise CliError(f"--token-ids must be comma-separated integers, got {token_ids!r}") from None
     else:
@@ -170,13 +171,19 @@ def cmd_record(args) -> None:
         raise CliError(str(e)) from None
     text = args.prompt if args.token_ids is None else None  # (the file names what it recorded: export.about)
     try:
-        written = save_npz(rec, target, about(rec, loaded.model.cfg.name, text, ivs or (), source=loaded.source,
-                                                 patch_source=args.patch_source))
+        written = save_npz(rec, target, about(rec, loaded.model.cfg.name, text, ivs or (),
+                                              source=where(loaded.source), patch_source=args.patch_source))
     except OSError as e:  # disk full, file-size limit, permissions: the previous file is left as it was
         raise CliError(f"cannot write {target}: {e.strerror or one_line(e)}") from None
     changed = f" with {format_list(ivs)}" if ivs else ""
     print(printable(f"recorded {len(rec)} tensors over {len(ids)} token{'s' if len(ids) != 1 else ''}{changed} "
                     f"to {written}"))
+
+
+def where(source: str) -> str:
+    """The model's path as the file keeps it: absolute, so that it still names the model once the file is moved
+    (a path as typed, "hf1", is relative to where the command ran)."""
+    return os.path.abspath(source) if os.path.exists(source) else source
 
 
 def what_if(loaded, args, n_tokens: int):
