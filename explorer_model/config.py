@@ -153,6 +153,15 @@ class ModelConfig:
             scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
             eps = c["rms_norm_eps"]
             head_dim = c.get("head_dim") or d_model // n_heads
+            act = c.get("hidden_act", "silu")
+            if act not in ("silu", "swish"):  # the block's gate is SiLU: another would give other numbers silently
+                raise ConfigError(f"config.json's hidden_act {act!r} is not SiLU, the gate a LLaMA block runs here")
+            context = int(c.get("max_position_embeddings", 2048))
+            window = c.get("sliding_window")  # Mistral: a query sees only the last `window` keys
+            if window is not None and c.get("use_sliding_window", True) is not False:
+                # while a prompt is no longer than the window, sliding-window attention is plain causal attention:
+                # the model's context is cut to it rather than run past it with the wrong mask
+                context = min(context, int(window))
             return cls(
                 vocab_size=int(c["vocab_size"]),
                 d_model=d_model,
@@ -163,7 +172,7 @@ class ModelConfig:
                 d_ff=int(c["intermediate_size"]),
                 norm_eps=float(eps),
                 rope_theta=float(theta),
-                max_seq_len=int(c.get("max_position_embeddings", 2048)),
+                max_seq_len=context,
                 tie_embeddings=bool(c.get("tie_word_embeddings", False)),
                 rope_scaling=RopeScaling.from_hf(scaling),
                 bos_id=_first_id(c.get("bos_token_id")),

@@ -219,6 +219,30 @@ def test_config_of_another_model_type(ckpt, tmp_path, gqa):
     _raises(folder, "config.json", "bert")
 
 
+def test_an_activation_other_than_silu_is_refused(ckpt, tmp_path, gqa):
+    import json
+
+    folder = ckpt.save_hf(gqa[0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
+    _raises(folder, "config.json", "hidden_act 'gelu' is not SiLU")
+
+
+def test_a_sliding_window_is_the_models_context(ckpt, tmp_path, gqa):
+    """Mistral's window: the context is cut to it, where causal attention and the window agree (transformers'
+    Mistral gives other numbers past it, which no recording here may claim)."""
+    import json
+
+    folder = ckpt.save_hf(gqa[0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral", "sliding_window": 4,
+                                                   "max_position_embeddings": 64}))
+    assert L.read_config(folder).max_seq_len == 4
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral", "sliding_window": None,
+                                                   "max_position_embeddings": 64}))
+    assert L.read_config(folder).max_seq_len == 64
+
+
 @pytest.mark.parametrize("key", ["model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.q_proj.weight"])
 def test_wrongly_shaped_tensor(ckpt, tmp_path, gqa, key):
     from safetensors.torch import load_file, save_file
