@@ -162,7 +162,9 @@ def main(places: controls.Places, lecture_slot) -> None:
     view = st.segmented_control(tr("app.view"), keys, key="view", required=True,
                                 format_func=lambda k: tr(f"view.{k}"), on_change=_view_chosen)
     view = view or keys[0]
-    extras = {"source": source, **side.step_api(facts, body)}
+    # bos_added: whether a BOS at position 0 was put there for the text (by the tokenizer or the sidebar's switch),
+    # not typed as part of it (a chat template starts with SmolLM2's <|im_start|>, its BOS)
+    extras = {"source": source, "bos_added": facts.add_bos or len(ids) > len(body), **side.step_api(facts, body)}
     ctx = ViewContext(facts=facts, rec=rec, ids=ids, pieces=pieces, layer=layer, head=head, token=token,
                       lang=st.session_state.get("lang", "en"), presenter=bool(st.session_state.get("presenter")),
                       screen=screen.current(), extras=extras)

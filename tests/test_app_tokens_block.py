@@ -99,16 +99,20 @@ def test_bos_state_and_its_effect_on_attention(reference):
 
 
 def test_prompt_that_starts_with_bos_shows_it(reference):
-    """With BOS in front (as the sidebar's switch puts it), position 0 is named as BOS and drawn as the dark chip;
-    the comparison then uses this page's own recording for the BOS run."""
+    """With BOS in front, position 0 is named as BOS and drawn as the dark chip; the comparison then uses this
+    page's own recording for the BOS run. Put there by the sidebar's switch, the text moved one place to the
+    right; typed as the text's first token (a chat template starts with SmolLM2's BOS), nothing moved."""
     loaded, _, _ = reference
     bos = loaded.tokenizer.bos_id
+    switched = run_app(view="tokens", prompt="深度学习很", bos=1)
+    n = len(loaded.tokenizer.encode("深度学习很"))
+    assert f"Position 0 is now that BOS token: the {n} tokens of the text" in switched.success[0].value
     prompt = loaded.tokenizer.piece(bos) + "深度学习很"
     ids = loaded.tokenizer.encode(prompt)
     assert ids[0] == bos
     at = run_app(view="tokens", prompt=prompt)
-    assert not at.exception
-    assert f"Position 0 is now that BOS token: the {len(ids) - 1} tokens of the text" in at.success[0].value
+    assert not at.exception and not at.success
+    assert "Position 0 is that BOS token because the text typed starts with it" in all_text(at)
     chips = next(m.value for m in at.markdown if "<span" in m.value)
     assert chips.count("background:#1f2937") == 1 and chips.index("background:#1f2937") < chips.index("<span", chips.index("<span") + 1)
     assert tables(at)[0]["id"].tolist()[0] == bos

@@ -145,7 +145,9 @@ def draw_bos(ctx: ViewContext) -> None:
     first = bool(ctx.ids) and ctx.ids[0] == facts.bos_id
     adds = t("tokens.bos.adds", piece=piece, id=facts.bos_id) if facts.add_bos else \
         t("tokens.bos.not_added", piece=piece, id=facts.bos_id)
-    if first:
+    if first and not ctx.extras.get("bos_added", True):
+        st.info(adds + " " + t("tokens.bos.typed", piece=piece))
+    elif first:
         st.success(adds + " " + t("tokens.bos.first", piece=piece, id=facts.bos_id, n=len(ctx.ids) - 1))
     else:
         st.info(adds + " " + t("tokens.bos.absent_presenter" if ctx.presenter else "tokens.bos.absent"))
