@@ -14,6 +14,10 @@ scrolls sideways inside its own box, and nothing on the page said so: the formul
 Each edge it continues past now shows a soft shadow, which goes when the formula is scrolled to that end (two
 backgrounds that scroll with the formula cover two that stay with the box; a formula that fits covers both).
 
+A table's toolbar (show columns, download, search, full screen) stands above its top edge; a mouse shows it on
+hover, a touch screen always, where it lay over the control above the table (RoPE's key-token box: its + and −
+could not be tapped). On a touch screen a table leaves the toolbar's height free above it.
+
 The lecture file picker's line "1MB per file • TOML" is hidden: Streamlit can state a limit in whole megabytes only,
 and a lecture file may have 256 KB; the picker's own label says so, in the page's language (app/lecture_editor.py).
 """
@@ -31,6 +35,7 @@ FORMULA_EDGES = (
     " radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,0.25), rgba(0,0,0,0))"
     " right center / 0.9rem 100% no-repeat scroll;}")
 
+TOOLBAR_ROOM = "@media (hover: none) {[data-testid='stMain'] [data-testid='stDataFrame'] {margin-top: 2.75rem;}}"
 UPLOAD_LIMIT = ".st-key-lecture_upload [data-testid='stFileUploaderDropzoneInstructions'] {display: none;}"
 # Streamlit's "Press Ctrl+Enter to apply" under the prompt box is English on every page; the box's own label says it
 # in the page's language ("Prompt (Ctrl+Enter to run)")
@@ -73,4 +78,4 @@ def apply() -> None:
     views on a phone and a projector (tests/test_browser_layout.py), so the player's rules look only at its own block
     and its parent, where the walks through a lecture measure no cost."""
     player = LECTURE_BAR if st.session_state.get("lecture") else ""
-    st.html(f"<style>{FORMULA_EDGES}{UPLOAD_LIMIT}{PROMPT_HINT}{player}</style>")
+    st.html(f"<style>{FORMULA_EDGES}{TOOLBAR_ROOM}{UPLOAD_LIMIT}{PROMPT_HINT}{player}</style>")

@@ -2,8 +2,8 @@
 test_browser_downloads.py on a tablet): each view's main figure as wide as its column and mostly plot, no text
 under the screen's smallest size, no overlapping tick labels, no two parts' texts overlapping (a legend, the title,
 an axis title, a subplot's title, a colour bar) nor an axis's text inside another subplot's plot, no text outside its
-figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no formula clipped (nor
-scrolling in a column beside a figure)."""
+figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no table's toolbar over a
+control above it, no formula clipped (nor scrolling in a column beside a figure)."""
 from __future__ import annotations
 
 from browser_util import LAYOUT, open_expanders, settle_figures, shots_dir, steady, wait_idle
@@ -70,8 +70,18 @@ MEASURE = """() => {
 PAGE = """() => {
     const main = document.querySelector('[data-testid="stMain"]');
     const cells = [...main.querySelectorAll('[data-testid="stTable"] :is(td, th)')].filter(c => c.textContent.trim());
+    // a table's or chart's toolbar shown (a touch screen shows it always) over a control above it: a tap there
+    // lands on the toolbar
+    const shown = el => { const cs = getComputedStyle(el); return cs.visibility !== 'hidden' && +cs.opacity > 0; };
+    const bars = [...main.querySelectorAll('[data-testid="stElementToolbar"]')].filter(shown)
+        .map(b => b.getBoundingClientRect()).filter(r => r.width > 0 && r.height > 0);
+    const hit = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1 &&
+                          Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+    const covered = [...main.querySelectorAll('input, button, [role="slider"]')]
+        .filter(c => !c.closest('[data-testid="stElementToolbar"]') && bars.some(r => hit(r, c.getBoundingClientRect())))
+        .map(c => (c.getAttribute('aria-label') || c.innerText || c.tagName).trim().slice(0, 40));
     return {sideways: Math.max(document.documentElement.scrollWidth - innerWidth, main.scrollWidth - main.clientWidth),
-            grids: main.querySelectorAll('[data-testid="stDataFrame"]').length,
+            grids: main.querySelectorAll('[data-testid="stDataFrame"]').length, covered,
             table_px: cells.length ? Math.min(...cells.map(c => parseFloat(getComputedStyle(c).fontSize))) : null};
 }"""
 
@@ -117,14 +127,17 @@ def screenshot(pg, view: str, screen: str) -> None:
 
 
 def page_problems(pg, view: str, least: int, presenter: bool = False) -> list[str]:
-    """figure_problems for every figure of the view, and the page's own: sideways scrolling, table text, and in
-    presenter mode tables drawn as a canvas grid (a projector needs HTML tables of large text)."""
+    """figure_problems for every figure of the view, and the page's own: sideways scrolling, table text, a shown
+    toolbar over a control, and in presenter mode tables drawn as a canvas grid (a projector needs HTML tables of
+    large text)."""
     problems = figure_problems(view, pg.evaluate(MEASURE), least)
     page = pg.evaluate(PAGE)
     if page["sideways"] > 1:
         problems.append(f"{view}: the page scrolls sideways by {page['sideways']} px")
     if presenter and page["grids"]:
         problems.append(f"{view}: {page['grids']} tables drawn as a canvas grid in presenter mode")
+    if page["covered"]:
+        problems.append(f"{view}: a toolbar lies over controls above it: {page['covered'][:3]}")
     if page["table_px"] is not None and page["table_px"] < least:
         problems.append(f"{view}: table text of {page['table_px']} px")
     return problems
