@@ -114,8 +114,9 @@ def _move(key: str, by: int, n: int) -> None:
 
 
 def controls(ctx: ViewContext, key: str, n: int, lo: int, hi: int, pinned: int | None = None) -> None:
-    """Under a windowed figure: which tokens it shows (and the one kept apart, with how many are left out between),
-    and buttons that move the window by half its size."""
+    """Under a windowed figure: buttons that move the window by half its size, side by side, then which tokens it
+    shows (and the one kept apart, with how many are left out between): on a phone the sentence wraps under the
+    pair instead of standing between the two buttons."""
     if hi - lo >= n:
         return
     hidden = set(range(n)) - set(shown(lo, hi, pinned))
@@ -123,10 +124,10 @@ def controls(ctx: ViewContext, key: str, n: int, lo: int, hi: int, pinned: int |
     with st.container(horizontal=True, vertical_alignment="center", key=f"{key}_window_bar"):
         st.button("◀", key=f"{key}_earlier", on_click=_move, args=(key, -step, n),
                   disabled=not any(h < lo for h in hidden), help=ctx.t("window.earlier"))
+        st.button("▶", key=f"{key}_later", on_click=_move, args=(key, step, n),
+                  disabled=not any(h >= hi for h in hidden), help=ctx.t("window.later"))
         if pinned is None:
             st.caption(ctx.t("window.shown", first=lo, last=hi - 1, n=n))
         else:
             gap = lo - pinned - 1 if pinned < lo else pinned - hi
             st.caption(ctx.t("window.shown_apart", first=lo, last=hi - 1, n=n, kept=pinned, gap=gap))
-        st.button("▶", key=f"{key}_later", on_click=_move, args=(key, step, n),
-                  disabled=not any(h >= hi for h in hidden), help=ctx.t("window.later"))

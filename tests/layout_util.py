@@ -3,7 +3,8 @@ test_browser_downloads.py on a tablet): each view's main figure as wide as its c
 under the screen's smallest size, no overlapping tick labels, no two parts' texts overlapping (a legend, the title,
 an axis title, a subplot's title, a colour bar) nor an axis's text inside another subplot's plot, no text outside its
 figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no table's toolbar over a
-control above it, no formula clipped (nor scrolling in a column beside a figure)."""
+control above it, a token window's ◀ and ▶ side by side, no formula clipped (nor scrolling in a column beside a
+figure)."""
 from __future__ import annotations
 
 from browser_util import LAYOUT, open_expanders, settle_figures, shots_dir, steady, wait_idle
@@ -80,8 +81,13 @@ PAGE = """() => {
     const covered = [...main.querySelectorAll('input, button, [role="slider"]')]
         .filter(c => !c.closest('[data-testid="stElementToolbar"]') && bars.some(r => hit(r, c.getBoundingClientRect())))
         .map(c => (c.getAttribute('aria-label') || c.innerText || c.tagName).trim().slice(0, 40));
+    // a token window's ◀ and ▶ (app/token_window.py): a pair in one row, whatever the sentence beside them wraps to
+    const apart = [...main.querySelectorAll('[class*="_window_bar"]')].filter(bar => {
+        const [a, b] = [...bar.querySelectorAll('button')].map(x => x.getBoundingClientRect()).filter(r => r.width > 0);
+        return !a || !b || Math.abs(a.top - b.top) > 2 || b.left - a.right > 24; })
+        .map(bar => [...bar.classList].find(c => c.endsWith('_window_bar')));
     return {sideways: Math.max(document.documentElement.scrollWidth - innerWidth, main.scrollWidth - main.clientWidth),
-            grids: main.querySelectorAll('[data-testid="stDataFrame"]').length, covered,
+            grids: main.querySelectorAll('[data-testid="stDataFrame"]').length, covered, apart,
             table_px: cells.length ? Math.min(...cells.map(c => parseFloat(getComputedStyle(c).fontSize))) : null};
 }"""
 
@@ -128,14 +134,16 @@ def screenshot(pg, view: str, screen: str) -> None:
 
 def page_problems(pg, view: str, least: int, presenter: bool = False) -> list[str]:
     """figure_problems for every figure of the view, and the page's own: sideways scrolling, table text, a shown
-    toolbar over a control, and in presenter mode tables drawn as a canvas grid (a projector needs HTML tables of
-    large text)."""
+    toolbar over a control, a token window's buttons apart, and in presenter mode tables drawn as a canvas grid (a
+    projector needs HTML tables of large text)."""
     problems = figure_problems(view, pg.evaluate(MEASURE), least)
     page = pg.evaluate(PAGE)
     if page["sideways"] > 1:
         problems.append(f"{view}: the page scrolls sideways by {page['sideways']} px")
     if presenter and page["grids"]:
         problems.append(f"{view}: {page['grids']} tables drawn as a canvas grid in presenter mode")
+    if page["apart"]:
+        problems.append(f"{view}: a token window's ◀ and ▶ stand apart: {page['apart']}")
     if page["covered"]:
         problems.append(f"{view}: a toolbar lies over controls above it: {page['covered'][:3]}")
     if page["table_px"] is not None and page["table_px"] < least:
