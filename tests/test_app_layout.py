@@ -51,6 +51,9 @@ def test_a_phone_shows_the_attention_window_a_finger_can_tap_and_moves_it(deskto
     np.testing.assert_array_equal(np.nan_to_num(decode(fig["data"][0]["z"]), nan=-1),
                                   np.nan_to_num(full[np.ix_(shown, shown)], nan=-1))
     assert f"Showing tokens {shown[0]}–{T - 1} of {T}" in all_text(at)
+    # the window slider asks for more either side than the screen holds: the page says how many it shows
+    assert f"On this screen the map holds {len(shown)} tokens at a time" in all_text(at)
+    assert "On this screen the map holds" not in all_text(desktop_attention)
     at.button(key="attn_head_earlier").click().run()
     moved = positions(by_id(at, "attn_head"))
     # half a window earlier; the pair's key (here the query itself) stays in view, apart from the run

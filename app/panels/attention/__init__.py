@@ -227,6 +227,9 @@ def draw(ctx: ViewContext) -> None:
                                                         else "attention.show.scores"))
             half = st.select_slider(ctx.t("attention.window.label", token=ctx.token), WINDOW_CHOICES,
                                     key="attn_window", help=ctx.t("attention.window.help"))
+            fit = token_window.fitting(ctx, ctx.labels, share=HEAD_SHARE)
+            if fit is not None and fit < min(2 * half + 1, len(ctx.ids)):  # a touch screen holds fewer than asked
+                st.caption(ctx.t("attention.window.fits", n=fit))
             pattern = layer_matrices(ctx, ctx.layer, "pattern")
             draw_query_text(ctx, pattern)
         mats = pattern if kind == "pattern" else layer_matrices(ctx, ctx.layer, "scores")
