@@ -68,6 +68,18 @@ def legend_line(text, n: int) -> str:
     return cut(" ".join(str(text).split()), n).replace("<", "‹").replace(">", "›")
 
 
+def telling_apart(text, other, n: int) -> str:
+    """legend_line(text, n), or, when that would read the same as `other`'s (two prompts with a long common
+    beginning, a minimal pair), the line from a few words before the first place they differ, after "…"."""
+    line = legend_line(text, n)
+    if line != legend_line(other, n):
+        return line
+    a, b = " ".join(str(text).split()), " ".join(str(other).split())
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = a.rfind(" ", 0, max(0, same - n // 3)) + 1  # a word boundary about a third of a line before
+    return legend_line("…" + a[start:], n) if start > 0 else line
+
+
 def cut_to(label, room: float, font: float) -> str:
     """`label` cut (with "…") to the longest beginning that fits `room` px at `font`; one character and "…" at
     least."""

@@ -292,3 +292,8 @@ def test_a_figure_s_legend_says_what_each_side_is():
     assert not at.exception
     names = [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]]
     assert names == ["A · “The bank of the river”", "B · “‹b›The bank approved the loan …"]
+    # a minimal pair, alike far past a legend line: each named from a few words before where they differ
+    at = run_app(view="norm", model="tiny-pre", prompt="The animal did not cross the street because it was too tired.",
+                 cmp="prompt", cmp_prompt="The animal did not cross the street because it was too wide.")
+    names = [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]]
+    assert names == ["A · …it was too tired.”", "B · …it was too wide.”"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from app import gateway
 from app.context import ViewContext
-from app.figure_text import legend_line
+from app.figure_text import legend_line, telling_apart
 from app.token_window import TOUCH_CELL
 from explorer_model.analysis import compare as C
 
@@ -55,8 +55,11 @@ class Pair:
             what = Path(ctx.source).name or ctx.source
         elif self.specs_b:
             what = self.specs_b if side == "B" else self.t("whatif.unchanged")
-        else:  # the prompt's text, without its special tokens (a BOS)
-            what = "“" + ctx.facts.decode([i for i in ctx.ids if not ctx.facts.is_special(i)]).strip() + "”"
+        else:  # the prompt's text, without its special tokens (a BOS), from where it differs from the other's
+            def text(c: ViewContext) -> str:
+                return "“" + c.facts.decode([i for i in c.ids if not c.facts.is_special(i)]).strip() + "”"
+            other = self.b if side == "A" else self.a
+            return f"{side} · " + telling_apart(text(ctx), text(other), LEGEND_CHARS)
         return f"{side} · " + legend_line(what, LEGEND_CHARS)
 
     @property
