@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from app.figure_spec import Figure, Node, axes, log_ticks, whole_span, whole_step
-from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, Sizes, cut, cut_cell_text, place_title,
+from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, TOOLBAR_H, Sizes, cut, cut_cell_text, place_title,
                              presenter_fonts, raise_fonts, text_px, title_pad, wrap_subplot_titles)
 
 LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
@@ -240,13 +240,14 @@ def _bottom_labels_px(fig: Figure, sizes: Sizes) -> float:
 
 def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
     """The top margin holds the title's lines and, under them, the first row's subplot titles (which grow upwards
-    from the plot): the figure grows by what is missing (a margin is set for one line of each; a phone wraps)."""
+    from the plot): the figure grows by what is missing (a margin is set for one line of each; a phone wraps).
+    Without a title, the subplot titles stand below the toolbar's row (the last one's end ran under its buttons)."""
     notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]  # the first row's
-    if not title_lines or not notes:
+    if not notes:
         return
     size = fig.layout.title.font.size or sizes.title
     # the title's top is padded (n - 1) half lines down (place_title); its lines then take n lines or fewer
-    title = title_pad(title_lines, size) + title_lines * size * LINE
+    title = title_pad(title_lines, size) + title_lines * size * LINE if title_lines else TOOLBAR_H
     below = max(len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE for n in notes)
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
     missing = math.ceil(title + below + TITLE_GAP - top)

@@ -31,6 +31,7 @@ CELL_TEXT_PAD = 3  # px a heatmap's cell text keeps from either side of its cell
 TAG = re.compile(r"<[^<>]*>")  # Plotly's text tags (<b>, <i>, <br>), which take no room of their own
 # px across Plotly's toolbar, which sits over the figure's top right corner (measured in Chromium: 80 and 152)
 TOOLBAR_PX, TOUCH_TOOLBAR_PX = 160, 88
+TOOLBAR_H = 30  # px down from the figure's top that the toolbar's buttons take (measured in Chromium: 26)
 # Plotly's toolbar keeps the PNG download, Streamlit's full screen and, with a mouse, zoom, pan and reset; a finger
 # scrolls the page instead (dragmode off), so a touch screen gets no zoom buttons
 TOOLBAR_DROPPED = ("select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d")

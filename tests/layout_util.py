@@ -2,9 +2,9 @@
 test_browser_downloads.py on a tablet): each view's main figure as wide as its column and mostly plot, no text
 under the screen's smallest size, no overlapping tick labels, no two parts' texts overlapping (a legend, the title,
 an axis title, a subplot's title, a colour bar) nor an axis's text inside another subplot's plot, no text outside its
-figure, no title under Plotly's toolbar, no sideways scrolling, tables of readable text, no table's toolbar over a
-control above it, a token window's ◀ and ▶ side by side, no formula clipped (nor scrolling in a column beside a
-figure)."""
+figure, no title (nor subplot title) under Plotly's toolbar, no sideways scrolling, tables of readable text, no
+table's toolbar over a control above it, a token window's ◀ and ▶ side by side, no formula clipped (nor scrolling
+in a column beside a figure)."""
 from __future__ import annotations
 
 from browser_util import LAYOUT, open_expanders, settle_figures, shots_dir, steady, wait_idle
@@ -60,12 +60,14 @@ MEASURE = """() => {
         const icons = [...gd.querySelectorAll('.modebar-btn svg')].map(box), title = gd.querySelector('.g-gtitle');
         const lines = title ? [...title.querySelectorAll('tspan.line')] : [];
         const titleBoxes = (lines.length ? lines : title ? [title] : []).map(box);
+        const notes = [...gd.querySelectorAll('.annotation-text')].filter(n => n.textContent.trim()).map(box);
         return {key, title: String((gd.layout.title && gd.layout.title.text) || '').replace(/<[^>]+>/g, ' '),
                 width: frame.width, room: column.clientWidth - parseFloat(style.paddingLeft) -
                 parseFloat(style.paddingRight), plot: gd._fullLayout._size.w,
                 smallest: sizes.sort((a, b) => a[0] - b[0])[0] || null, clashes, outside, crossings,
                 covered: !!(title && title.textContent.trim() &&
-                            titleBoxes.some(t => icons.some(i => overlap(i, t))))};
+                            titleBoxes.some(t => icons.some(i => overlap(i, t)))) ||
+                         notes.some(n => icons.some(i => overlap(i, n)))};
     });
 }"""
 PAGE = """() => {
@@ -120,7 +122,7 @@ def figure_problems(view: str, figures: list[dict], least: int) -> list[str]:
         if f["crossings"]:
             problems.append(f"{name}: {len(f['crossings'])} overlapping texts, e.g. {f['crossings'][:2]}")
         if f["covered"]:
-            problems.append(f"{name}: Plotly's toolbar covers the title")
+            problems.append(f"{name}: Plotly's toolbar covers the title or a subplot's title")
     return problems
 
 

@@ -11,8 +11,8 @@ import pytest
 from app import plots
 from app.figure_spec import Figure, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PAD, PRESENTER_MAX_H, fit_figure, plot_area
-from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, Sizes, text_px, title_pad,
-                             toolbar_px, wrap)
+from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, TOOLBAR_H, Sizes, text_px,
+                             title_pad, toolbar_px, wrap)
 from app.screen import DESKTOP, PHONE, TABLET, Screen, from_cookie, from_report, guess
 
 TOKENS = [f"{i}:{w}" for i, w in enumerate(
@@ -214,6 +214,20 @@ def test_side_by_side_subplots_keep_room_for_the_right_one_s_axis_and_the_title_
     n, sub = len(lay.title.text.split("<br>")), max(len(t.text.split("<br>")) for t in titles)
     assert n >= 3 and sub >= 2
     assert lay.margin.t >= title_pad(n, 16) + n * 16 * LINE + sub * 12 * LINE
+
+
+def test_without_a_title_the_subplot_titles_stand_below_the_toolbar():
+    """Two subplots titled and the figure not (compare mode's entropy and sink per layer): on a phone the right
+    title's end ran under Plotly's buttons, which take the top TOOLBAR_H px of the figure's right corner."""
+    layout = plots.grid_layout(1, 2, ["attention entropy (nats)", "weight on the first token (sink)"], hspace=0.1)
+    layout.update(height=300, margin=dict(l=10, r=10, t=30, b=10))
+    fig = go.Figure([go.Scatter(y=np.arange(6.0)), go.Scatter(y=np.arange(6.0), xaxis="x2", yaxis="y2")],
+                    layout=layout)
+    fig = fit(fig, PHONE.main, presenter=False, touch=True)
+    lines = max(len(n.text.split("<br>")) for n in fig.layout.annotations)
+    assert lines >= 2  # wrapped on a phone
+    # the titles grow upwards from the plot's top: their top edge lies below the buttons' row
+    assert fig.layout.margin.t - lines * 12 * LINE >= TOOLBAR_H
 
 
 def test_rows_of_subplots_keep_room_for_the_titles_of_the_row_below():

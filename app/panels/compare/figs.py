@@ -81,6 +81,9 @@ def curves_figure(fig_id: str, series: Sequence[tuple[str, str, np.ndarray, np.n
     return fig
 
 
+X_TITLE_DROP = 30  # px from the plots' foot to a shared x title: the tick labels' line stands between
+
+
 def curves_grid(fig_id: str, panels: Sequence[tuple[str, Sequence[tuple[str, str, np.ndarray, np.ndarray]]]], *,
                 x_title: str, cols: int = 3, height: int = 520) -> go.Figure:
     """Several curve panels (title, series), A and B on each, x shared (relative depth)."""
@@ -96,8 +99,9 @@ def curves_grid(fig_id: str, panels: Sequence[tuple[str, Sequence[tuple[str, str
     fig.update_layout(meta={"id": fig_id}, height=height, margin=dict(t=40, b=90),
                       legend=dict(orientation="h", x=0, y=-0.1, yanchor="top"))
     fig.update_xaxes(range=[-0.05, 1.05])
-    fig.add_annotation(text=x_title, x=1, y=-0.1, xref="paper", yref="paper", showarrow=False, xanchor="right",
-                       yanchor="top")  # below the tick labels, right of the legend
+    # under the tick labels (a line of them, up to a projector's size, below the plots' foot), right of the legend
+    fig.add_annotation(text=x_title, x=1, y=0, yshift=-X_TITLE_DROP, xref="paper", yref="paper", showarrow=False,
+                       xanchor="right", yanchor="top")
     return fig
 
 
