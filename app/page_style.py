@@ -38,7 +38,7 @@ FORMULA_EDGES = (
 TOOLBAR_ROOM = "@media (hover: none) {[data-testid='stMain'] [data-testid='stDataFrame'] {margin-top: 2.75rem;}}"
 UPLOAD_LIMIT = ".st-key-lecture_upload [data-testid='stFileUploaderDropzoneInstructions'] {display: none;}"
 # Streamlit's "Press Ctrl+Enter to apply" under the prompt box is English on every page; the box's own label says it
-# in the page's language ("Prompt (Ctrl+Enter to run)")
+# in the page's language, with a phone's way too ("Prompt (Ctrl+Enter, or a tap outside the box, runs it)")
 PROMPT_HINT = ".st-key-prompt [data-testid='InputInstructions'] {display: none;}"
 
 # Streamlit's header is 3.75rem high and lies over the main area's top (see-through: made opaque while the player
