@@ -276,3 +276,8 @@ def test_options_before_the_command_are_answered_with_the_right_order(capsys):
     err = capsys.readouterr().err.strip()
     assert err == "llama-explorer: error: the command comes first, then its options: llama-explorer record --prompt … " \
                   "(see --help)", err
+    assert cli.main(["smollm2", "info"]) == 2  # the model before the command
+    assert capsys.readouterr().err.strip() == "llama-explorer: error: the command comes first, then its options: " \
+                                              "llama-explorer info smollm2 … (see --help)"
+    assert cli.main(["inf", "smollm2"]) == 2  # no command at all: argparse's own line names the choices
+    assert "invalid choice: 'inf'" in capsys.readouterr().err

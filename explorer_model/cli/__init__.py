@@ -171,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _command_after_options(given: list, commands) -> str | None:
-    """The command of `--prompt hi record …`: options written before it (argparse would read "hi" as the command)."""
-    if given and isinstance(given[0], str) and given[0].startswith("-") and given[0] not in ("-h", "--help"):
+    """The command of `--prompt hi record …` or `smollm2 info`: options or a model written before it (argparse
+    would read "hi" or "smollm2" as the command)."""
+    if given and isinstance(given[0], str) and given[0] not in (*commands, "-h", "--help"):
         return next((a for a in given[1:] if a in commands), None)
     return None
 

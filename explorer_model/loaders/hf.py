@@ -59,6 +59,8 @@ def load_torch_file(path: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError:
         raise LoadError(f"refusing to load {path}: it contains Python objects other than tensors") from None
     except Exception as e:
+        if "PytorchStreamReader" in str(e):  # torch's reader of the file's zip archive: its text is its internals
+            raise LoadError(f"{path}: truncated or corrupt (its zip archive cannot be read)") from None
         raise LoadError(f"{path}: not a readable PyTorch checkpoint ({one_line(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise LoadError(f"{path}: expected a dict of tensors")
