@@ -75,6 +75,9 @@ def test_the_api_refuses_ids_a_model_cannot_run_with_the_clis_line(smol, capsys,
             assert not out.exists()
     with pytest.raises(PromptError, match=re.escape("record() takes token ids, not text: tokenizer.encode_prompt")):
         record(smol.model, "The capital of France is")  # text where ids go (torch said "invalid data type 'str'")
+    for empty in ("", "  \n "):  # text with nothing in it: not a run of the BOS alone
+        with pytest.raises(PromptError, match="the prompt is empty"):
+            smol.tokenizer.encode_prompt(empty)
 
 
 # --------------------------------------------------------------------------- text that is not text

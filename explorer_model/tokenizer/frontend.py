@@ -114,9 +114,11 @@ class Tokenizer:
     # ------------------------------------------------------------------ encode / decode
 
     def encode_prompt(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """encode() for text a person supplied: bounded to MAX_PROMPT_CHARS before any work, and BOS added
-        when the model expects it (add_bos=None)."""
-        return self.encode(check_prompt(text), self.add_bos if add_bos is None else add_bos)
+        """encode() for text a person supplied: bounded to MAX_PROMPT_CHARS before any work, refused when it holds
+        nothing but spaces (it would run the BOS alone), and BOS added when the model expects it (add_bos=None)."""
+        if not check_prompt(text).strip():
+            raise PromptError("the prompt is empty: give some text")
+        return self.encode(text, self.add_bos if add_bos is None else add_bos)
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         check_prompt(text, limit=float("inf"))  # no length bound here: corpora are encoded too
