@@ -224,7 +224,7 @@ def sources(ckpt, tmp_path_factory):
     meta = ckpt.write_meta(model, d / "meta_corrupt")
     data = (meta / "consolidated.00.pth").read_bytes()
     (meta / "consolidated.00.pth").write_bytes(data[: len(data) // 2])
-    out["corrupt_pth"] = (meta, ["consolidated.00.pth", "not a readable PyTorch checkpoint"])
+    out["corrupt_pth"] = (meta, ["consolidated.00.pth", "truncated or corrupt"])
     gguf = ckpt.write_gguf(model, d / "cut.gguf")
     data = gguf.read_bytes()
     gguf.write_bytes(data[: len(data) // 2])
