@@ -239,9 +239,8 @@ def _bottom_labels_px(fig: Figure, sizes: Sizes) -> float:
 
 
 def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
-    """The top margin holds the title's lines and, under them, the first row's subplot titles (which grow upwards
-    from the plot): the figure grows by what is missing (a margin is set for one line of each; a phone wraps).
-    Without a title, the subplot titles stand below the toolbar's row (the last one's end ran under its buttons)."""
+    """The top margin holds the title's lines (or, without a title, the toolbar's row) and under them the first
+    row's subplot titles (growing upwards from the plot): the figure grows by what is missing (a phone wraps)."""
     notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]  # the first row's
     if not notes:
         return
