@@ -26,6 +26,7 @@ other kernels: kernels.py).
 """
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -236,6 +237,27 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
+def checked_selection(model: LlamaModel, names, layers) -> tuple[list[str] | None, list[int] | None]:
+    """record()'s selection as a person writes it, checked as the CLI checks --names: a single string is one
+    pattern (iterated, "blocks.*" would be its characters, and "*" among them every hook); a name or pattern that
+    matches no hook point, or a layer the model lacks, is refused (ValueError, one line) rather than recorded as
+    nothing."""
+    if isinstance(names, str):
+        names = [names]
+    if names is not None:
+        names = list(names)
+        hooks = model.hook_dict
+        for pattern in names:
+            if pattern not in hooks and not any(fnmatch.fnmatchcase(h, pattern) for h in hooks):
+                raise ValueError(f"names: {pattern!r} matches no hook point of this model (docs/hooks.md)")
+    if layers is not None:
+        layers, n = [int(layer) for layer in layers], model.cfg.n_layers
+        for layer in layers:
+            if not 0 <= layer < n:
+                raise ValueError(f"layer {layer} does not exist: the model has layers 0…{n - 1}")
+    return names, layers
+
+
 def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[str] | None = None,
            layers: Iterable[int] | None = None, dtype: torch.dtype = torch.float32,
            attention: str = "derived", interventions: Iterable | None = None, source_tokens=None) -> Recording:
@@ -252,6 +274,7 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
         tokens = tokens[None]
     for row in tokens:  # an empty prompt, an id past the embedding: one line, not torch's IndexError
         check_ids(row.tolist(), model.cfg.vocab_size, model.cfg.max_seq_len)
+    names, layers = checked_selection(model, names, layers)
     if interventions is None:
         with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
             model(tokens)

@@ -78,6 +78,12 @@ def test_the_api_refuses_ids_a_model_cannot_run_with_the_clis_line(smol, capsys,
     for empty in ("", "  \n "):  # text with nothing in it: not a run of the BOS alone
         with pytest.raises(PromptError, match="the prompt is empty"):
             smol.tokenizer.encode_prompt(empty)
+    # a selection that records nothing, or everything, is refused or read as meant, as the CLI's --names
+    for kw, needle in ((dict(names=["nosuch"]), "'nosuch' matches no hook point"),
+                       (dict(layers=[cfg.n_layers]), f"layer {cfg.n_layers} does not exist")):
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            record(smol.model, [1, 2], **kw)
+    assert record(smol.model, [1, 2], names="blocks.0.hook_resid_post").names == ["blocks.0.hook_resid_post", "logits"]
 
 
 # --------------------------------------------------------------------------- text that is not text
