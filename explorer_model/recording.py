@@ -249,7 +249,7 @@ def checked_selection(model: LlamaModel, names, layers) -> tuple[list[str] | Non
         hooks = model.hook_dict
         for pattern in names:
             if pattern not in hooks and not any(fnmatch.fnmatchcase(h, pattern) for h in hooks):
-                raise ValueError(f"names: {pattern!r} matches no hook point of this model (docs/hooks.md)")
+                raise ValueError(f"names {pattern!r} matches no hook point of this model (docs/hooks.md)")
     if layers is not None:
         layers, n = [int(layer) for layer in layers], model.cfg.n_layers
         for layer in layers:

@@ -149,14 +149,14 @@ def cmd_record(args) -> None:
     from ..export import about, check_fits, gb, plan, save_npz
     from ..interventions import format_list
     from ..memory import layer_progress, text_progress
-    from ..recording import record
+    from ..recording import checked_selection, record
 
     ids = prompt_ids(loaded.model.cfg, loaded.tokenizer, args.prompt, args.token_ids)
     names = args.names or None
-    for name in names or []:  # each on its own: a model named after --names is read as one more pattern
-        if not loaded.model.select_hooks([name]):
-            raise CliError(f"--names {name!r} matches no hook point (see docs/hooks.md for the names; the model "
-                           "goes before --names)")
+    try:  # before anything runs, as record() checks it; a model named after --names is read as one more pattern
+        checked_selection(loaded.model, names, None)
+    except ValueError as e:
+        raise CliError(f"--{e}; the model goes before --names") from None
     dtype = torch.float16 if args.float16 else torch.float32
     ivs, source_ids = what_if(loaded, args, len(ids))
     size = plan(loaded.model, ids, names, dtype)
