@@ -40,11 +40,14 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "swiglu": ("heatmap", "silu", "token", "gates", "positionwise", "bank"),
     "residual": ("norms", "contributions", "lens"),
     "predict": ("loss", "sampling"),
-    "block": ("diagram", "changes", "flow"),
+    "block": ("diagram", "code", "model", "changes", "flow"),
     "whatif": ("choose", "results", "sweep"),
     "normlab": ("twins", "init", "race"),
 }
 
+# Parts that stand side by side on a wide screen (stacked on a phone), each landed on by itself: a page that shows
+# one of them alone (`only`) shows both, since either alone would leave half a laptop's screen empty.
+BESIDE: dict[str, tuple[str, ...]] = {"block": ("diagram", "code")}
 
 COMPARISON = "compare_figures"  # the container of a comparison's figures
 
@@ -58,14 +61,21 @@ def section(view: str, key: str):
     if key not in SECTIONS[view]:
         raise KeyError(f"{view} has no section {key!r}")
     shown = st.session_state.get("_only")
-    if shown and shown[0] == view and SECTIONS[view].index(key) > SECTIONS[view].index(shown[1]):
+    alone = _alone(view, shown[1]) if shown and shown[0] == view else None
+    if alone and SECTIONS[view].index(key) > max(SECTIONS[view].index(k) for k in alone):
         raise Rest(view)
     box = st.container(key=css_key(view, key))
     note = st.session_state.get("_section_note")
     if note and note[:2] == (view, key):  # the lesson's sentence, at the top of the part it is about
         box.info(note[2], icon=None)
         st.session_state.pop("_section_note")
-    return _unsent(box) if shown and shown[0] == view and key != shown[1] else box
+    return box if alone is None or key in alone else _unsent(box)
+
+
+def _alone(view: str, key: str) -> tuple[str, ...]:
+    """The parts a page that shows `key` alone draws: it, and the part it stands beside (BESIDE)."""
+    beside = BESIDE.get(view, ())
+    return beside if key in beside else (key,)
 
 
 @contextlib.contextmanager

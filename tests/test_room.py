@@ -255,6 +255,27 @@ def test_a_following_page_shows_only_the_step_s_part_of_the_view_until_asked_for
     assert t("room.part_only", "en") in all_text(student)
 
 
+def test_the_block_s_code_and_diagram_stand_together_on_a_follower_s_page(shared_room):
+    """Steps 2 and 3 of tutorial-000 land on the block's diagram and on its code, which stand side by side on a wide
+    screen (stacked on a phone, where each step then shows its own part): a follower's page shows the two together,
+    the part above neither of them, and nothing under them."""
+    presenter = run_app(lecture="tutorial-000", step=2, room_key="the-secret-key", presenter=1)
+    assert presenter.session_state["section"] == "diagram"
+    student = run_app()
+    code_buttons = lambda at: [b.key for b in at.button if b.key.startswith("block_code_")]  # noqa: E731
+    for section in ("diagram", "code"):
+        assert (student.session_state["view"], student.session_state["section"]) == ("block", section)
+        assert chart_keys(student) == ["block_diagram"], section  # not the whole model's diagram under them
+        assert len(code_buttons(student)) == len(code_buttons(presenter)) > 5, section
+        presenter.button(key="lecture_next").click().run()
+        student.run()
+
+
+def chart_keys(at) -> list[str]:
+    """The key each figure of the page was drawn under (its element id ends with it)."""
+    return [el.proto.id.rsplit("-", 1)[-1] for el in at.get("plotly_chart")]
+
+
 def test_a_page_opened_before_the_presenter_s_is_rerun_when_the_lecture_starts(shared_room, monkeypatch):
     """A student who opens the room's address before the lecturer has opened the presenter's link sees an empty
     room: the page follows nothing yet, but the server must still rerun it (or it ask) when the first step is

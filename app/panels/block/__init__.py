@@ -228,14 +228,22 @@ def layer_norms_figure(data: dict[str, np.ndarray], layer: int, label: str, t) -
 
 # --------------------------------------------------------------------------- sections
 def draw_diagrams(ctx: ViewContext) -> None:
+    """The block's diagram and, beside it (under it on a phone), its pseudo-code: two parts, so a lecture step about
+    the code lands on it where the screen stacks them."""
     t, cfg, T = ctx.t, ctx.cfg, len(ctx.ids)
     font = Sizes.for_screen(ctx.presenter).text  # the smallest text a figure may have on this screen
     left, right = st.columns(2)
-    with left:
+    with left, section("block", "diagram"):
         plots.show(lambda: block_figure(cfg, T, cfg.norm_placement, t, font), ctx, key="block_diagram",
                    filename="block", share=0.5)
-    with right:
+    with right, section("block", "code"):
         blockcode.draw_code(ctx)
+
+
+def draw_model(ctx: ViewContext) -> None:
+    """Buttons from the diagram's parts to their views, the block's equations, and the whole model's diagram."""
+    t, cfg, T = ctx.t, ctx.cfg, len(ctx.ids)
+    font = Sizes.for_screen(ctx.presenter).text
     blockcode.draw_node_buttons(ctx)
     with plots.explainer(ctx, t("block.intro.more")):
         st.markdown(t("block.intro.text"))
@@ -272,8 +280,9 @@ def draw_flow(ctx: ViewContext) -> None:
 
 def draw(ctx: ViewContext) -> None:
     st.subheader(ctx.t("block.title"))
-    with section("block", "diagram"):
-        draw_diagrams(ctx)
+    draw_diagrams(ctx)
+    with section("block", "model"):
+        draw_model(ctx)
     with section("block", "changes"):
         blockcode.draw_changes(ctx)
     with section("block", "flow"):
