@@ -247,6 +247,39 @@ def test_tokenize_counts_a_text_longer_than_the_context(capsys):
     assert len(json.loads(capsys.readouterr().out)["ids"]) > 256
 
 
+def test_a_text_longer_than_a_command_line_is_read_from_a_file_or_standard_input(tmp_path, capsys, monkeypatch):
+    """Linux holds at most 128 KB in one argument: --text-file / --prompt-file read the text (as an editor saved it:
+    byte-order mark and last newline dropped), "-" from standard input."""
+    import io
+
+    text = "深度学习 is deep learning. " * 6000  # 144,000 characters, 258 KB of UTF-8
+    (tmp_path / "long.txt").write_bytes(b"\xef\xbb\xbf" + text.encode() + b"\r\n")
+    assert cli.main(["tokenize", "tiny-pre", "--text", text, "--json"]) == 0
+    typed = json.loads(capsys.readouterr().out)["ids"]
+    assert cli.main(["tokenize", "tiny-pre", "--text-file", str(tmp_path / "long.txt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"] == typed
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("the cat sat\n".encode())))
+    assert cli.main(["record", "tiny-pre", "--prompt-file", "-", "--out", str(tmp_path / "r.npz"),
+                     "--names", "hook_embed"]) == 0
+    assert cli.main(["tokenize", "tiny-pre", "--text", "the cat sat", "--json"]) == 0
+    ids = json.loads(capsys.readouterr().out.splitlines()[-1])["ids"]
+    assert np.load(tmp_path / "r.npz")["token_ids"].ravel().tolist() == ids  # the newline is not a token
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "cannot read {path}: No such file or directory"),
+    (b"\xff\xfecat", "{path} is not UTF-8 text (byte 0xff at offset 0)"),
+    (b" \n", "{path} holds no text"),
+    (b"a" * 800_001, "{path} holds more than 200,000 characters, the limit of a prompt"),
+])
+def test_a_prompt_file_that_cannot_be_a_prompt_gives_one_line(tmp_path, capsys, content, needle):
+    path = tmp_path / "prompt.txt"
+    if content is not None:
+        path.write_bytes(content)
+    for args in (["generate", "tiny-pre", "--prompt-file", str(path)], ["tokenize", "--text-file", str(path)]):
+        assert_one_line_error(cli.main(args), capsys.readouterr().err, needle.format(path=path))
+
+
 def test_generate_says_when_the_context_ends_it(capsys):
     prompt = "the cat sat on the mat. " * 26  # ~236 tokens of tiny-pre's 256
     assert cli.main(["generate", "tiny-pre", "--prompt", prompt, "--max-new-tokens", "80", "--temperature", "0",

@@ -17,6 +17,7 @@ from .commands import (MIN_TEMPERATURE, CliError, check_lecture, cmd_classroom_c
                        cmd_record, cmd_serve, cmd_tokenize, cmd_train_tiny, one_line, prompt_ids)
 
 SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"
+PROMPT_FILE_HELP = "the prompt read from FILE (- : standard input), UTF-8, its last newline dropped"
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # memory.DTYPE_CHOICES, without importing torch here
 DTYPE_HELP = ("weights' dtype: auto (default: float32 if it fits comfortably, else the checkpoint's 16-bit type), "
               "float32, bfloat16 or float16; norms, softmax and logits are computed in float32 regardless")
@@ -62,6 +63,33 @@ def number(kind=int, low=None, high=None, what: str = ""):
     return parse
 
 
+def text_file(path: str) -> str:
+    """An argparse type: the text of a file ("-": standard input), as a prompt: UTF-8 (a leading byte-order mark
+    dropped), one trailing newline dropped (the one an editor ends a file with), at most the prompt's limit (the file
+    is not read past it). For a prompt longer than a command line holds (Linux: 128 KB per argument)."""
+    from ..tokenizer.frontend import MAX_PROMPT_CHARS
+
+    most = 4 * MAX_PROMPT_CHARS + 1  # UTF-8 takes at most 4 bytes a character: more bytes are more characters
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(most)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(most)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) == most:
+        raise argparse.ArgumentTypeError(f"{name} holds more than {MAX_PROMPT_CHARS:,} characters, the limit of a prompt")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{name} holds no text")
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
 PORT = number(int, 1, 65535, "a port number")
 POSITIVE = number(int, 1, 10**9, "a whole number")
 
@@ -83,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tokenize", help="ids and pieces of a text")
     s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
-    s.add_argument("--text", required=True)
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--text")
+    g.add_argument("--text-file", dest="text", metavar="FILE", type=text_file, help="the text read from FILE (- : standard input)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_tokenize)
 
@@ -91,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt")
+    g.add_argument("--prompt-file", dest="prompt", metavar="FILE", type=text_file, help=PROMPT_FILE_HELP)
     g.add_argument("--token-ids", help="comma-separated ids, e.g. 1,2,3")
     s.add_argument("--out", required=True)
     s.add_argument("--names", nargs="*", action="extend", help="hook-name globs, e.g. 'blocks.*.attn.hook_pattern' "
@@ -108,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("generate", help="continue a prompt (KV cache)")
     s.add_argument("source", nargs="?", default="smollm2", help=SOURCE_HELP)
-    s.add_argument("--prompt", required=True)
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-file", dest="prompt", metavar="FILE", type=text_file, help=PROMPT_FILE_HELP)
     s.add_argument("--max-new-tokens", type=number(int, 0, 10**6, "a token count"), default=32)
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     s.add_argument("--top-k", type=number(int, 0, 10**9, "a token count"), default=0)
