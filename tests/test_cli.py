@@ -130,6 +130,39 @@ def test_generate_greedy_paris():
     assert json.loads(r.stdout)["text"].startswith(" Paris")
 
 
+def test_generate_prints_the_text_as_it_grows_and_keeps_it_on_ctrl_c(capsys, monkeypatch):
+    """The text is written token by token (a Chinese character split over tokens once its last byte has come: no
+    U+FFFD on the way), and is the JSON's text whole; Ctrl+C keeps what was generated (exit status 130)."""
+    from explorer_model.generate import sampling
+
+    args = ["generate", "smollm2", "--prompt", "深度学习是", "--max-new-tokens", "12"]
+    assert cli.main([*args, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    writes: list[str] = []
+    write = sys.stdout.write
+    monkeypatch.setattr(sys.stdout, "write", lambda text: writes.append(text) or write(text))
+    assert cli.main(args) == 0
+    assert capsys.readouterr().out == "深度学习是" + whole["text"] + "\n"
+    grown = writes[1:-1]  # after the prompt, before the line's end
+    assert len(grown) >= 4 and "".join(grown) == whole["text"] and not any("\ufffd" in w for w in writes)
+    choose, chosen = sampling.choose, []
+
+    def interrupted(*a, **k):  # Ctrl+C while the fifth token is chosen
+        if len(chosen) == 4:
+            raise KeyboardInterrupt
+        chosen.append(choose(*a, **k))
+        return chosen[-1]
+    monkeypatch.setattr(sampling, "choose", interrupted)
+    writes.clear()
+    assert cli.main(args) == 130
+    out, err = capsys.readouterr()
+    from explorer_model.loaders import load
+
+    kept = load("smollm2").tokenizer.decode(whole["new_ids"][:4])
+    assert out == "深度学习是" + kept + "\n" and chosen == whole["new_ids"][:4]
+    assert err.strip() == "stopped by Ctrl+C after 4 new tokens"
+
+
 def test_generate_sampling_is_reproducible_with_seed(capsys):
     args = ["generate", "smollm2", "--prompt", "Once upon a time", "--max-new-tokens", "5", "--temperature", "0.9",
             "--top-k", "40", "--top-p", "0.9", "--seed", "7", "--json"]

@@ -218,26 +218,53 @@ def what_if(loaded, args, n_tokens: int):
     return ivs, source
 
 
-def generation_bar(max_new: int):
+def generation_bar(max_new: int, tokens: bool = True):
     """A layer_progress callback for generation, on stderr: the prompt's pass layer by layer (the long one on a
-    big model), then one step per new token (each is a pass of one token through every layer)."""
+    big model), then one step per new token (each is a pass of one token through every layer) unless `tokens` is
+    False (the text itself, printed as it grows on the same terminal, shows them)."""
     from ..memory import text_progress
 
-    prompt, tokens, passes = text_progress("prompt"), text_progress("tokens"), [0]
+    prompt, steps, passes = text_progress("prompt"), text_progress("tokens"), [0]
 
     def show(done: int, total: int) -> None:
         if passes[0] == 0:
             prompt(done, total)
         if done == total:
             passes[0] += 1
-            if passes[0] > 1:
-                tokens(passes[0] - 1, max_new)
+            if passes[0] > 1 and tokens:
+                steps(passes[0] - 1, max_new)
 
     def finish() -> None:  # generation stopped before max_new passes (end of text): end the bar's line
-        if 1 < passes[0] <= max_new:
+        if tokens and 1 < passes[0] <= max_new:
             sys.stderr.write("\n")
     show.finish = finish
     return show
+
+
+def text_stream(decode, write, before: str = ""):
+    """An on_token callback that writes `before` (the prompt) and the new tokens' text as it grows, and `end()`, which
+    writes the rest. `before` waits for the first token: on a terminal, the prompt's progress bar stands on that line
+    until then. A character whose bytes are split over several tokens (SmolLM2's Chinese) decodes to U+FFFD until
+    its last byte comes: it waits for it. The tokenizers here decode a sequence as the concatenation of its parts
+    after the first, so what is written is `decode(ids)` whole."""
+    ids, shown, waiting = [], [""], [before]
+
+    def add(token: int) -> None:
+        if waiting:
+            write(waiting.pop())
+        ids.append(token)
+        ready = decode(ids).rstrip("\ufffd")
+        if ready.startswith(shown[0]) and len(ready) > len(shown[0]):
+            write(ready[len(shown[0]):])
+            shown[0] = ready
+
+    def end() -> None:
+        if waiting:
+            write(waiting.pop())
+        text = decode(ids)
+        write(text[len(shown[0]):] if text.startswith(shown[0]) else "")
+    add.end = end
+    return add
 
 
 def cmd_generate(args) -> None:
@@ -266,20 +293,44 @@ def cmd_generate(args) -> None:
     # twice slower when another process keeps that core busy (each of a step's ~150 parallel products waits
     # for it; bench/bench_decode.py --threads 1 vs 2 on this 2-core machine). So: two only with cores to spare.
     n_threads = args.threads or (2 if (os.cpu_count() or 1) >= 4 else 1)
-    bar = generation_bar(args.max_new_tokens) if args.progress or sys.stderr.isatty() else None
-    with threads(n_threads):
-        new = generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                       args.seed, stop_ids={eos} if eos is not None else None, progress=bar)
-    if bar:
-        bar.finish()
+    streamed = not args.json  # the text as it grows; JSON is one document, written at the end
+    bar = (generation_bar(args.max_new_tokens, tokens=not (streamed and sys.stdout.isatty()))
+           if args.progress or sys.stderr.isatty() else None)
+
+    def write(text: str) -> None:  # the text's own lines and tabs stay; a terminal command from the prompt or the model does not
+        sys.stdout.write(printable(text, keep="\n\t"))
+        sys.stdout.flush()
+    stream = text_stream(loaded.tokenizer.decode, write, args.prompt) if streamed else None
+    new: list[int] = []
+
+    def took(token: int) -> None:
+        new.append(token)
+        if stream:
+            stream(token)
+    try:
+        with threads(n_threads):
+            generate(loaded.model, ids, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                     stop_ids={eos} if eos is not None else None, progress=bar, on_token=took)
+    except KeyboardInterrupt:  # Ctrl+C: what was generated is kept (exit status 130, as for any interrupted command)
+        _generated(args, loaded, ids, new, stream, bar)
+        print(f"stopped by Ctrl+C after {len(new)} new token{'s' if len(new) != 1 else ''}", file=sys.stderr)
+        raise
+    _generated(args, loaded, ids, new, stream, bar)
     if len(new) < args.max_new_tokens and (not new or new[-1] != eos) and \
             len(ids) + len(new) >= loaded.model.cfg.max_seq_len:
         print(f"stopped after {len(new)} new token{'s' if len(new) != 1 else ''}: the model's context ends at "
               f"{loaded.model.cfg.max_seq_len} tokens", file=sys.stderr)
-    if args.json:
-        print(printable_json({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}))
-    else:  # the text's own lines and tabs stay; a terminal command from the prompt or the model does not
-        print(printable(args.prompt + loaded.tokenizer.decode(new), keep="\n\t"))
+
+
+def _generated(args, loaded, ids: list[int], new: list[int], stream, bar) -> None:
+    """The end of generate's output: the streamed text's rest and its line's end, or the JSON document."""
+    if bar:
+        bar.finish()
+    if stream:
+        stream.end()
+        print(flush=True)
+    else:
+        print(printable_json({"prompt_ids": ids, "new_ids": new, "text": loaded.tokenizer.decode(new)}), flush=True)
 
 
 # --- train-tiny (the Pre-Norm / Post-Norm twins; see explorer_model/lab/train.py) ---

@@ -65,8 +65,10 @@ def choose(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p
 @torch.no_grad()
 def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_ids: set[int] | None = None,
-             progress: Callable[[int, int], None] | None = None) -> list[int]:
+             progress: Callable[[int, int], None] | None = None,
+             on_token: Callable[[int], None] | None = None) -> list[int]:
     """New token ids after prompt_ids. The prompt runs once; each new token runs alone against the cache.
+    on_token(id) is called with each new token as soon as it is chosen (the command line prints the text as it grows).
 
     progress(layers_done, n_layers) is called per layer during the prompt's pass, then once per new token with
     (n_layers, n_layers): steps take the compiled step (native_step.py) or the lean one (decode.py), neither of
@@ -88,6 +90,8 @@ def generate(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int = 32,
             break
         token = choose(logits, temperature, top_k, top_p, generator)
         out.append(token)
+        if on_token:
+            on_token(token)
         if progress:
             progress(n_layers, n_layers)
         if (stop_ids and token in stop_ids) or len(out) == max_new_tokens:
