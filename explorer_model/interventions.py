@@ -53,6 +53,7 @@ REFUSALS = {
     "patch_target": "patch a tensor with positions first ([batch, pos, …]), not attention scores or patterns",
     "position": "position {pos} does not exist in a prompt of length {n}",
     "source_position": "position {pos} does not exist in the patch's source prompt of length {n}",
+    "no_source": "patching needs a source prompt (source_tokens)",
     "not_a_number": "{spec!r}: {text!r} is not a number",
     "not_finite": "{spec!r}: the number must be finite",
     "negative_eps": "{spec!r}: epsilon must be >= 0",
@@ -462,7 +463,7 @@ def source_values(model: LlamaModel, names: Iterable[str], source_tokens) -> dic
     if not names:
         return {}
     if source_tokens is None:
-        raise ValueError("patching needs a source prompt (source_tokens)")
+        raise SpecError("no_source")
     tokens = torch.as_tensor(source_tokens, dtype=torch.long)
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     values: dict[str, torch.Tensor] = {}

@@ -309,9 +309,7 @@ def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: 
                          f"{len(new)} new)")
     if keep + len(new) > cfg.max_seq_len:
         raise ValueError(f"the recording already has the model's maximum of {cfg.max_seq_len} positions")
-    if not all(0 <= t < cfg.vocab_size for t in new):
-        bad = next(t for t in new if not 0 <= t < cfg.vocab_size)
-        raise ValueError(f"token id {bad} is outside the vocabulary (0..{cfg.vocab_size - 1})")
+    check_ids(new, cfg.vocab_size, None)  # PromptError for an id outside the vocabulary, as record() says it
     cache = KVCache(cfg.n_layers)
     for layer in range(cfg.n_layers):
         rot_k = rec._rotated[layer][1] if layer in rec._rotated else rec._store.get(f"blocks.{layer}.attn.hook_rot_k")

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from explorer_model.recording import extend, record
+from explorer_model.tokenizer import PromptError
 from test_model import tiny_model
 from tolerance import assert_close_recording
 
@@ -53,7 +54,7 @@ def test_extend_of_a_selection_and_its_refusals(model):
         extend(model, record(model, ids, attention="stored"), 3)
     with pytest.raises(ValueError, match="V and rotated K"):
         extend(model, record(model, ids, names=["blocks.*.mlp.*"]), 3)
-    with pytest.raises(ValueError, match="vocabulary"):
+    with pytest.raises(PromptError, match=f"token id {model.cfg.vocab_size} is out of range"):  # as record() says it
         extend(model, record(model, ids), model.cfg.vocab_size)
 
 

@@ -331,9 +331,9 @@ def test_the_patch_sweep_is_one_patched_run_per_layer(model, hook, pos):
 
 
 def test_patch_needs_a_source_and_valid_positions(model):
-    with pytest.raises(ValueError, match="source"):
+    with pytest.raises(I.SpecError, match=r"patching needs a source prompt \(source_tokens\)"):  # docs/python.md
         record(model, TOKENS, interventions=["patch:blocks.1.hook_resid_pre@2"])
-    with pytest.raises(ValueError, match="position 9"):
+    with pytest.raises(I.SpecError, match="position 9"):
         record(model, TOKENS, interventions=["patch:blocks.1.hook_resid_pre@9"], source_tokens=SOURCE)
     assert no_hooks_left(model)
 
