@@ -265,12 +265,33 @@ def test_the_no_mask_caption_states_what_this_run_did(loaded, prompt):
 def test_the_no_mask_caption_key_follows_the_loss():
     from app.panels.whatif import no_mask_lesson
 
-    assert no_mask_lesson(3.0, 1.0, [0.1], [0.9])[0] == "whatif.no_mask_loss_falls"
-    key, values = no_mask_lesson(3.69, 4.89, [0.3, 0.2], [0.01, 0.03])
+    assert [k for k, _ in no_mask_lesson(3.0, 1.0, [0.1], [0.9])] == ["whatif.no_mask_loss_falls"]
+    [(key, values)] = no_mask_lesson(3.69, 4.89, [0.3, 0.2], [0.01, 0.03])
     assert key == "whatif.no_mask_loss_rises" and values == {"loss0": "3.69", "loss1": "4.89", "p0": "0.25", "p1": "0.02"}
     # a random model: the loss hardly moves, and its tiny probabilities are not written 0.00
-    key, values = no_mask_lesson(8.34, 8.31, [2.1e-4, 2.3e-4], [2.4e-4, 2.6e-4])
+    [(key, values)] = no_mask_lesson(8.34, 8.31, [2.1e-4, 2.3e-4], [2.4e-4, 2.6e-4])
     assert key == "whatif.no_mask_loss_same" and (values["p0"], values["p1"]) == ("0.00022", "0.00025")
+    # the loss falls while the mean p falls too: no claim that the model reads the answer from the future
+    assert [k for k, _ in no_mask_lesson(4.06, 3.21, [0.21], [0.17])] == ["whatif.no_mask_loss_mixed"]
+    assert no_mask_lesson(4.06, 3.21, [0.21], [0.17], ["no-rope"])[0] == ("whatif.no_mask_with_others",
+                                                                         {"others": "no-rope"})
+
+
+def test_without_rope_and_mask_the_caption_names_both_and_claims_no_rise_that_did_not_happen(loaded):
+    """Both changes lower this prompt's loss but also its mean p(own next token): the caption says the run changes
+    more than the mask, and does not say the mean p rose or that the model read the answer from the future."""
+    prompt = "The animal didn't cross the street because it was too tired."  # the app's first prompt
+    ids, clean, changed = runs(loaded, prompt, ["no-rope", "no-mask"])
+    loss0, loss1 = M.prompt_loss(clean.logits, ids), M.prompt_loss(changed.logits, ids)
+    own0 = M.next_token_logprobs(clean.logits, ids).exp().numpy().mean()
+    own1 = M.next_token_logprobs(changed.logits, ids).exp().numpy().mean()
+    assert loss1 < loss0 and own1 < own0  # the case a sentence keyed on the loss alone got wrong
+    values = dict(loss0=f"{loss0:.2f}", loss1=f"{loss1:.2f}", p0=f"{own0:.2g}", p1=f"{own1:.2g}")
+    for lang in ("en", "zh"):
+        text = all_text(run_app(view="whatif", whatif="no-rope,no-mask", prompt=prompt, lang=lang))
+        assert t("whatif.no_mask_with_others", lang, others="no-rope") + " " + \
+            t("whatif.no_mask_loss_mixed", lang, **values) in text
+        assert t("whatif.no_mask_loss_falls", lang, **values) not in text
 
 
 def test_a_typed_source_survives_a_spec_that_did_not_parse():

@@ -216,8 +216,8 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     if len(ids) > 1:
         plots.show(partial(own_token_figure, own0, own1, ctx.labels, t, changed), ctx, key="whatif_own", height=360)
         if any(isinstance(iv, I.NoMask) for iv in ivs):
-            key, values = no_mask_lesson(loss0, loss1, own0, own1)
-            st.caption(t(key, **values))
+            others = [str(iv) for iv in ivs if not isinstance(iv, I.NoMask)]
+            st.caption(" ".join(t(key, **values) for key, values in no_mask_lesson(loss0, loss1, own0, own1, others)))
     if any(isinstance(iv, (I.NoMask, I.NoRope)) for iv in ivs):
         draw_attention(ctx, ivs, run, specs, source_ids)
 
@@ -238,16 +238,23 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
 SAME_LOSS = 0.02  # of the loss: a change smaller than this (or than 0.05 nats) is no change to tell a class about
 
 
-def no_mask_lesson(loss0: float, loss1: float, own0, own1) -> tuple[str, dict]:
-    """The no-mask caption's key and numbers, read off this run: with the future in view a model may use it (the loss
-    falls, p(own next token) rises), or, trained with the mask, be thrown by it (the loss rises), or on this prompt
-    hardly notice (a random or tiny model: the loss barely moves). All happen, so the sentence says which one this
-    run shows; probabilities keep two significant digits (a random model's 0.0002 is not 0.00)."""
-    values = {"loss0": f"{loss0:.2f}", "loss1": f"{loss1:.2f}",
-              "p0": f"{float(np.mean(own0)):.2g}", "p1": f"{float(np.mean(own1)):.2g}"}
+def no_mask_lesson(loss0: float, loss1: float, own0, own1, others=()) -> list[tuple[str, dict]]:
+    """The no-mask caption's sentences (catalog key, values), read off this run: with the future in view a model may
+    use it (the loss falls and p(own next token) rises), or, trained with the mask, be thrown by it (the loss rises),
+    or on this prompt hardly notice (a random or tiny model: the loss barely moves), or gain at some positions and
+    lose at others (the loss falls, the mean p does not rise). All happen, so the sentence says which one this run
+    shows, first naming the `others` changes made with the mask (then not the mask's effect alone); probabilities
+    keep two significant digits (a random model's 0.0002 is not 0.00)."""
+    p0, p1 = float(np.mean(own0)), float(np.mean(own1))
+    values = {"loss0": f"{loss0:.2f}", "loss1": f"{loss1:.2f}", "p0": f"{p0:.2g}", "p1": f"{p1:.2g}"}
     if abs(loss1 - loss0) < max(0.05, SAME_LOSS * abs(loss0)):
-        return "whatif.no_mask_loss_same", values
-    return ("whatif.no_mask_loss_falls" if loss1 < loss0 else "whatif.no_mask_loss_rises"), values
+        key = "whatif.no_mask_loss_same"
+    elif loss1 > loss0:
+        key = "whatif.no_mask_loss_rises"
+    else:
+        key = "whatif.no_mask_loss_falls" if p1 > p0 and values["p1"] != values["p0"] else "whatif.no_mask_loss_mixed"
+    both = [("whatif.no_mask_with_others", {"others": ", ".join(others)})] if others else []
+    return both + [(key, values)]
 
 
 def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_ids) -> None:
