@@ -117,6 +117,13 @@ def test_no_rope_shuffle(loaded):
     assert gap["no-rope,no-mask"] < 1e-3  # ... without it the last prediction ignores the order
     perm = M.shuffle_keep_last(len(ids))
     assert "Shuffled: " + " ".join(display_piece(loaded.tokenizer.piece(ids[i])) for i in perm) in all_text(at)
+    # each matrix's rows are named by its own tokens: the shuffled one's by the shuffled prompt's (its rows were
+    # read against the first matrix's labels, the prompt in order)
+    layout = fig_with(at, "Attention of layer 1, head 0")["layout"]
+    shuffled = [f"{i}:{display_piece(loaded.tokenizer.piece(ids[j]))}" for i, j in enumerate(perm)]
+    assert list(attn[2]["y"]) == list(attn[2]["x"]) == shuffled != list(attn[0]["y"])
+    shown = [layout[name].get("showticklabels", True) for name in ("yaxis", "yaxis2", "yaxis3")]
+    assert shown == [True, False, True]
 
 
 def test_bank_patch_and_chinese(loaded):
