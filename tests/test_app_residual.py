@@ -28,6 +28,11 @@ def test_loss_strip_is_the_cross_entropy(loaded):
     np.testing.assert_allclose(z, ce, rtol=0, atol=1e-4)  # float32 log-softmax over 49k logits
     assert f"{ce.mean():.3f}" in title(strip)
     assert len(strip["data"][0]["x"]) == len(ids) - 1
+    # the caption's hardest position is the strip's column whose cell is darkest, named by that column's label and
+    # the token written in that cell (it named the next column's label)
+    worst = int(np.argmax(ce))
+    column, cell = strip["data"][0]["x"][worst], strip["data"][0]["text"][0][worst]
+    assert f"the hardest was at “{column}”, which had to guess “{cell}” ({ce[worst]:.2f} nats)" in all_text(at)
     # the main figure comes first on the page
     assert (figures(at)[0]["layout"].get("meta") or {}).get("id") == "residual_loss_strip"
 

@@ -146,8 +146,9 @@ def draw_loss_strip(ctx: ViewContext) -> None:
     plots.show(partial(loss_strip_figure, pl, ctx.labels, t, lo, hi, ctx.pieces), ctx, key="residual_loss_strip")
     token_window.controls(ctx, "residual_loss_strip", n, lo, hi)
     worst = int(np.argmax(pl.losses))
-    st.caption(t("residual.loss_caption", mean=pl.mean, n=len(pl.losses), worst=ctx.labels[worst + 1],
-                 worst_loss=float(pl.losses[worst]), hits=int((pl.target_rank == 0).sum())))
+    # named as the strip shows it: the column of the position that guessed, the token it had to guess in its cell
+    st.caption(t("residual.loss_caption", mean=pl.mean, n=len(pl.losses), at=ctx.labels[worst],
+                 worst=ctx.pieces[worst + 1], worst_loss=float(pl.losses[worst]), hits=int((pl.target_rank == 0).sum())))
     plots.csv_button(ctx, t("residual.csv_losses"), t("residual.csv_losses"), lambda: plots.to_csv(
         ["position", "token", "next_token", "next_id", "loss_nats", "p_next", "rank_next", "top1_id"],
         ([p, ctx.pieces[p], ctx.pieces[p + 1], int(pl.targets[p]), float(pl.losses[p]), float(pl.target_prob[p]),
