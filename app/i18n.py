@@ -21,7 +21,7 @@ from babel.messages.pofile import read_po
 LANGS = ("en", "zh")
 # Key prefixes whose keys the app builds at run time (f"view.{key}"), so no literal t("...") names them;
 # "interventions." and "alignment." are the model core's refusals (explorer_model/refusal.py), said by error_text.
-DYNAMIC_PREFIXES = ("view.", "preset.", "sidebar.why.", "lecture.err.", "lecture.edit_", "interventions.",
+DYNAMIC_PREFIXES = ("view.", "preset.", "sidebar.why.", "lecture.err.", "lecture.kind.", "lecture.edit_", "interventions.",
                     "alignment.")
 LOCALES = Path(__file__).resolve().parent / "locales"
 log = logging.getLogger("llama_explorer.i18n")

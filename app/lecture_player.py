@@ -22,6 +22,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import choice_state, gateway, sections
+from app import lecture_rules as rules
 from app.context import plain
 from app.i18n import t
 from app.presets import BY_KEY, PRESETS, opened
@@ -47,25 +48,17 @@ def view_keys() -> list[str]:
 
 
 def lessons() -> dict[str, str]:
-    return {p.key: p.kind for p in PRESETS}
-
-
-def view_sections() -> dict[str, tuple]:
-    return {v: sections.SECTIONS.get(v, ()) for v in view_keys()}
-
-
-def lesson_views() -> dict[str, str]:
-    return {p.key: p.view for p in PRESETS}
+    return rules.lessons()
 
 
 def check_step(step: dict, i: int, problems: list) -> dict:
-    """One step checked as the page reads it: its view's sections and choices, its lesson's view."""
-    return L.check_step(step, i, view_sections(), lessons(), problems, lesson_views())
+    """One step checked as the page reads it (app/lecture_rules.py), its mistakes in the page's language."""
+    return rules.check_step(step, i, problems, st.session_state.get("lang", "en"))
 
 
 def parse(data: bytes | str) -> tuple[L.Lecture | None, list[L.Problem]]:
-    """A lecture file checked as the page reads it (the CLI checks what needs no app)."""
-    return L.parse(data, view_sections(), lessons(), lesson_views())
+    """A lecture file checked as the page reads it (app/lecture_rules.py; `serve --lecture` checks the same)."""
+    return rules.parse(data, st.session_state.get("lang", "en"))
 
 
 def shipped() -> list[str]:
@@ -92,9 +85,15 @@ def lecture_text(lecture: dict) -> str:
     return text
 
 
+KIND_KEYS = {words: key for key, words in L.KIND_WORDS.items()}
+
+
 def problem_line(p: L.Problem) -> str:
     """One mistake in the reader's language: where (step, field) and what is allowed."""
-    what = tr(f"lecture.err.{p.code}", **{k: plain(v) for k, v in p.detail.items()})
+    detail = {k: plain(v) for k, v in p.detail.items()}
+    if p.detail.get("kind") in KIND_KEYS:  # "a table { en, zh }": in the reader's language too
+        detail["kind"] = tr(f"lecture.kind.{KIND_KEYS[p.detail['kind']]}")
+    what = tr(f"lecture.err.{p.code}", **detail)
     if p.step:
         return tr("lecture.where_step", step=p.step, field=plain(p.field or "-"), what=what)
     return tr("lecture.where_file", field=plain(p.field or "-"), what=what) if p.field else what

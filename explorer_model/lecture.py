@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import view_choices as VC
@@ -124,6 +124,8 @@ ENGLISH = {  # the CLI's lines (the app reads the catalogs)
     "no_lesson": "{{{name}}} quotes a value a lesson computes, and this step has no lesson (braces as text: {escape})",
     "no_values": "{{{name}}} quotes a value, and this step's lesson computes none (braces as text: {escape})",
     "no_choices": "the view {view} has no choices of its own",
+    "missing_lang": "is missing (a text is given in each language: {langs})",
+    "spec": "not a change the What-if view makes: {error}",
 }
 
 KIND_WORDS = {"int": "a whole number ≥ 0", "bool": "true or false", "str": "a string", "text": "a table { en, zh }",
@@ -146,11 +148,13 @@ def _depth(v, d: int = 0) -> int:
 
 
 def parse(data: bytes | str, views=(), lessons: dict | None = None,
-          lesson_views: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
+          lesson_views: dict | None = None, spec_problem: Callable[[str], str | None] | None = None
+          ) -> tuple[Lecture | None, list[Problem]]:
     """(the lecture, []) or (None or the lecture with the good steps, problems). views: the view keys the app has,
-    or {view key: its section keys}; lessons: {preset key: preset kind}; lesson_views: {preset key: its view}.
-    Without them (the CLI) only what the file itself shows is checked. A lecture is returned only without
-    problems."""
+    or {view key: its section keys}; lessons: {preset key: preset kind}; lesson_views: {preset key: its view};
+    spec_problem(text): what is wrong with a What-if list (whatif, cmp_iv), None when nothing. Without them only
+    what the file itself shows is checked (app/lecture_rules.py gives the page's). A lecture is returned only
+    without problems."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     if len(data) > MAX_BYTES:
@@ -169,11 +173,11 @@ def parse(data: bytes | str, views=(), lessons: dict | None = None,
         return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]
     if _depth(raw) > MAX_DEPTH:
         return None, [Problem("too_deep", detail={"limit": MAX_DEPTH})]
-    return check(raw, views, lessons, lesson_views)
+    return check(raw, views, lessons, lesson_views, spec_problem)
 
 
-def check(raw: dict, views=(), lessons: dict | None = None,
-          lesson_views: dict | None = None) -> tuple[Lecture | None, list[Problem]]:
+def check(raw: dict, views=(), lessons: dict | None = None, lesson_views: dict | None = None,
+          spec_problem: Callable[[str], str | None] | None = None) -> tuple[Lecture | None, list[Problem]]:
     problems: list[Problem] = []
     for k in raw:
         if k not in SCHEMA["lecture"]:
@@ -193,13 +197,18 @@ def check(raw: dict, views=(), lessons: dict | None = None,
         steps = []
     elif not steps:
         problems.append(Problem("no_steps"))
-    good = [check_step(s, i, views, lessons, problems, lesson_views) for i, s in enumerate(steps, 1)]
+    good = [check_step(s, i, views, lessons, problems, lesson_views, spec_problem) for i, s in enumerate(steps, 1)]
     if problems:
         return None, problems
     return Lecture(title=title, steps=good), []
 
 
 def _text(v, step, name, problems) -> dict:
+    if isinstance(v, dict) and set(v) < set(LANGS) and all(isinstance(x, str) for x in v.values()):
+        for k in LANGS:  # a table with one language: the other is named
+            if k not in v:
+                problems.append(Problem("missing_lang", step, f"{name}.{k}", {"langs": ", ".join(LANGS)}))
+        return {k: v.get(k, "") for k in LANGS}
     if not isinstance(v, dict) or set(v) != set(LANGS) or not all(isinstance(v[k], str) for k in LANGS):
         problems.append(Problem("type" if v is not None else "required", step, name, {"kind": KIND_WORDS["text"]}))
         return {k: "" for k in LANGS}
@@ -209,7 +218,8 @@ def _text(v, step, name, problems) -> dict:
     return {k: v[k] for k in LANGS}
 
 
-def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_views: dict | None = None) -> dict:
+def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_views: dict | None = None,
+               spec_problem: Callable[[str], str | None] | None = None) -> dict:
     """The step table as given when right; each mistake appended to problems."""
     allowed = SCHEMA["step"]
     start = len(problems)
@@ -242,6 +252,8 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_
                 bad("choice", k, allowed=", ".join(views))
             elif kind == "lesson" and lessons is not None and v not in lessons:
                 bad("choice", k, allowed=", ".join(lessons))
+            elif k in ("whatif", "cmp_iv") and spec_problem and (wrong := spec_problem(v)):
+                bad("spec", k, error=wrong)
             elif kind == "section" and isinstance(views, Mapping):
                 offered = views[view] if view else sorted({x for keys in views.values() for x in keys})
                 if v not in offered:
@@ -271,6 +283,8 @@ def check_step(s: dict, i: int, views, lessons, problems: list[Problem], lesson_
                     _bad_choice(ck, cv, bad)
     if "prompt" in s and "ids" in s:
         bad("both", "ids")
+    if s.get("cmp") == "prompt" and "cmp_prompt" not in s:  # B would be A's own prompt: nothing to compare
+        bad("required", "cmp_prompt")
     if isinstance(lesson, str):
         for k in FROM_LESSON:
             if k in s:

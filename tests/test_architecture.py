@@ -230,8 +230,9 @@ def test_the_cycle_finder_finds_one():
 
 
 # The tools that drive a running app as its visitors do (the load bench, classroom-check) name its views and speak
-# its catalogs; everything else in explorer_model knows nothing of the app.
-APP_CLIENTS = {"explorer_model.cli.loadtest", "explorer_model.cli.classroom_check"}
+# its catalogs, and `serve --lecture` checks its file by the page's rules; everything else in explorer_model knows
+# nothing of the app.
+APP_CLIENTS = {"explorer_model.cli.loadtest", "explorer_model.cli.classroom_check", "explorer_model.cli.lecture_check"}
 
 
 def test_the_core_does_not_import_the_app():

@@ -205,6 +205,42 @@ def test_serve_refuses_a_lecture_with_one_line_per_mistake(monkeypatch, tmp_path
     assert "No such file" in capsys.readouterr().err
 
 
+def test_serve_refuses_what_the_page_would_refuse(monkeypatch, tmp_path, capsys):
+    """The server starts only with a file every visitor's page opens: a view, a part of a view, a choice of another
+    view and a What-if change are checked as the page checks them (the page listed them to the class instead)."""
+    from explorer_model import cli
+
+    monkeypatch.setattr("explorer_model.cli.serve.supervise", lambda *a, **k: pytest.fail("server started"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(lecture_text('view = "rotary"', 'view = "rope"\nsection = "clocks"',
+                                'view = "rope"\n[step.choices]\nattn_kind = "scores"', 'view = "whatif"\nwhatif = "nomask"',
+                                'cmp = "whatif"\ncmp_iv = "no-rope,skip:blocks.x.mlp"'), encoding="utf-8")
+    assert cli.main(["serve", "--lecture", str(bad)]) == 2
+    err = [line.split(f"--lecture {bad}: ")[1] for line in capsys.readouterr().err.strip().splitlines()]
+    assert [line.split(":")[0] for line in err] == ["step 1, view", "step 2, section", "step 3, choices.attn_kind",
+                                                   "step 4, whatif", "step 5, cmp_iv"]
+    assert err[1] == "step 2, section: must be one of: angles, theta, pairs, shift, decay, clock, sinusoidal"
+    assert err[3].startswith("step 4, whatif: not a change the What-if view makes: unknown intervention 'nomask'")
+    assert err[4].startswith("step 5, cmp_iv: not a change the What-if view makes: cannot read 'skip:blocks.x.mlp'")
+
+
+def test_the_pages_rules_name_every_view_and_say_a_changes_mistake_in_the_readers_language():
+    from app import lecture_rules
+    from app.i18n import t
+    from app.lecture_player import view_keys
+    from explorer_model.interventions import FORMS
+
+    assert list(lecture_rules.view_sections()) == view_keys()  # the selector's views, in its order
+    [p] = lecture_rules.parse(lecture_text('whatif = "no-mask,relu:blocks.x"'), "zh")[1]
+    assert p.detail["error"] == t("interventions.unreadable", "zh", spec="relu:blocks.x", kind="relu", forms=FORMS)
+
+
+def test_a_text_in_one_language_names_the_other_and_a_prompt_comparison_needs_b_s_prompt():
+    lines = problems(lecture_text('caption = { en = "only English" }', 'cmp = "prompt"', 'cmp = "model"'))
+    assert lines == ["step 1, caption.zh: is missing (a text is given in each language: en, zh)",
+                     "step 2, cmp_prompt: is required"]  # B would be A's own prompt; a model comparison picks B
+
+
 def test_serve_share_prints_a_presenter_link_with_the_rooms_secret_key(monkeypatch, capsys, tmp_path):
     from explorer_model import cli
 

@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from ..printable import printable
-from .commands import (MIN_TEMPERATURE, CliError, check_lecture, cmd_classroom_check, cmd_generate, cmd_info,  # noqa: F401
+from .commands import (MIN_TEMPERATURE, CliError, cmd_classroom_check, cmd_generate, cmd_info,  # noqa: F401
                        cmd_record, cmd_serve, cmd_tokenize, cmd_train_tiny, one_line, prompt_ids)
 
 SOURCE_HELP = "smollm2 (default), tiny-pre / tiny-post, a .gguf file, an HF folder (config.json) or a Meta folder (params.json)"

@@ -366,7 +366,10 @@ def cmd_serve(args) -> None:
     if args.processes > 1 and haproxy_path() is None:
         raise CliError("--processes needs HAProxy (Debian: apt install haproxy)")
     if args.lecture:
-        check_lecture(args.lecture)
+        from .lecture_check import lecture_refusals
+
+        if refusals := lecture_refusals(args.lecture):
+            raise CliError(*refusals)
     address = "0.0.0.0" if args.share else "127.0.0.1"
     try:  # before anything starts: a port another server holds, or one this user may not open
         port_is_free(address, args.port)
@@ -375,21 +378,6 @@ def cmd_serve(args) -> None:
     return serve(port=args.port, source=args.source, share=args.share, models_dir=args.models_dir,
                  max_tokens=args.max_tokens, cache_mb=args.cache_mb, lab=not args.no_lab, processes=args.processes,
                  lecture=args.lecture)
-
-
-def check_lecture(path: str) -> None:
-    """`serve --lecture FILE`: a file with mistakes is refused before the server starts (every visitor would see
-    them), every mistake on a line of its own naming the file, as the page lists them."""
-    from .. import lecture
-
-    try:
-        with open(path, "rb") as f:
-            data = f.read(lecture.MAX_BYTES + 1)
-    except OSError as e:
-        raise CliError(f"--lecture {path}: {e.strerror or e}") from None
-    _, problems = lecture.parse(data)
-    if problems:
-        raise CliError(*(f"--lecture {path}: {p.english()}" for p in problems))
 
 
 def cmd_classroom_check(args) -> None:
