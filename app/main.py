@@ -172,7 +172,9 @@ def main(places: controls.Places, lecture_slot) -> None:
     part_only = room_follow.part_only() and cmp_spec is None  # a following page: the step's part alone
     block = view_block((view, cmp_spec is not None, part_only))  # compare mode and a part alone: other blocks
     try:
-        with block, sections.lesson_note(view, lesson), sections.only(view, part_only):
+        preset = BY_KEY.get(st.session_state.get("lesson")) if lesson else None  # the lesson's own part of the view
+        part = preset.section if preset is not None and preset.view == view else None
+        with block, sections.lesson_note(view, lesson, part), sections.only(view, part_only):
             if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
                 draw(ctx)
     except sections.Rest:  # the parts below the step's

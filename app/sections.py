@@ -79,14 +79,16 @@ def _alone(view: str, key: str) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def lesson_note(view: str, text: str | None):
-    """A lesson's sentence over the view drawn inside this block: at the top of the part the page lands on (the
-    landing scrolls to that part: a sentence over the view's top would be off the screen), or over the view when
-    the page is about no part of it, or the run drew no such part (compare mode)."""
+def lesson_note(view: str, text: str | None, part: str | None = None):
+    """A lesson's sentence over the view drawn inside this block: at the top of `part`, the part whose figure it
+    is about (its preset's), else of the part the page lands on (the landing scrolls to that part: a sentence over
+    the view's top would be off the screen), or over the view when the page is about no part of it, or the run drew
+    no such part (compare mode). (A lecture step may land on another part than its lesson's: "look for the
+    diagonal stripe" stays by the map that has it.)"""
     if text is None:
         yield
         return
-    ss, key = st.session_state, current(view)
+    ss, key = st.session_state, part if valid(view, part) else current(view)
     slot = st.empty()
     if key is None:
         slot.info(text, icon=None)

@@ -7,6 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import lecture_player as P
 from app.context import plain
+from app.i18n import t
 from app.presets import BY_KEY
 from explorer_model import lecture as L
 
@@ -225,3 +226,27 @@ def test_a_step_s_texts_change_only_by_its_save_button():
     at.button(key="lecture_save").click().run()
     assert [s["title"]["en"] for s in at.session_state["lecture"]["steps"][:2]] == [titles[0], "Step two, retitled"]
     assert at.session_state["lecture_name"] is None
+
+
+def test_a_lessons_sentence_stands_by_the_figure_it_names_where_the_step_lands_elsewhere():
+    """Step 12 of tutorial-000 opens the attention view's heads part (V, z, W_O) with the induction lesson, whose
+    sentence ("Look for the diagonal stripe") is about the head's map: it stands at the top of the map's part."""
+    at = run_app(lecture="tutorial-000", step=12)
+    assert (at.session_state["section"], at.session_state["lesson"]) == ("heads", "induction")
+    words = t("preset.lesson.induction", "en").rsplit(". ", 1)[-1]  # "Look for the diagonal stripe."
+    assert [part for part, text in infos_by_part(at) if words in text] == ["section_attention_head"]
+
+
+def infos_by_part(at) -> list[tuple[str | None, str]]:
+    """(the view's part an info box stands in, its text) for every info box of the main area."""
+    found = []
+
+    def walk(node, part):
+        for child in getattr(node, "children", {}).values():
+            key = str(getattr(getattr(child, "proto", None), "id", ""))
+            here = key.rsplit("-", 1)[-1] if "-section_" in key else part
+            if child.type == "info":  # st.info
+                found.append((part, str(child.value)))
+            walk(child, here)
+    walk(at.main, None)
+    return found
