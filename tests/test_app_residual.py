@@ -282,6 +282,23 @@ def test_continue_adds_the_greedy_tokens_as_one_step_and_undo_removes_them(loade
         assert list(at.session_state["ids"]) == start
 
 
+def test_a_continuation_reads_as_its_text_in_the_history(loaded):
+    """A continuation of several tokens is one row of the history: the text the tokens add (a character split over
+    tokens shown once, as written), and no single probability ("–", not Python's None)."""
+    prompt = "深度学习很"
+    at = run_app(view="predict", prompt=prompt, lang="zh")
+    at.number_input(key="pred_continue_n").set_value(8).run()
+    at.button(key="pred_continue_greedy").click().run()
+    assert not at.exception
+    tok, ids = loaded.tokenizer, loaded.tokenizer.encode(prompt)
+    for _ in range(8):  # independent: a fresh full forward per token
+        with torch.no_grad():
+            ids.append(int(loaded.model(torch.tensor([ids]))[0, -1].argmax()))
+    added = b"".join(tok.token_bytes(i) for i in ids[-8:]).decode("utf-8")  # these 8 end on a whole character
+    row = at.dataframe[-1].value.iloc[-1].tolist()
+    assert row[1] == added and "·" not in row[1] and row[3:] == ["–", "–"], row
+
+
 def test_continue_by_sampling_is_reproducible_and_draws_with_the_views_settings(loaded):
     """The sampled run is the one generate() draws with the view's temperature, top-k, top-p and seed (the
     plumbing under test: the page's settings reach the decoder), and the same click gives the same tokens."""

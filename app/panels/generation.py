@@ -20,7 +20,7 @@ from app.context import ViewContext, display_piece, plain
 from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
-from explorer_model.tokenizer.labels import completion, fragment_labels, missing_bytes
+from explorer_model.tokenizer.labels import completion, fragment_labels, missing_bytes, readable
 
 N_DIST = 15
 CONTINUE_MAX = 64  # tokens a "continue" click may add (~2 s of the one forward lock; others wait meanwhile), within
@@ -118,11 +118,19 @@ def _continue(source: str, ids: tuple, n: int, sampling: tuple, how: str, facts,
     new = gateway.continuation(source, ids, n, *sampling)
     if not new:
         return
-    labels = fragment_labels([facts.token_bytes(int(i)) for i in [*ids, *new]])[-len(new):]
+    # the text the tokens add, read as text: whole characters (a character split over tokens shown once), bytes
+    # of one begun in the prompt or left unfinished as ‹E6 B7…›
+    text = readable(b"".join(facts.token_bytes(int(i)) for i in new))
     st.session_state.setdefault("pred_history", []).append(
         {"ids": [*ids, *new], "id": new[0], "n": len(new), "how": how, "p_raw": None, "p_final": None,
-         "label": "".join(display_piece(piece) for piece in labels)})
+         "label": text})
     append_many(new)
+
+
+def probability(p: float | None) -> str:
+    """A step's probability as the history table shows it; "–" for a continuation of several tokens, which has no
+    one probability (an empty cell read "None")."""
+    return "–" if p is None else f"{p:.4f}"
 
 
 def _undo(undo) -> None:
@@ -225,8 +233,8 @@ def draw_prediction(ctx: ViewContext) -> None:
         plots.table(ctx, {t("residual.step"): list(range(1, len(hist) + 1)),
                           t("residual.token"): [h["label"] for h in hist],
                           t("residual.how"): [how(h) for h in hist],
-                          t("residual.p_raw"): [h["p_raw"] for h in hist],
-                          t("residual.p_after_filters"): [h["p_final"] for h in hist]})
+                          t("residual.p_raw"): [probability(h["p_raw"]) for h in hist],
+                          t("residual.p_after_filters"): [probability(h["p_final"]) for h in hist]})
     with plots.explainer(ctx, t("residual.how_sampling_works")):
         st.markdown(t("residual.temperature_divides_the_logits_before"))
         st.markdown(t("residual.serial_vs_parallel"))
