@@ -207,7 +207,9 @@ def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None 
 
 def arrow_table(data, presenter: bool, labels: dict, formats: dict):
     """The Arrow table Streamlit sends for `data` (its own conversion of a DataFrame); in presenter mode with the
-    numbers already written in their formats and the headers renamed (an HTML table has no column settings)."""
+    numbers already written in their formats, yes and no as ✓ and ✗ (the grid draws a ticked or empty box; an HTML
+    table wrote English "true" and "false" on a Chinese page) and the headers renamed (an HTML table has no column
+    settings)."""
     from streamlit.dataframe_util import convert_pandas_df_to_arrow_table
 
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
@@ -215,6 +217,8 @@ def arrow_table(data, presenter: bool, labels: dict, formats: dict):
         df = df.copy()
         for c, fmt in formats.items():
             df[c] = [fmt % v for v in df[c]]
+        for c in df.columns[[pd.api.types.is_bool_dtype(t) for t in df.dtypes]]:
+            df[c] = ["✓" if v else "✗" for v in df[c]]
         df = df.rename(columns=labels)
     return convert_pandas_df_to_arrow_table(df)
 

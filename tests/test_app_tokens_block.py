@@ -128,6 +128,17 @@ def test_bos_variants():
     assert bos_variants([1, 5, 6], 1) == ((5, 6), (1, 5, 6))
 
 
+def test_a_projector_s_tables_say_yes_and_no_in_no_language():
+    """Presenter mode draws tables as HTML, where yes and no were written "True" / "False" on a Chinese page: ✓ and ✗,
+    as the grid's ticked and empty boxes, for the token table's special and whole-character columns and the shapes
+    table's agreement."""
+    at = run_app(view="tokens", presenter=1, lang="zh", prompt="深度学习很")
+    tokens, shapes = at.table[0].value, at.table[1].value
+    assert tokens["片段"].tolist()[:4] == ["深·1/3", "深·2/3", "深·3/3", "度"]
+    assert tokens["完整 UTF-8"].tolist()[:4] == ["✗", "✗", "✗", "✓"] and set(tokens["特殊"]) == {"✗"}
+    assert set(shapes["一致"]) == {"✓"}
+
+
 def test_embedding_charts_are_hook_embed(tokens_page, reference):
     _, ids, rec = reference
     emb = rec["hook_embed"][0].double().numpy()
