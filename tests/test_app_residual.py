@@ -62,6 +62,10 @@ def test_residual_matches_recording(loaded):
     assert lens["text"][-1] == [display_piece(loaded.tokenizer.piece(int(i))) for i in real]
     np.testing.assert_allclose(decode(lens["z"])[-1], torch.softmax(rec.logits[0, -shown:], -1).max(-1).values.numpy(),
                                rtol=1e-4)
+    # the model's own prediction (the last layer's row) is drawn on top, where the caption says it is
+    lens_fig = fig_with(at, "Logit lens")
+    assert lens["y"][-1] == f"L{n - 1}" and lens_fig["layout"]["yaxis"].get("autorange") is True
+    assert "The top row, the last layer's, is the model's real prediction." in all_text(at)
 
     at = run_app(view="predict", prompt=PROMPT, layer=3, token=2)
     assert not at.exception

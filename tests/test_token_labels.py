@@ -88,6 +88,9 @@ def test_completion_of_a_cut_character():
     assert completion(b"x" + very[:2], very[2:]) == "很"
     assert completion(b"x" + very[:1], very[1:] + "好".encode()) == "很好"
     assert completion(b"abc", b" d") is None  # nothing unfinished on either side
+    assert completion(b"x" + very[:2], b" so") is None  # it leaves the character unfinished: it completes nothing
+    assert completion(b"abc", very[:2]) is None  # it starts a character the prompt has not begun
+    assert completion(b"abc", "好".encode() + very[:1]) is None
 
 
 @pytest.mark.slow

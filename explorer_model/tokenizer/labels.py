@@ -85,13 +85,14 @@ def completion(prefix_bytes: bytes, candidate: bytes) -> str | None:
     """What a candidate token would complete after a prompt ending in part of a character, or None.
 
     `completion(b"\\xe5\\xbe", b"\\x88")` is "很": the prompt's last, unfinished character with the candidate's
-    bytes added, as far as they make whole characters.
+    bytes added, as far as they make whole characters. A candidate that does not finish that character (" so" after
+    half of 你) completes nothing: None.
     """
     tail = _unfinished_tail(prefix_bytes)
-    if not tail and not _unfinished_tail(candidate):
+    spans = _char_spans(tail + candidate) if tail else []
+    if not spans or spans[0][2] is None:  # nothing unfinished, or a candidate that does not go on with it (" so")
         return None
-    whole = "".join(text for _, _, text, _ in _char_spans(tail + candidate) if text is not None)
-    return whole or None
+    return "".join(text for _, _, text, _ in spans if text is not None)
 
 
 def _unfinished_tail(data: bytes) -> bytes:
