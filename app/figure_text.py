@@ -121,7 +121,21 @@ def toolbar_px(touch: bool) -> int:
 
 
 def wrap(text: str, width_px: float, font: float, em: float = CHAR_EM) -> list[str]:
-    """A title broken into lines no wider than width_px: at spaces, or anywhere in text without spaces (Chinese)."""
+    """A title broken into lines no wider than width_px: at spaces, or anywhere in text without spaces (Chinese),
+    into as few lines as fit and those as even as they can be (CSS's text-wrap: balance): filled line by line, the
+    last one could hold a single character ("…：低 = 集" / "中")."""
+    lines = _filled(text, width_px, font, em)
+    if len(lines) < 2:
+        return lines
+    lo, hi = 0.0, width_px  # the narrowest width that needs no more lines
+    for _ in range(10):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if len(_filled(text, mid, font, em)) <= len(lines) else (mid, hi)
+    return _filled(text, hi, font, em)
+
+
+def _filled(text: str, width_px: float, font: float, em: float) -> list[str]:
+    """Lines filled one after another, each no wider than width_px (a piece wider than that stands alone)."""
     lines, line = [], ""
     for word in _words(text):
         if line and text_px((line + word).rstrip(), font, em) > width_px:

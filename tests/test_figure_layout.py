@@ -101,6 +101,19 @@ def test_cells_with_text_get_rows_for_it_and_margins_for_text_wider_than_a_cell(
     assert min(m.l, m.r) >= spill  # the first and last cells' text stays inside the figure
 
 
+def test_a_wrapped_title_s_lines_are_even_and_none_holds_a_lone_character():
+    """Filled line by line, a title one character too wide left that character alone ("…低 = 集" / "中"); as few lines
+    as before, each no wider than the room, as even as they can be."""
+    for title in ("注意力熵（单位 nats）：低 = 集中", "各层中绝对值低于 0.1 的 FFN 神经元比例",
+                  "Next-token probabilities at the last position"):
+        room = text_px(title, 16) - 4  # a character short of one line
+        lines = wrap(title, room, 16)
+        assert len(lines) == 2 and all(text_px(line, 16) <= room for line in lines), lines
+        assert min(text_px(line, 16) for line in lines) > 0.35 * max(text_px(line, 16) for line in lines), lines
+    assert wrap("注意力熵（单位 nats）：低 = 集中", text_px("注意力熵（单位 nats）：低 = 集中", 16) - 4, 16) == [
+        "注意力熵（单位 nats）：", "低 = 集中"]
+
+
 def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its_word():
     for touch in (False, True):
         fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]), layout=dict(
