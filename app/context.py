@@ -86,11 +86,13 @@ ARCH_NAMES = {"pre": "Pre-Norm", "post": "Post-Norm", "rms": "RMSNorm", "layer":
 
 
 def display_piece(text: str) -> str:
-    """A token's label: whitespace made visible (a space as '␣', newline as '↵', tab as '⇥'), and angle brackets as
-    ‹ ›, for Plotly reads the text of an axis, a cell or a hover as HTML: "<s>" (LLaMA's BOS) would strike through
+    """A token's label: whitespace made visible (a space as '␣', newline as '↵', tab as '⇥', a token of other
+    invisible characters by their code points, ‹U+00A0›), and angle brackets as ‹ ›, for Plotly reads the text of an axis, a cell or a hover as HTML: "<s>" (LLaMA's BOS) would strike through
     the labels after it and show nothing itself."""
-    return (text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("<", "‹").replace(">", "›")
-            or "∅")
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("<", "‹").replace(">", "›")
+    if shown and not any(c.isprintable() and not c.isspace() for c in shown):  # only invisible characters (a
+        return "".join(f"‹U+{ord(c):04X}›" for c in shown)  # no-break space, U+3000): named, not an empty cell
+    return shown or "∅"
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>!|~:$])")

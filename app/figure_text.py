@@ -123,7 +123,7 @@ def toolbar_px(touch: bool) -> int:
 def wrap(text: str, width_px: float, font: float, em: float = CHAR_EM) -> list[str]:
     """A title broken into lines no wider than width_px: at spaces, or anywhere in text without spaces (Chinese),
     into as few lines as fit and those as even as they can be (CSS's text-wrap: balance): filled line by line, the
-    last one could hold a single character ("…：低 = 集" / "中")."""
+    last one could hold a single Chinese character."""
     lines = _filled(text, width_px, font, em)
     if len(lines) < 2:
         return lines

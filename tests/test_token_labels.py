@@ -83,6 +83,15 @@ def test_a_token_reads_as_its_characters_and_its_unfinished_bytes():
     assert readable("深度".encode()) == "深度"
 
 
+def test_a_token_of_invisible_characters_is_named_by_them_and_never_an_empty_label():
+    from app.context import display_piece
+
+    assert [display_piece(x) for x in (" ", "\n", "\u00a0", "\u3000", "\u200b", "\r", "")] == [
+        "␣", "↵", "‹U+00A0›", "‹U+3000›", "‹U+200B›", "‹U+000D›", "∅"]
+    # inside a visible label they stay: the no-break spaces that set a fragment's bytes apart among them
+    assert display_piece(readable(b"\xe5\xb0")) == "‹E5\u00a0B0…›" and display_piece("a\u00a0b") == "a\u00a0b"
+
+
 def test_completion_of_a_cut_character():
     very = "很".encode()
     assert completion(b"x" + very[:2], very[2:]) == "很"
