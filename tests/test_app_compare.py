@@ -128,7 +128,7 @@ def test_pre_vs_post_residual_curves_match_the_recordings(twins):
     assert f"from {rms_a[0]:.2f} (the embeddings) to {rms_a[-1]:.2f}" in text
     assert f"between {rms_b[1:].min():.2f} and {rms_b[1:].max():.2f}" in text
     zh = all_text(run_app(view="residual", lang="zh", **TWINS))
-    assert f"{rms_a[-1]:.2f}" in zh and "\u6bcf\u4e2a\u5757\u90fd\u4ee5 Norm \u7ed3\u675f" in zh
+    assert f"{rms_a[-1]:.2f}" in zh and "\u6bcf\u4e2a\u6a21\u5757\u90fd\u4ee5 Norm \u7ed3\u675f" in zh
     norm = by_id(run_app(view="residual", **TWINS), "compare_residual_stream")
     np.testing.assert_allclose(decode(trace(norm, "A")["y"]), rms_a * 16, rtol=1e-9)  # ‖x‖ = RMS · √256
 
