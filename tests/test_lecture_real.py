@@ -105,7 +105,8 @@ def test_the_figures_show_what_the_captions_say():
     from apptest_util import decode
 
     def curve(at, title: str, trace: int = 0):
-        fig = next(f for f in figures(at) if str(f["layout"].get("title", {}).get("text", "")).startswith(title))
+        fig = next(f for f in figures(at)  # (a title wrapped for the screen: its lines read as one)
+                   if str(f["layout"].get("title", {}).get("text", "")).replace("<br>", " ").startswith(title))
         return decode(fig["data"][trace]["y"])
 
     at = page_at("tutorial-000", _step("tutorial-000", view="swiglu", section="bank"))
