@@ -222,6 +222,16 @@ def test_serve_refuses_what_the_page_would_refuse(monkeypatch, tmp_path, capsys)
     assert err[1] == "step 2, section: must be one of: angles, theta, pairs, shift, decay, clock, sinusoidal"
     assert err[3].startswith("step 4, whatif: not a change the What-if view makes: unknown intervention 'nomask'")
     assert err[4].startswith("step 5, cmp_iv: not a change the What-if view makes: cannot read 'skip:blocks.x.mlp'")
+    # a model this server does not offer (the page says so only when the step opens): its --models-dir counts
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "mine.gguf").write_bytes(b"GGUF")
+    bad.write_text(lecture_text('model = "smollm3"', 'model = "mine.gguf"\ncmp = "model"\ncmp_model = "tiny-pre"'),
+                   encoding="utf-8")
+    assert cli.main(["serve", "--lecture", str(bad), "--models-dir", str(models)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"llama-explorer: error: --lecture {bad}: step 1, model: 'smollm3' is not a model this server offers "
+        "(smollm2, tiny-post, tiny-pre, mine.gguf)"]
 
 
 def test_the_pages_rules_name_every_view_and_say_a_changes_mistake_in_the_readers_language():

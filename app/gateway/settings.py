@@ -65,9 +65,10 @@ def shipped_models() -> tuple[str, ...]:
     return tuple(sorted(p.name for p in ASSETS.glob("*") if (p / "explorer_config.json").is_file()))
 
 
-def folder_models() -> dict[str, Path]:
-    """{name: path} of the models in the teacher's folder; entries resolving outside the folder are refused."""
-    folder = os.environ.get("LLAMA_EXPLORER_MODELS_DIR")
+def folder_models(folder: str | None = None) -> dict[str, Path]:
+    """{name: path} of the models in the teacher's folder (`folder`, or the server's --models-dir); entries resolving
+    outside the folder are refused."""
+    folder = folder or os.environ.get("LLAMA_EXPLORER_MODELS_DIR")
     if not folder or not Path(folder).is_dir():
         return {}
     root = Path(folder).resolve()
@@ -82,10 +83,11 @@ def folder_models() -> dict[str, Path]:
     return out
 
 
-def offered_models() -> list[str]:
-    """Names a visitor may choose: the default, the shipped twins, the teacher's folder (names only)."""
+def offered_models(folder: str | None = None) -> list[str]:
+    """Names a visitor may choose: the default, the shipped twins, the teacher's folder (names only; `folder`, or the
+    server's --models-dir)."""
     names = [DEFAULT_SOURCE, *shipped_models()]
-    return names + [n for n in folder_models() if n not in names]
+    return names + [n for n in folder_models(folder) if n not in names]
 
 
 def resolve_source(source: str) -> str:

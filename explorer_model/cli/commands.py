@@ -368,7 +368,7 @@ def cmd_serve(args) -> None:
     if args.lecture:
         from .lecture_check import lecture_refusals
 
-        if refusals := lecture_refusals(args.lecture):
+        if refusals := lecture_refusals(args.lecture, args.models_dir):
             raise CliError(*refusals)
     address = "0.0.0.0" if args.share else "127.0.0.1"
     try:  # before anything starts: a port another server holds, or one this user may not open
