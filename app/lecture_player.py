@@ -25,7 +25,7 @@ from app import choice_state, gateway, sections
 from app import lecture_rules as rules
 from app.context import plain
 from app.i18n import t
-from app.presets import BY_KEY, PRESETS, opened
+from app.presets import BY_KEY, opened
 from explorer_model import interventions as I
 from explorer_model import lecture as L
 from explorer_model.paths import ASSETS
