@@ -28,7 +28,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from app import lecture_player as P
-from app import room_key, room_push
+from app import room_key, room_push, sections
 from explorer_model import lecture as L
 from explorer_model.room import ROOM_DB_ENV, ROOM_KEY_ENV, Room
 
@@ -167,7 +167,10 @@ def room_lecture(text: str) -> L.Lecture | None:
 
 
 def _detach() -> None:
-    st.session_state.update(room_detached=True, room_following=False)
+    ss = st.session_state
+    if not ss.get("room_whole"):  # the parts above the step's, left out while following, are drawn now: without
+        sections.request(ss.get("view"), ss.get("section"))  # landing again the step's part slid under the player
+    ss.update(room_detached=True, room_following=False)
 
 
 def _rejoin() -> None:

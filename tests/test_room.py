@@ -76,7 +76,11 @@ def test_the_presenter_drives_followers_who_may_detach_and_rejoin(shared_room):
     assert shared_room.current()["step"] == 2
     student.run()  # what the poll's rerun does
     assert step_of(student) == 2
+    landing = student.session_state["_landing"]
     student.button(key="room_detach").click().run()
+    # the whole view is drawn now, the parts above the step's too: the page lands on the step's part again (it
+    # slid under the player)
+    assert student.session_state["_landing"] == landing + 1 and student.session_state["section"] == "code"
     student.segmented_control(key="view").set_value("rope").run()
     presenter.button(key="lecture_next").click().run()
     student.run()
