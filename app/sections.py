@@ -42,7 +42,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "predict": ("loss", "sampling"),
     "block": ("diagram", "code", "model", "changes", "flow"),
     "whatif": ("choose", "results", "sweep"),
-    "normlab": ("twins", "init", "race"),
+    "normlab": ("twins", "init", "depth", "race"),
 }
 
 # Parts that stand side by side on a wide screen (stacked on a phone), each landed on by itself: a page that shows

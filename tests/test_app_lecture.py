@@ -237,16 +237,31 @@ def test_a_lessons_sentence_stands_by_the_figure_it_names_where_the_step_lands_e
     assert [part for part, text in infos_by_part(at) if words in text] == ["section_attention_head"]
 
 
+def test_the_pre_post_norm_step_lands_on_the_gradient_against_depth_its_caption_names():
+    at = run_app(lecture="tutorial-000", step=5, timeout=300)
+    assert not at.exception and at.session_state["section"] == "depth"
+    assert ("section_normlab_depth", "normlab_init_depth_fig") in charts_by_part(at)
+
+
 def infos_by_part(at) -> list[tuple[str | None, str]]:
     """(the view's part an info box stands in, its text) for every info box of the main area."""
+    return [(part, str(el.value)) for part, el in elements_by_part(at) if el.type == "info"]  # st.info
+
+
+def charts_by_part(at) -> list[tuple[str | None, str]]:
+    """(the view's part a figure stands in, the key it was drawn under) for every figure of the main area."""
+    return [(part, str(el.proto.id).rsplit("-", 1)[-1]) for part, el in elements_by_part(at) if el.type == "plotly_chart"]
+
+
+def elements_by_part(at) -> list:
+    """(the view's part, as its container's key, or None; the element) for every element of the main area."""
     found = []
 
     def walk(node, part):
         for child in getattr(node, "children", {}).values():
             key = str(getattr(getattr(child, "proto", None), "id", ""))
             here = key.rsplit("-", 1)[-1] if "-section_" in key else part
-            if child.type == "info":  # st.info
-                found.append((part, str(child.value)))
+            found.append((part, child))
             walk(child, here)
     walk(at.main, None)
     return found

@@ -22,7 +22,7 @@ from explorer_model.lab.corpus import HELDOUT_LINE
 
 from app.panels.normlab.common import COLORS, fig_frame, variant_name, wait_for  # noqa: F401 (wait_for: API)
 from app.panels.generation import candidate_label
-from app.panels.normlab.initialization import draw_init
+from app.panels.normlab.initialization import draw_depth, draw_init
 from app.panels.normlab.race import draw_race
 
 
@@ -176,7 +176,10 @@ def draw(ctx: ViewContext) -> None:
         draw_twins(ctx)
     st.divider()
     with section("normlab", "init"):
-        draw_init(ctx)
+        result = draw_init(ctx)
+    with section("normlab", "depth"):
+        if result is not None:
+            draw_depth(ctx, result)
     st.divider()
     with section("normlab", "race"):
         draw_race(ctx)

@@ -27,6 +27,8 @@ def init_gradients(ffn: str, init: str, norm: str, depth: int, t=None, box=None)
 
 
 def draw_init(ctx: ViewContext) -> dict | None:
+    """The experiment's choices, its run and the gradient per layer; its result (with the depth chosen) for
+    draw_depth, None before it is run."""
     t = ctx.t
     st.subheader(t("normlab.2_gradients_at_initialization"))
     o = lab.LabOptions()
@@ -59,6 +61,14 @@ def draw_init(ctx: ViewContext) -> dict | None:
                                range(depth), {v: prof[v]["grad_down"] for v in prof}, t, t("normlab.layer"),
                                t("normlab.gradient_norm")), ctx, key="normlab_init_profile_fig")
     st.caption(t("normlab.last_first_layer_ratio_pre", ratio_pre=ratio['pre'], ratio_post=ratio['post'], ratio_deepnorm=ratio['deepnorm'], grows_pre=grows['pre'], len_r_seeds=len(r['seeds']), grows_post=grows['post'], grows_deepnorm=grows['deepnorm']) + init_lesson(t, ffn, init))
+    return {**r, "depth": int(depth)}
+
+
+def draw_depth(ctx: ViewContext, r: dict) -> None:
+    """The same experiment against depth (its own part: a lecture step about depth lands on it): the last layer's
+    gradient, the residual's size and one update's effect, and the experiment's numbers as CSV."""
+    t, o, depth = ctx.t, lab.LabOptions(), r["depth"]
+    prof, sweep = r["profile"], r["sweep"]
     depths = r["depths"]
     plots.show(lambda: variants_figure("normlab_init_depth", t("normlab.last_layer_s_w_down"),
                                depths, {v: sweep[v]["last_grad"] for v in sweep}, t, t("normlab.layers_n_log"),
@@ -81,7 +91,6 @@ def draw_init(ctx: ViewContext) -> dict | None:
                                  enumerate(zip(prof[v]["grad_down"], prof[v]["resid_rms"]))))
     label = t("normlab.csv_init")
     plots.csv_button(ctx, label, label, rows, "normlab_init.csv", key="normlab_csv_init")
-    return r
 
 
 def init_lesson(t, ffn: str, init: str) -> str:
