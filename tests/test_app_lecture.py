@@ -128,7 +128,7 @@ def test_a_step_added_after_leaving_a_presets_view_holds_the_view_on_screen():
 @pytest.mark.parametrize("lang, titles, label", [
     ("en", ["Inside one LLaMA block (tutorial-000)", "LLaMA from prompt to logits (tutorial-001)"],
      "Open a lecture file (.toml, at most 256 KB)"),
-    ("zh", ["拆开一个 LLaMA 块（tutorial-000）", "LLaMA：从提示到 logits（tutorial-001）"], "打开讲座文件（.toml，最大 256 KB）")])
+    ("zh", ["拆开一个 LLaMA 模块（tutorial-000）", "LLaMA：从提示到 logits（tutorial-001）"], "打开讲座文件（.toml，最大 256 KB）")])
 def test_the_lecture_box_names_shipped_lectures_by_title_and_the_files_real_limit(lang, titles, label):
     """The shipped list showed file names, the picker Streamlit's "200MB per file": the titles (with the name a link
     uses) and the lecture file's 256 KB, while Streamlit's own line, which can name whole megabytes only, is hidden
