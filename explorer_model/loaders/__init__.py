@@ -141,12 +141,12 @@ def read_config(source: str | os.PathLike = DEFAULT):
 def check_weights(source: str | os.PathLike = DEFAULT) -> None:
     """LoadError when a model folder holds no weights (its config and tokenizer alone), before anything is said about
     loading it; a GGUF file holds its weights, and a Meta folder's config is read from its first shard."""
-    from .native import CONFIG_NAME, WEIGHTS_NAME, is_native
+    from .native import is_native, weights_file
 
     path = resolve(source)
-    if is_native(path) and not (path / WEIGHTS_NAME).is_file():
-        raise LoadError(f"{path}: no {WEIGHTS_NAME} next to {CONFIG_NAME}")
-    if not is_native(path) and path.is_dir() and (path / "config.json").is_file():
+    if is_native(path):
+        weights_file(path)
+    elif path.is_dir() and (path / "config.json").is_file():
         from .hf import weight_files
 
         weight_files(path)

@@ -49,6 +49,14 @@ def read_config(folder: Path) -> ModelConfig:
         raise LoadError(f"{path}: invalid value ({one_line(e)})") from None
 
 
+def weights_file(folder: Path) -> Path:
+    """The folder's weights file; LoadError when it has none (its config and tokenizer alone)."""
+    weights = Path(folder) / WEIGHTS_NAME
+    if not weights.is_file():
+        raise LoadError(f"{folder}: no {WEIGHTS_NAME} next to {CONFIG_NAME}")
+    return weights
+
+
 def load_native(folder: Path, dtype=None):
     from safetensors.torch import load_file
 
@@ -57,9 +65,7 @@ def load_native(folder: Path, dtype=None):
 
     folder = Path(folder)
     cfg = read_config(folder)
-    weights = folder / WEIGHTS_NAME
-    if not weights.is_file():
-        raise LoadError(f"{folder}: no {WEIGHTS_NAME} next to {CONFIG_NAME}")
+    weights = weights_file(folder)
     try:
         state = load_file(weights)
     except Exception as e:
