@@ -15,6 +15,7 @@ from test_app_attention import capture_downloads
 from test_app_compare import VIEW_FIGURES
 
 from app.panels import VIEWS
+from app.i18n import t
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VIEW_CSVS = {"tokens": ["tokens"], "attention": ["attention"], "norm": ["norm_stream", "norm"], "rope": ["rope"],
@@ -96,6 +97,10 @@ def test_switches_in_compare_mode_run_no_forward_pass():
 def test_a_bad_b_leaves_a_on_the_page():
     at = run_app(view="attention", model="tiny-pre", prompt=LINE, cmp="whatif", cmp_iv="patch:blocks.1.hook_resid_pre@2")
     assert not at.exception and len(at.warning) == 1 and "What-if" in at.warning[0].value
+    at = run_app(lang="zh", view="attention", model="tiny-pre", prompt=LINE, cmp="whatif",
+                 cmp_iv="patch:blocks.1.hook_resid_pre@2")  # the line in the page's language, the view named as in it
+    assert len(at.warning) == 1 and t("view.whatif", "zh") in at.warning[0].value
+    assert "source" not in at.warning[0].value, at.warning[0].value
     assert figures(at) and not ids_of(figures(at)) & set().union(*VIEW_FIGURES.values())  # A's own view only
     at = run_app(view="attention", model="tiny-pre", prompt=LINE, cmp="whatif", cmp_iv="no-such-thing")
     assert not at.exception and "cannot run" in at.warning[0].value

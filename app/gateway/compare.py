@@ -19,13 +19,13 @@ from explorer_model.recording import Recording
 def changed_recording(source: str, ids, specs: str = "", source_ids=()) -> Recording:
     """The full recording of a prompt run with interventions, cached like recording(); specs "" is recording().
     `source_ids`: the prompt a patch copies from (the What-if view's; compare mode's B has no patch). ValueError
-    (one line) for a spec that does not parse or fit the model, or a patch without its source prompt."""
+    (one line) for a spec that does not parse or fit the model; RunRefused for a patch without its source prompt."""
     ids, specs, source_ids = tuple(int(i) for i in ids), (specs or "").strip(), tuple(int(i) for i in source_ids)
     if not specs:
         return runs.recording(source, ids)
     ivs = gw.check_interventions(source, specs)
     if any(isinstance(iv, gw.I.Patch) for iv in ivs) and not source_ids:
-        raise ValueError("a patch needs a source prompt: use the What-if view for it")
+        raise gw.RunRefused("compare.patch_needs_source")
 
     def run() -> Recording:
         rec = record(gw._model(source).model, list(ids), interventions=ivs, source_tokens=list(source_ids) or None)
