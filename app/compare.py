@@ -214,7 +214,7 @@ def draw(view: str, ctx: ViewContext, spec: dict | None) -> bool:
     st.subheader(tr("compare.title", view=tr(f"view.{view}")))
     st.caption(describe(pair, spec))
     st.caption(tr(LESSON_KEYS[pair.lesson], specs=plain(spec["specs"]), model_b=plain(spec["source"])))
-    with st.container(key=sections.COMPARISON):  # where a page that shows a comparison lands (app/sections.py)
+    with sections.comparison(view):  # where a page that shows a comparison lands (app/sections.py)
         HOOKS[view](pair)
     if st.session_state.get("cmp_full"):
         st.divider()

@@ -174,7 +174,7 @@ def main(places: controls.Places, lecture_slot) -> None:
     try:
         preset = BY_KEY.get(st.session_state.get("lesson")) if lesson else None  # the lesson's own part of the view
         part = preset.section if preset is not None and preset.view == view else None
-        with block, sections.lesson_note(view, lesson, part), sections.only(view, part_only):
+        with block, sections.lesson_note(view, lesson, part, cmp_spec is not None), sections.only(view, part_only):
             if not compare.draw(view, ctx, cmp_spec):  # A and B side by side; A's own view when off or asked for
                 draw(ctx)
     except sections.Rest:  # the parts below the step's

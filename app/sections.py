@@ -64,12 +64,23 @@ def section(view: str, key: str):
     alone = _alone(view, shown[1]) if shown and shown[0] == view else None
     if alone and SECTIONS[view].index(key) > max(SECTIONS[view].index(k) for k in alone):
         raise Rest(view)
-    box = st.container(key=css_key(view, key))
+    box = _noted(st.container(key=css_key(view, key)), view, key)
+    return box if alone is None or key in alone else _unsent(box)
+
+
+def comparison(view: str):
+    """The container of a comparison's figures (where a page that shows one lands), with the lesson's sentence at
+    its top."""
+    return _noted(st.container(key=COMPARISON), view, COMPARISON)
+
+
+def _noted(box, view: str, key: str):
+    """`box` with the lesson's sentence at its top when the sentence waits for this part (lesson_note)."""
     note = st.session_state.get("_section_note")
-    if note and note[:2] == (view, key):  # the lesson's sentence, at the top of the part it is about
+    if note and note[:2] == (view, key):
         box.info(note[2], icon=None)
         st.session_state.pop("_section_note")
-    return box if alone is None or key in alone else _unsent(box)
+    return box
 
 
 def _alone(view: str, key: str) -> tuple[str, ...]:
@@ -79,16 +90,17 @@ def _alone(view: str, key: str) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def lesson_note(view: str, text: str | None, part: str | None = None):
+def lesson_note(view: str, text: str | None, part: str | None = None, comparing: bool = False):
     """A lesson's sentence over the view drawn inside this block: at the top of `part`, the part whose figure it
     is about (its preset's), else of the part the page lands on (the landing scrolls to that part: a sentence over
-    the view's top would be off the screen), or over the view when the page is about no part of it, or the run drew
-    no such part (compare mode). (A lecture step may land on another part than its lesson's: "look for the
-    diagonal stripe" stays by the map that has it.)"""
+    the view's top would be off the screen), at the top of a comparison's figures when `comparing` (the page lands
+    there), or over the view when the page is about no part of it, or the run drew no such part (B could not be
+    run). (A lecture step may land on another part than its lesson's: "look for the diagonal stripe" stays by the
+    map that has it.)"""
     if text is None:
         yield
         return
-    ss, key = st.session_state, part if valid(view, part) else current(view)
+    ss, key = st.session_state, COMPARISON if comparing else part if valid(view, part) else current(view)
     slot = st.empty()
     if key is None:
         slot.info(text, icon=None)

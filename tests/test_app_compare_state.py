@@ -128,6 +128,17 @@ def test_a_view_of_a_below_keeps_its_downloads(twins):
     assert float(rows[6][3]) == pytest.approx(float(ra.pattern(2)[0, 3, 5, 2]), abs=1e-5)
 
 
+def infos_in(node, key: str, inside: bool = False) -> list[str]:
+    """The texts of the info boxes inside the container `key` (a keyed st.container) under `node`."""
+    found = []
+    for child in getattr(node, "children", {}).values():
+        here = inside or str(getattr(getattr(child, "proto", None), "id", "")).endswith(f"-{key}")
+        if here and child.type == "info":
+            found.append(str(child.value))
+        found += infos_in(child, key, here)
+    return found
+
+
 @pytest.mark.parametrize("key, model, view, b", [
     ("compare_bank", "smollm2", "residual", ("cmp_prompt", BANK_B)),
     ("compare_twins", "tiny-pre", "norm", ("cmp_model", "tiny-post")),
@@ -145,6 +156,7 @@ def test_compare_presets_land_on_their_lesson(key, model, view, b):
     assert q["model"] == model and q["view"] == view and q[b[0]] == b[1] and q["prompt"] == BY_KEY[key].prompt
     assert at.get("plotly_chart") and "Compare" in all_text(at)
     lesson = at.info[0].value
+    assert infos_in(at.main, "compare_figures")[:1] == [lesson]  # at the top of where the page lands
     if key == "compare_rope":  # the head whose rows move most without RoPE, over every layer and head
         (_, ra), (_, rb) = recorded(model, BY_KEY[key].prompt), recorded(model, BY_KEY[key].prompt, ["no-rope"])
         js = np.array([[js_rows(ra.pattern(l)[0, h].double().numpy(), rb.pattern(l)[0, h].double().numpy()).mean()

@@ -90,9 +90,13 @@ def test_preset_lands_on_its_lesson(server, page, preset):
     layer, token = int(q["layer"]), int(q["token"])
     lesson = page.locator('[data-testid="stMain"] [data-testid="stAlertContentInfo"]').all_inner_texts()
     assert lesson and lesson[0].strip(), f"{preset.key}: no sentence says what to look for"
-    if preset.section:  # the sentence stands at the top of the part the page scrolls to, not off the screen above
-        words = max(re.split(r"\{[^}]*\}", t(f"preset.lesson.{preset.kind}", "en")), key=len)[:30]  # no numbers
-        inside = page.locator(f'.st-key-section_{preset.view}_{preset.section} [data-testid="stAlertContentInfo"]')
+    # the sentence stands at the top of the part the page scrolls to (a comparison's figures), not off the screen
+    landing = "compare_figures" if preset.kind == "compare" else \
+        f"section_{preset.view}_{preset.section}" if preset.section else None
+    if landing:
+        sentence = t(f"preset.{preset.key}_lesson" if preset.kind == "compare" else f"preset.lesson.{preset.kind}")
+        words = max(re.split(r"\{[^}]*\}", sentence), key=len)[:30]  # no numbers
+        inside = page.locator(f'.st-key-{landing} [data-testid="stAlertContentInfo"]')
         assert any(words in text for text in inside.all_inner_texts()), \
             f"{preset.key}: the sentence is not in the part the page lands on"
     assert not view_errors(page), f"{preset.key}: the view shows an error: {view_errors(page)[:1]}"
