@@ -316,7 +316,8 @@ def extend(model: LlamaModel, rec: Recording, token_ids: int | list[int], keep: 
         v = rec._store.get(f"blocks.{layer}.attn.hook_v")
         if rot_k is None or v is None:
             raise ValueError(f"extend needs V and rotated K of every layer; layer {layer} has not both recorded")
-        cache.extend(layer, rot_k[:, :keep], v[:, :keep])
+        # the recording keeps float32 copies; a 16-bit model's K/V were its own dtype, so the cast back is exact
+        cache.extend(layer, rot_k[:, :keep].to(model.dtype), v[:, :keep].to(model.dtype))
     with torch.no_grad(), recorder(model, rec.names, dtype=rec.dtype) as step:
         model(torch.tensor([new]), cache)
 

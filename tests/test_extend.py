@@ -135,3 +135,14 @@ def test_extend_refuses_what_it_cannot_keep(model):
             extend(model, rec, new, keep=keep)
     with pytest.raises(ValueError, match="maximum"):
         extend(model, rec, [1] * model.cfg.max_seq_len, keep=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_extend_of_a_16bit_model(model, dtype):
+    """A model loaded in 16 bits (`--dtype`, or `auto` for a checkpoint too big for float32) grows its float32
+    recording too: the prefix's K/V go back to the model's dtype exactly, and the step equals a fresh recording
+    within that dtype's rounding of each hook's scale (its eps is 2^16 / 2^13 float32 eps)."""
+    half = type(model).from_weights(model.cfg, model.state_dict(), dtype)
+    ids = ids_for(model.cfg.vocab_size, 12, seed=11)
+    grown = extend(half, record(half, ids[:11]), ids[11])
+    assert_close_recording(grown, record(half, ids), ulps=4 * torch.finfo(dtype).eps / torch.finfo(torch.float32).eps)
