@@ -343,3 +343,15 @@ def test_a_page_run_that_only_redraws_shows_no_spinner(loaded, monkeypatch):
     at.session_state["prompt"] = "The capital of Italy is"
     at.run()
     assert len(shown) == 2
+
+
+def test_a_step_whose_kv_cache_step_fails_still_adds_the_token(monkeypatch):
+    """The step's KV-cache extension only saves the next run a forward: when it fails, the page takes the token
+    and records the longer prompt whole (the log keeps the traceback), instead of showing a traceback."""
+    def broken(*args):
+        raise RuntimeError("a kernel refused")
+    at = run_app(view="predict", model="tiny-pre", prompt="The cat sat on the")
+    monkeypatch.setattr(app_explorer, "extend", broken)
+    at.button(key="pred_greedy").click().run()
+    assert not at.exception and len(at.session_state["pred_history"]) == 1
+    assert at.session_state["prompt"] != "The cat sat on the" and by_id(at, "residual_loss_strip")

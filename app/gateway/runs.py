@@ -29,8 +29,8 @@ def recording(source: str, ids, progress=None, base=()) -> Recording:
     """The full recording of a prompt (cached); progress(layers_done, n_layers) is called as each block finishes.
     Refused (PromptTooBig) when it cannot fit in this server's memory (prompt_cost, at the end of this file).
     `base`: a prompt that shares its first tokens with ids (a generation step's prompt, a prompt with one token
-    replaced); when its recording is cached, only the positions after the shared tokens run, bit-identical to
-    recording ids whole (explorer_model.recording.extend)."""
+    replaced); when its recording is cached, only the positions after the shared tokens run, equal to recording
+    ids whole within float32 rounding (explorer_model.recording.extend)."""
     ids, base = tuple(int(i) for i in ids), tuple(int(i) for i in base)
 
     def run() -> Recording:

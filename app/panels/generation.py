@@ -9,6 +9,7 @@ character, so a split character never reaches the prompt box or the link.
 """
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 import numpy as np
@@ -21,6 +22,8 @@ from explorer_model import view_choices as VC
 from explorer_model.analysis import views_data as V
 from explorer_model.analysis.objective import PositionLosses, position_losses
 from explorer_model.tokenizer.labels import completion, fragment_labels, missing_bytes, readable
+
+log = logging.getLogger("llama_explorer.generation")
 
 N_DIST = 15
 CONTINUE_MAX = 64  # tokens a "continue" click may add (~2 s of the one forward lock; others wait meanwhile), within
@@ -108,7 +111,10 @@ def _text_fallback(facts, ids: list[int]):
 
 
 def _step(source: str, ids: tuple, new: int, entry: dict, append) -> None:
-    gateway.extend(source, ids, new)  # one KV-cache step; the next run reads it from the cache
+    try:  # one KV-cache step; the next run reads it from the cache
+        gateway.extend(source, ids, new)
+    except Exception:  # it only saves a forward: the next run records the longer prompt whole (and says why not)
+        log.exception("the step's KV-cache extension failed; the next run records the prompt whole")
     st.session_state.setdefault("pred_history", []).append(entry)
     append(new)
 
