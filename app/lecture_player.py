@@ -135,7 +135,7 @@ def prepare(data: bytes, steps: list[dict]) -> None:
 def _prepare_step(step: dict) -> None:
     preset = BY_KEY.get(step.get("lesson"))
     picked = opened(preset.key).get("active_model") if preset is not None else None  # a comparison's model
-    source = picked or step.get("model") or gateway.DEFAULT_SOURCE
+    source = picked or step.get("model") or gateway.default_source()
     if source not in gateway.offered_models():
         return
     facts, _ = gateway.try_load(source)

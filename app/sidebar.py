@@ -45,8 +45,8 @@ def choose_model() -> ModelFacts | None:
     offered = gateway.offered_models()
     options = offered if gateway.shared() else offered + [OTHER]
     if "active_model" not in st.session_state:
-        wanted = st.query_params.get("model") or gateway.DEFAULT_SOURCE
-        st.session_state.active_model = gateway.DEFAULT_SOURCE
+        wanted = st.query_params.get("model") or gateway.default_source()
+        st.session_state.active_model = gateway.default_source()
         if wanted in offered:
             st.session_state.model_pick = wanted
         elif gateway.shared():
@@ -152,7 +152,7 @@ def back() -> None:
     mine = ss.pop("my_state", None)
     if not mine:
         return
-    ss["_pending"] = {**mine, "model_pick": mine.get("active_model", gateway.DEFAULT_SOURCE)}
+    ss["_pending"] = {**mine, "model_pick": mine.get("active_model", gateway.default_source())}
     ss["_pending_drop"] = [k for k in MINE if k not in mine] + list(REDRAWN)
     sections.request(mine.get("view"), mine.get("section"))
 

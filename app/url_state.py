@@ -84,7 +84,7 @@ def write(ids_param: str, view: str) -> dict:
     wanted.update({k: "1" for k in URL_FLAGS if ss.get(k)})
     if ids_param:
         wanted["ids"] = ids_param
-    wanted["model"] = ss.get("active_model", gateway.DEFAULT_SOURCE)
+    wanted["model"] = ss.get("active_model", gateway.default_source())
     if ss.get("max_tokens") and int(ss["max_tokens"]) != side.default_max_tokens():
         wanted["max_tokens"] = str(int(ss["max_tokens"]))
     if ss.get("lesson") in BY_KEY:

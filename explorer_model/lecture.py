@@ -63,7 +63,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "step": {
         "title": ("text", "the step's title, English and Chinese (required)"),
         "caption": ("text", "what to say, English and Chinese; {name} is a value the lesson computed"),
-        "model": ("name", "a model the server offers (smollm2, tiny-pre, tiny-post, a --models-dir entry)"),
+        "model": ("name", "a model the server offers (smollm2, tiny-pre, tiny-post, the model `serve` was started "
+                           "with, a --models-dir entry)"),
         "prompt": ("prompt", "the prompt text"),
         "ids": ("ids", "the prompt as token ids, instead of prompt"),
         "bos": ("bool", "prepend the model's BOS token"),

@@ -130,3 +130,23 @@ def test_shared_list_shows_names_and_refuses_symlinks_out_of_the_folder(ckpt, sh
     at = run_app(view="tokens", prompt="Hello.", model="class.gguf")
     assert not at.exception and at.session_state["active_model"] == "class.gguf"
     assert str(shared_env) not in " ".join(str(e.value) for e in at.sidebar.get("caption"))
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_the_served_model_opens_every_new_page_by_its_name(monkeypatch, tmp_path, share):
+    """`serve SOURCE`: a page opened at the plain address shows SOURCE, listed first by its folder's name (a
+    shared server's visitors never see its path), and the page's link names it so."""
+    import shutil
+
+    from explorer_model.loaders import SERVED_ENV
+    from explorer_model.paths import ASSETS
+
+    folder = shutil.copytree(ASSETS / "tiny-post", tmp_path / "my-twin")
+    monkeypatch.setenv(SERVED_ENV, str(folder))
+    if share:
+        monkeypatch.setenv("LLAMA_EXPLORER_SHARE", "1")
+    at = run_app(view="tokens", prompt="The cat sat")
+    assert not at.exception and not at.sidebar.error and at.session_state["active_model"] == "my-twin"
+    assert at.sidebar.selectbox(key="model_pick").options[:2] == ["my-twin", "smollm2"]
+    assert at.query_params["model"] == "my-twin" and str(tmp_path) not in all_text(at)
+    assert "Post-Norm" in all_text(at)  # the twin's own description: the folder's model was loaded

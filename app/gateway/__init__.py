@@ -41,7 +41,7 @@ from app.gateway.state import (_FORWARD, FORWARDS, KL_MAX_POS, WHATIF_NAMES,  # 
 from app.gateway.lab_jobs import (LabBusy, LabDisabled, LabJob, lab_init_gradients, lab_queue_length, lab_race,
                           lab_worker_threads)
 from app.gateway.lessons import lesson_target, patch_lesson
-from app.gateway.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, lab_enabled, max_run_seconds,  # noqa: F401
+from app.gateway.settings import (DEFAULT_MAX_TOKENS, DEFAULT_SOURCE, default_source, lab_enabled, max_run_seconds,  # noqa: F401
                           offered_models, prompt_char_limit, public_port, shared, token_cap)
 from app.gateway.settings import warm_up_enabled as _warm_up_enabled
 from explorer_model.analysis.attention_math import textbook_table
@@ -79,7 +79,7 @@ __all__ = ["FORWARDS", "ModelFacts", "LabJob", "RecordingRef", "try_load", "fact
            "twin_recordings",
            "lab_init_gradients", "lab_race", "lab_worker_threads", "lab_queue_length", "stored_bytes",
            "result_cache", "offered_models", "shared", "token_cap", "LabDisabled", "PromptError", "lab_enabled",
-           "prompt_char_limit", "DEFAULT_SOURCE", "DEFAULT_MAX_TOKENS",
+           "prompt_char_limit", "DEFAULT_SOURCE", "default_source", "DEFAULT_MAX_TOKENS",
            "KL_MAX_POS", "WHATIF_NAMES", "patch_lesson", "page_run", "warm_up", "pages_ahead", "public_port",
            "forwards_ahead", "visitor_message"]
 __all__ += ["layer_weights", "lesson_target", "LabBusy", "figure", "table"]

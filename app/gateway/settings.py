@@ -83,17 +83,38 @@ def folder_models(folder: str | None = None) -> dict[str, Path]:
     return out
 
 
+def served() -> tuple[str, str] | None:
+    """(its name in the model list, the loader's source) of the model `serve SOURCE` opens for every new page, when
+    that is not the default: a file or folder by its own name (a visitor of a shared server never sees its path)."""
+    from explorer_model.loaders import SERVED_ENV, list_name
+
+    source = os.environ.get(SERVED_ENV, "")
+    return None if source in ("", DEFAULT_SOURCE) else (list_name(source), source)
+
+
+def default_source() -> str:
+    """The model a new page opens: the one `serve SOURCE` names, else SmolLM2."""
+    return served()[0] if served() else DEFAULT_SOURCE
+
+
 def offered_models(folder: str | None = None) -> list[str]:
-    """Names a visitor may choose: the default, the shipped twins, the teacher's folder (names only; `folder`, or the
-    server's --models-dir)."""
+    """Names a visitor may choose: the server's own model (`serve SOURCE`), the default, the shipped twins, the
+    teacher's folder (names only; `folder`, or the server's --models-dir)."""
     names = [DEFAULT_SOURCE, *shipped_models()]
+    own = served()
+    if own and own[0] not in names:
+        names.insert(0, own[0])
     return names + [n for n in folder_models(folder) if n not in names]
 
 
 def resolve_source(source: str) -> str:
-    """The loader's source for a name from the list (a folder entry's path); anything else unchanged."""
+    """The loader's source for a name from the list (the served model's or a folder entry's path); anything else
+    unchanged."""
     if source in (DEFAULT_SOURCE, *shipped_models()):
         return source
+    own = served()
+    if own and source == own[0]:
+        return own[1]
     path = folder_models().get(source)
     return str(path) if path is not None else source
 

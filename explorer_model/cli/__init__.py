@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=PORT, default=8501)
     s.add_argument("--share", action="store_true",
                    help="listen on the network for a classroom; visitors pick from a list of models, never a path")
-    s.add_argument("--models-dir", help="with --share: a folder whose models (.gguf files, model folders) are offered")
+    s.add_argument("--models-dir", help="a folder whose models (.gguf files, model folders) are offered by name, "
+                   "beside the built-in ones (a --share visitor can load no other)")
     s.add_argument("--max-tokens", type=number(int, 1, 10**6, "a token count"), help="longest prompt a visitor may run (default 512 shared, 2048 local)")
     s.add_argument("--cache-mb", type=number(int, 1, 10**8, "a size in MB"), help="memory for cached recordings (default 2048)")
     s.add_argument("--no-lab", action="store_true",

@@ -359,6 +359,12 @@ def cmd_serve(args) -> None:
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
+    if args.source != "smollm2":  # a source that opens no model ends here, not in every visitor's page
+        from ..loaders import SERVED_ENV, check_weights, read_tokenizer
+
+        read_tokenizer(args.source)  # its config and tokenizer
+        check_weights(args.source)
+        os.environ[SERVED_ENV] = args.source  # the lecture's check below offers it, as the server will
     if args.dtype:  # the app's loads read it (memory.DTYPE_ENV); the server process inherits the environment
         from ..memory import DTYPE_ENV
 

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..loaders import SERVED_ENV, list_name
+from ..loaders.native import named_path
 from ..printable import printable
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"  # run as a script: never imported here
@@ -101,8 +103,14 @@ def share_threads(cores: int, processes: int = 1) -> int:
 
 
 def server_env(share: bool = False, models_dir: str | None = None, max_tokens: int | None = None,
-               cache_mb: int | None = None, lab: bool = True, lecture: str | None = None) -> dict[str, str]:
+               cache_mb: int | None = None, lab: bool = True, lecture: str | None = None,
+               source: str = "smollm2") -> dict[str, str]:
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), LLAMA_EXPLORER_WARM_UP="1")
+    env.pop(SERVED_ENV, None)
+    if source != "smollm2":  # every new page opens it (app/gateway/settings.py: default_source); a path absolute,
+        # as the server runs in the project's folder
+        env[SERVED_ENV] = source if named_path(source) is not None and not Path(source).exists() else \
+            str(Path(source).expanduser().resolve())
     if not lab:
         env["LLAMA_EXPLORER_LAB"] = "0"
     if share:
@@ -133,19 +141,19 @@ def serve(port: int = 8501, source: str = "smollm2", share: bool = False, models
           max_tokens: int | None = None, cache_mb: int | None = None, lab: bool = True, processes: int = 1,
           lecture: str | None = None) -> None:
     address = "0.0.0.0" if share else "127.0.0.1"
-    query = "" if source == "smollm2" else f"?model={source}"
     hosts = (lan_addresses() if share else []) or ["127.0.0.1"]
     for host in hosts:
-        print(f"LLaMA Explorer: open http://{host}:{port}/{query}  (Ctrl+C to stop)", flush=True)
+        print(f"LLaMA Explorer: open http://{host}:{port}/  (Ctrl+C to stop)", flush=True)
+    env = server_env(share, models_dir, max_tokens, cache_mb, lab, lecture, source)
     if share:
         if hosts == ["127.0.0.1"]:
             print("No network interface with an address was found: only this machine can open the page.", flush=True)
-        print("Shared mode: visitors choose from the default model, the shipped teaching models"
+        own = f"{printable(list_name(env[SERVED_ENV]))} (every new page opens it), " if SERVED_ENV in env else ""
+        print(f"Shared mode: visitors choose from {own}the default model, the shipped teaching models"
               + (f" and the models in {printable(models_dir)}" if models_dir else "") + "; they cannot load paths.",
               flush=True)
         print("How many students this machine holds: `llama-explorer classroom-check` (about a minute, before the "
               "lesson).", flush=True)
-    env = server_env(share, models_dir, max_tokens, cache_mb, lab, lecture)
     if share:
         env.update(room_env(port))
         print(f"Presenter link (keep it to yourself: it moves every student's page): "

@@ -99,6 +99,21 @@ def resolve(source: str | os.PathLike) -> Path:
         raise LoadError(f"{source}: no such user, so '~' cannot be expanded") from None
 
 
+SERVED_ENV = "LLAMA_EXPLORER_SOURCE"  # `serve SOURCE`: the model every new page opens (app/gateway/settings.py)
+
+
+def list_name(source: str) -> str:
+    """The name a model file or folder goes by in a server's list of models (`serve SOURCE`): its own name, with
+    its folder's after it when that name is a built-in model's."""
+    from .native import NAMED
+
+    if source.strip().lower() in (DEFAULT, *NAMED):
+        return source
+    path = Path(source)
+    name = path.name or str(path)
+    return f"{name} ({path.parent.name or '/'})" if name.lower() in (DEFAULT, *NAMED) else name
+
+
 def read_config(source: str | os.PathLike = DEFAULT):
     """The ModelConfig of a source without loading its weights (for memory estimates before a load).
 
@@ -139,17 +154,21 @@ def read_config(source: str | os.PathLike = DEFAULT):
 
 
 def check_weights(source: str | os.PathLike = DEFAULT) -> None:
-    """LoadError when a model folder holds no weights (its config and tokenizer alone), before anything is said about
-    loading it; a GGUF file holds its weights, and a Meta folder's config is read from its first shard."""
+    """LoadError when a model folder holds no weights (its config and tokenizer alone) or a safetensors file cut
+    short, before anything is said about loading it; a GGUF file holds its weights, and a Meta folder's config is
+    read from its first shard."""
     from .native import is_native, weights_file
 
     path = resolve(source)
     if is_native(path):
         weights_file(path)
     elif path.is_dir() and (path / "config.json").is_file():
-        from .hf import weight_files
+        from .hf import check_safetensors, weight_files
 
-        weight_files(path)
+        files, _ = weight_files(path)
+        for f in files:
+            if f.suffix == ".safetensors":
+                check_safetensors(f)
 
 
 def _must_exist(path: Path) -> None:

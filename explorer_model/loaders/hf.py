@@ -77,6 +77,23 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise LoadError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
 
 
+def check_safetensors(path: Path) -> None:
+    """LoadError when a safetensors file is not one or holds fewer bytes than its header describes (a copy cut
+    short), read from its header alone: a server checks its model before it starts, without loading it."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= min(size - 8, 100 * 2**20):  # the format's own bound on a header: 100 MB
+                raise ValueError(f"a header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise LoadError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
+    if 8 + n + end > size:
+        raise LoadError(f"{path}: truncated: its header describes {8 + n + end} bytes, the file holds {size}")
+
+
 def _shard_files(folder: Path, index_name: str) -> list[Path]:
     index = folder / index_name
     try:
