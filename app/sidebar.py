@@ -22,6 +22,7 @@ from app.facts import ModelFacts
 from app.i18n import t
 from app.plots import npz_button, waiting
 from app.presets import BY_KEY, PRESETS, opened
+from explorer_model.memory import count_text
 
 OTHER = "__other__"
 PROMPT_STATE = ("prompt", "ids", "ids_text")
@@ -243,7 +244,7 @@ def download(source: str, ids) -> None:
 def model_caption(facts: ModelFacts) -> str:
     """The model in one line, in the visitor's language (the loaders' own description is English)."""
     cfg, n = facts.cfg, facts.param_counts["total"]
-    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    size = count_text(n)
     origin = facts.description.rsplit("; ", 1)[-1]  # the file format and its tensor types, e.g. "GGUF Q4_1/F32"
     if facts.format == "native":  # this project's own format: the loader names the architecture in English
         origin = tr("sidebar.native_origin", placement=ARCH_NAMES[cfg.norm_placement], norm=ARCH_NAMES[cfg.norm_type],

@@ -303,6 +303,15 @@ def _numel(shape) -> int:
     return n
 
 
+def count_text(n: int) -> str:
+    """A parameter count as a model is named by it: 6.7B, 65.3B, 135M, and two digits at least below 10 million or
+    thousand (1.5M, not 2M)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}" if unit == "B" or n / scale < 9.95 else f"{n / scale:.0f}{unit}"
+    return str(n)
+
+
 def gb(n: int) -> str:
     """A size as people read it: GB from a tenth of one, MB from one, KB under (never "0 MB" for a small file)."""
     if n >= 2**30 / 10:

@@ -63,3 +63,8 @@ def test_recording_cost_grows_with_the_prompt():
     c = FAMILIES["LLaMA-1 7B"]
     small, big = (memory.recording_bytes(c, n, torch.float16) for n in (64, 128))
     assert 1.9 < big / small < 2.1  # activations are linear in n; derived attention keeps no n^2 tensor
+
+
+def test_a_count_is_named_as_models_are_with_two_digits_below_ten():
+    counts = (999, 880_000, 1_544_064, 9_960_000, 134_515_008, 6_738_415_616, 13_015_864_320, 65_286_000_000)
+    assert [memory.count_text(n) for n in counts] == ["999", "880K", "1.5M", "10M", "135M", "6.7B", "13.0B", "65.3B"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from ..memory import count_text
 from ..model import LlamaModel
 from .errors import LoadError, one_line, read_json_object  # noqa: F401  (the loaders import them from here)
 
@@ -123,8 +124,7 @@ def model_name(path: os.PathLike | str) -> str:
 
 
 def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> str:
-    n = model.param_counts()["total"]
-    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    size = count_text(model.param_counts()["total"])
     heads = f"{cfg.n_heads} heads" + (f" ({cfg.n_kv_heads} KV)" if cfg.n_kv_heads != cfg.n_heads else "")
     tied = ", tied embeddings" if cfg.tie_embeddings else ""
     origin = f"{fmt} {extra}" if extra else fmt
