@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from app.figure_spec import Figure, Node, axes, log_ticks, whole_span, whole_step
+from app.figure_spec import Figure, Node, axes, fitting_step, log_ticks, whole_span, whole_step, x_extent
 from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, TOOLBAR_H, Sizes, cut, cut_cell_text, place_title,
                              presenter_fonts, raise_fonts, text_px, title_pad, wrap_subplot_titles)
 
@@ -420,9 +420,13 @@ def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
                 axis.update(tickvals=vals)
             elif letter == "x" and axis.tickvals is None and axis.dtick is None:
                 most = max(2, int(length // (5 * CHAR_EM * font + 24)))
-                span = whole_span(fig, axis) if axis.type not in ("log", "date") else None
+                numeric = axis.type not in ("log", "date", "category", "multicategory")
+                span = whole_span(fig, axis) if numeric else None
+                reach = (list(axis.range) if axis.range is not None else x_extent(fig, axis)) if numeric else None
                 if span:  # positions, counts: Plotly's own ticks would go to 0.5 where no point is
                     axis.update(tick0=0, dtick=whole_step(span / most))
+                elif reach:  # as many ticks as fit inside what is drawn
+                    axis.update(tick0=0, dtick=fitting_step(*reach, most))
                 else:
                     axis.update(nticks=most)
 

@@ -155,6 +155,33 @@ def whole_span(fig: Figure, axis) -> float | None:
     return hi - lo if hi > lo else None
 
 
+def x_extent(fig: Figure, axis) -> tuple[float, float] | None:
+    """(lo, hi) the traces on this numeric x axis reach, a bar's from 0 (a horizontal bar's length is its x); None
+    when no trace has numbers there or they all are one value."""
+    name, lo, hi = axis.plotly_name.replace("axis", ""), math.inf, -math.inf
+    for tr in fig.data:
+        x = numbers(tr.x) if (tr.xaxis or "x") == name and tr.x is not None else None
+        x = x[np.isfinite(x)] if x is not None else None
+        if x is not None and x.size:
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+            if tr.type == "bar":
+                lo, hi = min(lo, 0.0), max(hi, 0.0)
+    return (lo, hi) if hi > lo else None
+
+
+def fitting_step(lo: float, hi: float, most: int) -> float:
+    """The finest step of 1, 2 or 5 × 10^k that puts at most `most` ticks inside [lo, hi] (two, where `most` is
+    less): Plotly's own choice for nticks=most, a step at least (hi - lo) / most, can leave one tick inside them (a
+    Δp axis from -0.19 to 0.12 labelled "0" alone), or none."""
+    power = 10.0 ** math.floor(math.log10((hi - lo) / max(most, 1))) / 10
+    while True:
+        for k in (1, 2, 5):
+            step = k * power
+            if math.floor(hi / step + 1e-9) - math.ceil(lo / step - 1e-9) + 1 <= max(most, 2):
+                return step
+        power *= 10
+
+
 def whole_step(rough: float) -> int:
     """The tick step of a whole-number axis: 1, 2, 5, 10, 20, 50… at least `rough`."""
     power = 1

@@ -297,6 +297,11 @@ def npz_button(place, label: str, source: str, n_tokens: int, data, file_name: s
 
 
 # --------------------------------------------------------------------------- subplot grids
+def rows_height(n: int) -> int:
+    """px of a figure with a row of bars per category, its title and legend: each row's label keeps its room."""
+    return 160 + 22 * n
+
+
 def axis_ids(r: int, c: int, cols: int) -> tuple[str, str]:
     n = (r - 1) * cols + c
     return ("x", "y") if n == 1 else (f"x{n}", f"y{n}")

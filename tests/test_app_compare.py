@@ -176,9 +176,9 @@ def test_next_token_distributions_and_distance(twins):
     fig = by_id(at, "compare_next")
     tok = load("tiny-pre").tokenizer
     top = set(np.argsort(-p)[:10]) | set(np.argsort(-q)[:10])
-    shown_a = decode(trace(fig, "A")["y"])
+    shown_a = decode(trace(fig, "A")["x"])  # a row per candidate
     assert len(shown_a) == len({tok.piece(int(i)) for i in top})  # one bar per piece in either top 10
-    assert shown_a.max() == pytest.approx(p.max(), rel=1e-6) and decode(trace(fig, "B")["y"]).max() == pytest.approx(q.max(), rel=1e-6)
+    assert shown_a.max() == pytest.approx(p.max(), rel=1e-6) and decode(trace(fig, "B")["x"]).max() == pytest.approx(q.max(), rel=1e-6)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Jensen–Shannon (nats)"] == f"{js_rows(p, q):.4f}"
     assert metrics["KL(A ‖ B) (nats)"] == f"{float((p * np.log(p / q)).sum()):.4f}"
@@ -202,9 +202,9 @@ def test_next_token_candidates_are_named_as_the_app_reads_them(loaded):
         except UnicodeDecodeError:
             return True
     pieces = [i for i in top if fragment(i)]
-    x = trace(by_id(run_app(view="predict", prompt=text_a, cmp="prompt", cmp_prompt=text_b), "compare_next"), "A")["x"]
-    assert pieces and all(candidate_label(facts, ids, i) in x for i in pieces)
-    assert not any("\ufffd" in label for label in x)
+    y = trace(by_id(run_app(view="predict", prompt=text_a, cmp="prompt", cmp_prompt=text_b), "compare_next"), "A")["y"]
+    assert pieces and all(candidate_label(facts, ids, i) in y for i in pieces)
+    assert not any("\ufffd" in label for label in y)
 
 
 def test_rope_off_scores_and_difference():

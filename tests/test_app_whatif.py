@@ -40,9 +40,9 @@ def test_no_mask_figures_equal_the_functions(no_mask_page, loaded):
     p, q = (torch.softmax(r.logits[0, -1], -1).numpy() for r in (clean, changed))
 
     dist = fig_with(at, "Next-token probabilities at the last position")["data"]
-    shown = bar_ids(dist[0]["x"])
-    np.testing.assert_allclose(decode(dist[0]["y"]), p[shown], atol=1e-5)
-    np.testing.assert_allclose(decode(dist[1]["y"]), q[shown], atol=1e-5)
+    shown = bar_ids(dist[0]["y"])  # a row per candidate
+    np.testing.assert_allclose(decode(dist[0]["x"]), p[shown], atol=1e-5)
+    np.testing.assert_allclose(decode(dist[1]["x"]), q[shown], atol=1e-5)
     assert set(np.argsort(-p)[:10]) <= set(shown) and set(np.argsort(-q)[:10]) <= set(shown)
 
     moved = fig_with(at, "moved most")["data"][0]
@@ -144,8 +144,8 @@ def test_bank_patch_and_chinese(loaded):
     # one series, no legend: the title says what was changed (the narrow figure without the source prompt)
     assert title(fig_with(at, "两次运行从哪里开始分开")).endswith(")" + changed_legend.replace("<br>", " "))
     assert title(fig_with(at, "变化最大的token")).endswith("原模型" + changed_legend.split("<br>")[0])
-    shown = bar_ids(dist["data"][0]["x"])
-    np.testing.assert_allclose(decode(dist["data"][1]["y"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
+    shown = bar_ids(dist["data"][0]["y"])
+    np.testing.assert_allclose(decode(dist["data"][1]["x"]), torch.softmax(changed.logits[0, -1], -1).numpy()[shown],
                                atol=1e-5)
     # the changed run whole, beside the sidebar's unchanged one: named so a saved file says what it holds, its
     # patched point holding the source prompt's value there (what a patch is), its logits this test's patched run's

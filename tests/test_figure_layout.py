@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from app import plots
-from app.figure_spec import Figure, spec
+from app.figure_spec import Figure, fitting_step, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PAD, PRESENTER_MAX_H, fit_figure, plot_area
 from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, TOOLBAR_H, Sizes, text_px,
                              title_pad, toolbar_px, wrap)
@@ -273,7 +273,8 @@ def test_a_numeric_axis_gets_no_more_ticks_than_labels_fit():
     label = 5 * CHAR_EM * 16  # five characters at the projector's tick size
     fig = fit(go.Figure(go.Scatter(x=np.linspace(0, 1, 600), y=np.arange(600)), layout=dict(height=300)), 300,
               presenter=True, touch=False)
-    assert fig.layout.xaxis.nticks * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
+    ticks = np.arange(0, 1 + 1e-9, fig.layout.xaxis.dtick)  # from tick0 = 0, inside the data
+    assert 2 <= len(ticks) and len(ticks) * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
     fig = fit(go.Figure(go.Scatter(x=np.arange(600), y=np.arange(600)), layout=dict(height=300)), 300,
               presenter=True, touch=False)  # whole numbers: a whole step as long as the labels need
     assert 599 / fig.layout.xaxis.dtick * (label + 24) <= plot_area(fig, 300, Sizes.for_screen(True))[0]
@@ -288,7 +289,18 @@ def test_an_axis_of_positions_has_ticks_at_whole_positions_only(x):
     assert fig.layout.xaxis.tick0 == 0 and fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.nticks is None
     half = fit(go.Figure(go.Scatter(x=np.arange(7) / 2, y=np.arange(7)), layout=dict(height=300)), 1400,
                presenter=False, touch=False)
-    assert half.layout.xaxis.dtick is None and half.layout.xaxis.nticks  # halves: Plotly's own ticks
+    assert half.layout.xaxis.dtick < 1  # halves: steps between the whole positions too
+
+
+@pytest.mark.parametrize("reach, most, step", [
+    ((-0.19, 0.12), 3, 0.1),  # What-if's Δp: Plotly's step 0.2 left one tick inside, "0"
+    ((0.0, 0.27), 3, 0.1), ((0.0, 1.0), 5, 0.5), ((-0.06, 0.0), 1, 0.05), ((2.1, 2.3), 3, 0.1)])
+def test_a_numeric_axis_gets_the_finest_step_whose_ticks_fit_inside_its_data(reach, most, step):
+    assert fitting_step(*reach, most) == pytest.approx(step)
+    fig = fit(go.Figure(go.Bar(x=[reach[0], reach[1]], y=["a", "b"], orientation="h"), layout=dict(height=300)), 300,
+              presenter=False, touch=False)
+    lo, hi = min(reach[0], 0), max(reach[1], 0)  # a bar from 0
+    assert 2 <= np.floor(hi / fig.layout.xaxis.dtick + 1e-9) - np.ceil(lo / fig.layout.xaxis.dtick - 1e-9) + 1
 
 
 @pytest.mark.parametrize("y, ticks", [
@@ -366,3 +378,23 @@ def test_a_spec_reads_and_updates_as_plotly_s_graph_objects_do():
     assert fig.spec["layout"]["margin"] == {"l": 5, "t": 30} and fig.spec["layout"]["title"] == {"text": "T", "x": 0}
     fig.layout.margin.update(l=None)
     assert fig.spec["layout"]["margin"] == {"t": 30}
+
+
+def test_twenty_ranked_candidates_keep_every_name_on_a_phone():
+    """What-if's and compare mode's next-token candidates (up to 20: both runs' top 10): a row each, so a phone names
+    every one (side by side, twenty upright labels left room for every other one)."""
+    from app.panels.compare.figs import bars_figure
+    from app.panels.whatif.figs import distribution_figure
+    from app.plots import rows_height
+
+    names = [f"␣token{i}" for i in range(20)]
+    p = np.linspace(0.3, 0.01, 20)
+    whatif = distribution_figure({"ids": np.arange(20), "clean": p, "changed": p[::-1]}, lambda i: names[i],
+                                 lambda key: key, "changed · no-mask")
+    whatif.update_layout(height=rows_height(20))
+    compare = bars_figure("compare_next", names, [("A", "A", p), ("B", "B", p[::-1])], title="next", y_title="p",
+                          rows=True)
+    for fig, labels in ((whatif, [f"{n} ({i})" for i, n in enumerate(names)]), (compare, names)):
+        fitted = fit(fig, PHONE.main, presenter=False, touch=True)
+        axis = fitted.layout.yaxis if fitted.data[0].orientation == "h" else fitted.layout.xaxis
+        assert list(axis.tickvals) == labels, f"{fig.layout.title.text}: {len(axis.tickvals)} of 20 names shown"

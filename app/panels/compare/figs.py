@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from app.plots import grid_layout
+from app.plots import grid_layout, rows_height
 
 A_COLOR, B_COLOR = "#1f77b4", "#d62728"
 HOVER = "↓ %{y}<br>→ %{x}<br>%{z:.4f}<extra></extra>"  # arrows, not words: the same in every language
@@ -106,8 +106,18 @@ def curves_grid(fig_id: str, panels: Sequence[tuple[str, Sequence[tuple[str, str
 
 
 def bars_figure(fig_id: str, labels: Sequence[str], series: Sequence[tuple[str, str, np.ndarray]], *, title: str,
-                y_title: str, highlight: Sequence[int] = (), height: int = 340) -> go.Figure:
-    """Grouped bars over categories (one trace per series: meta, name, y); highlighted categories get a box."""
+                y_title: str, highlight: Sequence[int] = (), height: int = 340, rows: bool = False) -> go.Figure:
+    """Grouped bars over categories (one trace per series: meta, name, y); highlighted categories get a box.
+    `rows`: a row per category, the first on top (ranked candidates: each keeps its name on a phone, where
+    twenty upright labels side by side leave room for every other one); y_title then names the values' axis."""
+    if rows:
+        fig = go.Figure([go.Bar(x=np.asarray(y, dtype=float), y=list(labels), orientation="h", name=name, meta=meta,
+                                marker_color={"A": A_COLOR, "B": B_COLOR}.get(meta, "#555555"))
+                         for meta, name, y in series])
+        fig.update_layout(title=title, xaxis_title=y_title, barmode="group", meta={"id": fig_id},
+                          height=max(height, rows_height(len(labels))), legend=dict(orientation="h", y=-0.15),
+                          margin=dict(t=50, b=40))
+        return fig.update_yaxes(type="category", autorange="reversed")
     fig = go.Figure()
     for meta, name, y in series:
         color = {"A": A_COLOR, "B": B_COLOR}.get(meta, "#555555")

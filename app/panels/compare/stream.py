@@ -120,7 +120,8 @@ def draw_next_token(pair: Pair) -> dict:
     title = t("compare.next_title", token_a=a.token, piece_a=a.pieces[a.token], token_b=b.token,
               piece_b=b.pieces[b.token])
     y_title = t("compare.probability")
-    plots.show(lambda: F.bars_figure("compare_next", labels, bars, title=title, y_title=y_title), a, key="compare_next")
+    plots.show(lambda: F.bars_figure("compare_next", labels, bars, title=title, y_title=y_title, rows=True), a,
+               key="compare_next")
     d = res["distances"]
     if d is not None:
         c = st.columns(4)

@@ -205,7 +205,8 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
     with left:
-        plots.show(lambda: distribution_figure(d, name, t, changed), ctx, key="whatif_dist", height=420, share=0.6)
+        plots.show(lambda: distribution_figure(d, name, t, changed), ctx, key="whatif_dist",
+                   height=max(420, plots.rows_height(len(d["ids"]))), share=0.6)
     with right:
         plots.show(lambda: moved_figure(d, name, t, changed), ctx, key="whatif_moved", height=420, share=0.4)
     plots.show(lambda: kl_figure(kl, t, changed), ctx, key="whatif_kl", height=340)

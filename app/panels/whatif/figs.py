@@ -38,14 +38,15 @@ def changed_name(t, specs: str, source_text: str | None = None) -> str:
 
 def distribution_figure(d: dict, name, t, changed: str) -> go.Figure:
     """name(id): how a candidate token reads (a character fragment as the character it completes); `changed`: the
-    changed run's name (changed_name)."""
-    x = [f"{name(int(i))} ({int(i)})" for i in d["ids"]]
-    fig = go.Figure([go.Bar(x=x, y=d["clean"], name=t("whatif.unchanged"), marker_color="#888888"),
-                     go.Bar(x=x, y=d["changed"], name=changed, marker_color="#d62728")])
+    changed run's name (changed_name). A row per candidate, the likeliest on top: every candidate keeps its name
+    on a phone, where twenty upright labels side by side would leave room for every other one."""
+    y = [f"{name(int(i))} ({int(i)})" for i in d["ids"]]
+    fig = go.Figure([go.Bar(x=d["clean"], y=y, orientation="h", name=t("whatif.unchanged"), marker_color="#888888"),
+                     go.Bar(x=d["changed"], y=y, orientation="h", name=changed, marker_color="#d62728")])
     fig.update_layout(barmode="group", title=t("whatif.next_token_probabilities_at_the"),
-                      xaxis_title=t("whatif.token_id"), yaxis_title=t("whatif.probability"),
-                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.3))
-    fig.update_xaxes(type="category")
+                      yaxis_title=t("whatif.token_id"), xaxis_title=t("whatif.probability"),
+                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.15))
+    fig.update_yaxes(type="category", autorange="reversed")
     return fig
 
 
