@@ -149,3 +149,16 @@ def test_a_phone_stacks_compare_modes_a_b_and_b_minus_a(view, fig_id, b):
     assert len(titles) == 3 and not any("<br>" in t for t in titles)  # each on one line
     bars = [lay[k]["colorbar"] for k in ("coloraxis", "coloraxis2")]
     assert all(bar["orientation"] == "h" for bar in bars) and bars[0]["y"] != bars[1]["y"]  # under, not on each other
+
+
+def test_whatifs_attention_matrices_stand_one_under_another_on_a_phone():
+    """No RoPE: the unchanged, the changed and the shuffled prompt's matrices, three in a row on a desktop; on a phone
+    each takes the column's width (side by side their cells were a few px) and names its own rows."""
+    for screen, across in ((DESKTOP, 3), (PHONE, 1)):
+        fig = fig_with(on(screen, view="whatif", whatif="no-rope"), "Attention of layer 0, head 0")
+        lay = fig["layout"]
+        xs = [tuple(lay[k]["domain"]) for k in sorted(lay) if k.startswith("xaxis")]
+        ys = [tuple(lay[k]["domain"]) for k in sorted(lay) if k.startswith("yaxis")]
+        assert len(xs) == 3 and len(set(xs)) == across and len(set(ys)) == 4 - across
+        shown = [lay[k].get("showticklabels", True) for k in sorted(lay) if k.startswith("yaxis")]
+        assert shown == [True, across == 1, True]  # beside the first, the changed run's rows are the first's

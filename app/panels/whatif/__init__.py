@@ -273,8 +273,9 @@ def draw_attention(ctx: ViewContext, ivs: list, run: dict, specs: str, source_id
         titles.append(t("whatif.changed_words_shuffled"))
         label_sets.append([f"{i}:{ctx.pieces[j]}" for i, j in enumerate(perm)])
     title = t("whatif.attention_of_layer_head", l=L, h=H)
-    plots.show(lambda: attention_figure(mats, titles, label_sets, t).update_layout(title=title), ctx,
-               key="whatif_attn", height=min(700, 260 + 14 * len(ctx.ids)))
+    stacked = ctx.screen.stacked  # a phone: one under another
+    plots.show(lambda: attention_figure(mats, titles, label_sets, t, stacked).update_layout(title=title), ctx,
+               key="whatif_attn", height=min(700, 260 + 14 * len(ctx.ids)) * (len(mats) if stacked else 1))
     if rope_off:
         draw_shuffle(ctx, ivs, perm, shuffled, specs, source_ids)
 

@@ -86,15 +86,19 @@ def own_token_figure(p_clean: np.ndarray, p_changed: np.ndarray, labels, t, chan
     return fig
 
 
-def attention_figure(mats: list[np.ndarray], titles: list[str], label_sets: list[list[str]], t) -> go.Figure:
-    """Side-by-side patterns; cells the mask removes are blank (NaN), cells it would remove but did not are coloured.
-    Matrices over the same tokens share the first one's row labels; one over other tokens (the shuffled prompt)
+def attention_figure(mats: list[np.ndarray], titles: list[str], label_sets: list[list[str]], t,
+                     stacked: bool = False) -> go.Figure:
+    """Side-by-side patterns (one under another when `stacked`: a phone, where three side by side had cells of a
+    few px); cells the mask removes are blank (NaN), cells it would remove but did not are coloured. Matrices over
+    the same tokens side by side share the first one's row labels; one over other tokens (the shuffled prompt)
     names its own rows, with room left for them."""
-    own_rows = [c == 0 or labels != label_sets[0] for c, labels in enumerate(label_sets)]
-    layout = plots.grid_layout(1, len(mats), titles, hspace=0.12 if any(own_rows[1:]) else 0.04)
+    rows, cols = (len(mats), 1) if stacked else (1, len(mats))
+    own_rows = [stacked or c == 0 or labels != label_sets[0] for c, labels in enumerate(label_sets)]
+    layout = plots.grid_layout(rows, cols, titles, hspace=0.12 if any(own_rows[1:]) else 0.04,
+                               vspace=0.3 / len(mats))
     traces = []
     for c, (m, labels) in enumerate(zip(mats, label_sets)):
-        xa, ya = plots.axis_ids(1, c + 1, len(mats))
+        xa, ya = plots.axis_ids(c + 1, 1, 1) if stacked else plots.axis_ids(1, c + 1, len(mats))
         traces.append(go.Heatmap(z=m, x=labels, y=labels, coloraxis="coloraxis", hoverongaps=False, xaxis=xa, yaxis=ya,
                                  hovertemplate="q %{y}<br>k %{x}<br>%{z:.4f}<extra></extra>"))
         layout["yaxis" + ya[1:]].update(autorange="reversed", type="category", showticklabels=own_rows[c])
