@@ -162,3 +162,11 @@ def test_whatifs_attention_matrices_stand_one_under_another_on_a_phone():
         assert len(xs) == 3 and len(set(xs)) == across and len(set(ys)) == 4 - across
         shown = [lay[k].get("showticklabels", True) for k in sorted(lay) if k.startswith("yaxis")]
         assert shown == [True, across == 1, True]  # beside the first, the changed run's rows are the first's
+
+
+def test_compare_modes_block_curves_go_two_to_a_row_on_a_phone():
+    for screen, across in ((DESKTOP, 3), (PHONE, 2)):
+        lay = by_id(on(screen, view="block", cmp="prompt", cmp_prompt="The animal didn't cross the road"),
+                    "compare_block")["layout"]
+        xs = {tuple(lay[k]["domain"]) for k in lay if k.startswith("xaxis")}
+        assert len(xs) == across

@@ -162,7 +162,9 @@ def draw_block(pair: Pair) -> None:
         panels.append((t(CURVE_KEYS[f]), [("A", pair.legend("A"), xa, getattr(ca, f)),
                                           ("B", pair.legend("B"), xb, getattr(cb, f))]))
     st.caption(t("compare.block_caption"))
-    plots.show(lambda: F.curves_grid("compare_block", panels, x_title=t("compare.depth")), pair.a, key="compare_block")
+    cols = 2 if pair.a.screen.stacked else 3  # a phone: two to a row, each wide enough for its title
+    plots.show(lambda: F.curves_grid("compare_block", panels, x_title=t("compare.depth"), cols=cols,
+                                     height=260 * -(-len(panels) // cols)), pair.a, key="compare_block")
     rows = []
     for side, c in (("A", ca), ("B", cb)):
         for f in CURVE_FIELDS:
