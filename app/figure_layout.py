@@ -27,6 +27,7 @@ from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, TOOLBAR_H,
 
 LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
 LABEL_CHARS, NARROW_LABEL_CHARS = 14, 9  # longer tick labels are cut, with "…" (the hover names them whole)
+MIN_LABEL_CHARS = 7  # a label cut to fit between two subplots keeps this much ("12:␣th…")
 NARROW = 560  # px: a figure narrower than this has its colour bar under the plot
 CELL_MAX = 48  # px: a heatmap's rows are never taller than this
 HEAT_MAX_H = 560  # px: the tallest plot area of a heatmap
@@ -309,8 +310,10 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
         need = max(((_label_px(fig, ya, "y", ya.tickfont.size or sizes.tick) + PAD) / plot_w
                     for _, _, ya in row[1:] if ya.side != "right"), default=0.0)
         start, end, n = row[0][0][0], row[-1][0][1], len(row)
+        # subplots no narrower than MIN_SUBPLOT: what room is left, the labels are cut to (thin_ticks)
+        need = min(need, (end - start) * (1 - n * MIN_SUBPLOT) / (n - 1))
         each = (end - start - (n - 1) * need) / n
-        if min(gaps) >= need or each < MIN_SUBPLOT * (end - start):
+        if min(gaps) >= need:
             continue
         top = row[0][2].domain[1]
         for i, (old, xa, _) in enumerate(row):
@@ -414,8 +417,9 @@ def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
             domain = axis.domain or (0, 1)
             length = (domain[1] - domain[0]) * (plot_w if letter == "x" else plot_h)
             cats = _axis_categories(fig, axis, letter) if axis.type in (None, "-", "category") else []
+            room = _room_left_of(fig, axis, plot_w) if letter == "y" else None
             if len(cats) >= 2:
-                _thin_categories(axis, cats, letter, length, font)
+                _thin_categories(axis, cats, letter, length, font, _chars_within(cats, room, font))
             elif axis.type == "log" and (vals := log_ticks(fig, axis, letter)):
                 axis.update(tickvals=vals)
             elif letter == "x" and axis.tickvals is None and axis.dtick is None:
@@ -431,17 +435,37 @@ def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
                     axis.update(nticks=most)
 
 
-def _thin_categories(axis, cats: list[str], letter: str, length: float, font: float) -> None:
+def _room_left_of(fig: Figure, ya, plot_w: float) -> float | None:
+    """px between the subplot of y axis `ya` and its left neighbour in the same row, where its tick labels stand;
+    None for the first subplot of a row (its labels stand in the figure's margin)."""
+    mine = [xa for xa in axes(fig, "x") if xa.domain and _y_of(fig, xa).plotly_name == ya.plotly_name]
+    if not mine or not ya.domain or ya.side == "right":
+        return None
+    lefts = [xa.domain[1] for xa in axes(fig, "x") if xa.domain and xa.domain[1] <= mine[0].domain[0]
+             and tuple(_y_of(fig, xa).domain or ()) == tuple(ya.domain)]
+    return (mine[0].domain[0] - max(lefts)) * plot_w if lefts else None
+
+
+def _chars_within(cats: list[str], room: float | None, font: float) -> int:
+    """The most characters (up to LABEL_CHARS, at least MIN_LABEL_CHARS: a position and a few letters) every label
+    keeps where `room` px is all a subplot's labels have."""
+    n = LABEL_CHARS
+    while room is not None and n > MIN_LABEL_CHARS and max(text_px(cut(c, n), font) for c in cats) + 8 + PAD > room:
+        n -= 1
+    return n
+
+
+def _thin_categories(axis, cats: list[str], letter: str, length: float, font: float, chars: int = LABEL_CHARS) -> None:
     if axis.range is None and axis.autorange is None:  # the categories span the axis (a line's label widens it)
         axis.update(range=[-0.5, len(cats) - 0.5])
     each = length / len(cats)
-    widest = max(text_px(cut(c, LABEL_CHARS), font) for c in cats)
+    widest = max(text_px(cut(c, chars), font) for c in cats)
     if letter == "x" and widest + 8 <= each:
-        axis.update(tickangle=0, tickmode="array", tickvals=cats, ticktext=[cut(c, LABEL_CHARS) for c in cats])
+        axis.update(tickangle=0, tickmode="array", tickvals=cats, ticktext=[cut(c, chars) for c in cats])
         return
     k = max(_panel_step(axis, cats), math.ceil(font * LABEL_ROOM / max(each, 0.1)))
     shown = cats[::k]
-    axis.update(tickmode="array", tickvals=shown, ticktext=[cut(c, LABEL_CHARS) for c in shown])
+    axis.update(tickmode="array", tickvals=shown, ticktext=[cut(c, chars) for c in shown])
     if letter == "x":
         axis.update(tickangle=-90)
 

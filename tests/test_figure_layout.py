@@ -398,3 +398,25 @@ def test_twenty_ranked_candidates_keep_every_name_on_a_phone():
         fitted = fit(fig, PHONE.main, presenter=False, touch=True)
         axis = fitted.layout.yaxis if fitted.data[0].orientation == "h" else fitted.layout.xaxis
         assert list(axis.tickvals) == labels, f"{fig.layout.title.text}: {len(axis.tickvals)} of 20 names shown"
+
+
+def test_labels_between_side_by_side_subplots_are_cut_to_the_room_left_when_subplots_cannot_narrow():
+    """Compare mode's A, B and B − A on a laptop: B − A's rows ("4:␣river→␣loan") stood over B's last cells, since
+    making room would have left the subplots narrower than MIN_SUBPLOT; they get what room is left, and the
+    labels are cut to it."""
+    from app.figure_layout import MIN_LABEL_CHARS, MIN_SUBPLOT
+
+    a, b = ["0:The", "1:␣bank", "2:␣of", "3:␣the", "4:␣river"], ["0:The", "1:␣bank", "2:␣approved", "3:␣the", "4:␣loan"]
+    diff = ["0:The", "1:␣bank", "2:␣of→␣approved", "3:␣the", "4:␣river→␣loan"]
+    from app.panels.compare.figs import pair_heatmaps
+
+    z = np.random.rand(5, 5)
+    fig = fit(pair_heatmaps("compare_attention", [("A", "A", z, a, a), ("B", "B", z, b, b)], ("B − A", z - 0.5, diff, diff)),
+              780, presenter=False, touch=False)
+    plot_w = plot_area(fig, 780, Sizes.for_screen(False))[0]
+    domains = [fig.layout.xaxis.domain, fig.layout.xaxis2.domain, fig.layout.xaxis3.domain]
+    assert min(d[1] - d[0] for d in domains) >= MIN_SUBPLOT - 1e-9
+    for (left, right), axis in zip(zip(domains, domains[1:]), (fig.layout.yaxis2, fig.layout.yaxis3)):
+        widest = max(text_px(s, axis.tickfont.size or 12) for s in axis.ticktext)
+        assert widest + 8 <= (right[0] - left[1]) * plot_w, f"{axis.ticktext} stand over the subplot to their left"
+        assert all(len(s) >= MIN_LABEL_CHARS for s in axis.ticktext if s.endswith("…"))  # a position and some letters
