@@ -190,7 +190,8 @@ def test_bank_preset_changes_the_prediction_and_keeps_the_prompt(loaded):
     tiles = {m.label: m for m in at.metric}
     top = tiles["Top next token"]
     before, after = (display_piece(loaded.tokenizer.piece(int(d.argmax()))) for d in (p, q))
-    assert (top.value, top.delta) == (after, f"unchanged model: {before}")
+    # in quotes: a token such as "-" or "." alone would read as no value
+    assert (top.value, top.delta) == (f"“{after}”", f"unchanged model: “{before}”")
     changed_loss = tiles[t("whatif.loss_on_the_prompt_changed", "en")]
     from streamlit.proto.Metric_pb2 import Metric
 

@@ -198,9 +198,10 @@ def draw_results(ctx: ViewContext, ivs: list, source_text: str | None) -> None:
     c[1].metric(t("whatif.loss_on_the_prompt_changed"), f"{loss1:.3f}", "±0.000" if still else moved,
                 delta_color="off" if still else "inverse", delta_arrow="off" if still else "auto")
     name = candidate_namer(ctx)
-    # the changed run's top token, the unchanged one's under it: two tokens and an arrow overflow a quarter row
-    c[2].metric(t("whatif.top_next_token"), name(top1),
-                t("whatif.top_was", before=name(top0)) if top1 != top0 else t("whatif.top_kept"),
+    # the changed run's top token, the unchanged one's under it: two tokens and an arrow overflow a quarter row; in
+    # quotes, since a token such as "-" or "." alone reads as no value
+    c[2].metric(t("whatif.top_next_token"), f"“{name(top1)}”",
+                t("whatif.top_was", before=f"“{name(top0)}”") if top1 != top0 else t("whatif.top_kept"),
                 delta_color="off", delta_arrow="off")
     c[3].metric(t("whatif.kl_at_the_output"), f"{kl[-1]:.4f}")
     left, right = st.columns([3, 2])
