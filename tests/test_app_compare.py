@@ -15,6 +15,7 @@ from compare_util import BANK_A, BANK_B, LINE, TWINS, ids_of, js_rows, load, rec
 from test_app_attention import capture_downloads
 
 from app.panels import VIEWS
+from app.i18n import t
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VIEW_FIGURES = {  # the figures each view draws for the twins (same shape and length: B − A everywhere)
@@ -104,6 +105,11 @@ def test_attention_a_b_and_the_difference_are_the_recordings(twins):
     assert fig["layout"]["coloraxis"]["cmin"] == 0 and fig["layout"]["coloraxis"]["cmax"] == 1  # one scale for A, B
     js = decode(trace(by_id(at, "compare_attention_js"), "js")["y"])
     np.testing.assert_allclose(js, js_rows(pa, pb), atol=1e-9)
+    # orange marks positions holding another token: the twins read the same tokens, so the caption names none
+    assert t("compare.js_caption", "en") in all_text(at) and "Orange" not in all_text(at)
+    minimal_pair = run_app(view="attention", prompt="The bank of the river", cmp="prompt",
+                           cmp_prompt="The bank approved the loan")
+    assert t("compare.js_caption_changed", "en") in all_text(minimal_pair)
     files = capture_downloads(at, ["compare_attention.csv"])
     rows = list(csv.DictReader(io.StringIO(files["compare_attention.csv"])))
     for side, p in (("A", pa), ("B", pb)):

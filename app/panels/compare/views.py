@@ -111,7 +111,9 @@ def draw_attention(pair: Pair) -> None:
                                  for k in range(q + 1)])
     if m["diff"] is not None:
         js = row_js(pair)
-        st.caption(t("compare.js_caption"))
+        # orange marks the positions holding another token: said only where there are some (not for the twins)
+        gap = "" if a.lang == "zh" else " "  # between two sentences
+        st.caption(gap.join([t("compare.js_caption")] + [t("compare.js_caption_changed")] * bool(pair.changed())))
         plots.show(lambda: F.bars_figure("compare_attention_js", pair.diff_labels(), [("js", t("compare.js_name"), js)],
                                  title=t("compare.js_title", layer=a.layer, head=a.head), y_title="nats",
                                  highlight=sorted(pair.changed())), a, key="compare_attention_js")
