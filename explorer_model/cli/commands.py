@@ -60,9 +60,9 @@ def memory_lines(cfg) -> list[str]:
     """What each dtype needs, and what this machine has, before anything is loaded."""
     from ..memory import DEFAULT_TOKENS, available_bytes, estimates, gb
 
-    room = available_bytes()
-    lines = [f"memory to run {DEFAULT_TOKENS} tokens (available: {gb(room) if room is not None else 'unknown'}):"]
-    for name, est in estimates(cfg).items():
+    room, n = available_bytes(), min(DEFAULT_TOKENS, cfg.max_seq_len)  # a model's context may be shorter
+    lines = [f"memory to run {n} tokens (available: {gb(room) if room is not None else 'unknown'}):"]
+    for name, est in estimates(cfg, n).items():
         lines.append(f"  {name:<16} {gb(est.total):>9}  (weights {gb(est.weights)} + runtime {gb(est.runtime)})")
     return lines
 
@@ -80,7 +80,7 @@ def cmd_info(args) -> None:
     t0 = time.perf_counter()
     loaded = _load(args.source, args.dtype)
     seconds = time.perf_counter() - t0
-    from ..memory import estimates, kv_cache_bytes_per_token
+    from ..memory import DEFAULT_TOKENS, estimates, kv_cache_bytes_per_token
 
     model, cfg = loaded.model, loaded.model.cfg
     info = {
@@ -90,7 +90,7 @@ def cmd_info(args) -> None:
         "dtype": loaded.dtype_name,
         "load_seconds": round(seconds, 2),
         "memory_bytes": {k: {"weights": e.weights, "runtime": e.runtime, "total": e.total, "n_tokens": e.n_tokens}
-                         for k, e in estimates(loaded.cfg).items()},
+                         for k, e in estimates(loaded.cfg, min(DEFAULT_TOKENS, loaded.cfg.max_seq_len)).items()},
         "config": cfg.to_dict(),
         "parameters": model.param_counts(),
         "kv_cache_bytes_per_token_fp32": kv_cache_bytes_per_token(cfg, 4),
