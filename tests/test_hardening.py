@@ -115,9 +115,9 @@ def table_edit(kind, path):
 # What each tampering is refused with: gguf's own reader already fails on some (a tensor past the end of a
 # short file, absurd dimensions), check_tensor_table names the rest.
 TABLE = {"misaligned": ["not a multiple of the alignment"], "past_end": ["truncated or corrupt GGUF file"],
-         "wraps_to_the_header": ["run past the end"], "overlap": ["overlaps the tensor before it"],
-         "smaller_type": ["unused bytes before tensor"], "larger_type": ["overlaps the tensor before it"],
-         "wrong_shape": ["overlaps the tensor before it"], "zero_dim": ["impossible shape"],
+         "wraps_to_the_header": ["run past the end"], "overlap": ["overlap ("],
+         "smaller_type": ["unused bytes between tensors"], "larger_type": ["overlap ("],
+         "wrong_shape": ["overlap ("], "zero_dim": ["impossible shape"],
          "huge_dims": ["truncated or corrupt GGUF file"], "five_dims": ["truncated or corrupt GGUF file"]}
 
 
@@ -125,7 +125,9 @@ TABLE = {"misaligned": ["not a multiple of the alignment"], "past_end": ["trunca
 def test_bad_tensor_table_is_refused(good_gguf, tmp_path, capsys, kind):
     src = good_gguf[0]
     bad = poke(src, tmp_path / f"{kind}.gguf", table_edit(kind, src))
-    refused(bad, tmp_path, capsys, f"{kind}.gguf", *TABLE[kind])
+    edited = gguf_layout(src)[2][1]  # the tensor whose table entry was changed: the line names it
+    named = [f"{edited} "] if kind in ("overlap", "smaller_type", "larger_type", "wrong_shape") else []
+    refused(bad, tmp_path, capsys, f"{kind}.gguf", *TABLE[kind], *named)
 
 
 def test_quantized_rows_that_are_not_whole_blocks(good_gguf, tmp_path, capsys):

@@ -163,15 +163,16 @@ def check_tensor_table(reader, path: Path) -> None:
                             f"({size - start} bytes of tensor data)")
         spans.append((offset, offset + n_bytes, t.name))
     spans.sort()
-    expected = 0
-    for begin, end, name in spans:
+    expected, before = 0, None
+    for begin, end, name in spans:  # a wrong type or shape makes its own tensor too long, or too short
         if begin < expected:
-            raise LoadError(f"{path}: tensor {name} overlaps the tensor before it (starts at {begin}, "
-                            f"the previous one ends at {expected}); the declared types or shapes are wrong")
+            raise LoadError(f"{path}: tensors {before} and {name} overlap ({before}'s declared type and shape end at "
+                            f"{expected}, {name} starts at {begin}); one of their declared types or shapes is wrong")
         if begin > expected + (-expected % align):
-            raise LoadError(f"{path}: {begin - expected} unused bytes before tensor {name}; "
-                            "the declared types or shapes do not match the data layout")
-        expected = end
+            where = f"between tensors {before} and {name}" if before else f"before tensor {name}"
+            raise LoadError(f"{path}: {begin - expected} unused bytes {where}; a declared type or shape does not "
+                            "match the data layout")
+        expected, before = end, name
 
 
 def convert_config(reader, meta: dict, path: Path) -> tuple[ModelConfig, dict]:
