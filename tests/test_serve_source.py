@@ -54,3 +54,22 @@ def test_a_good_source_is_what_every_new_page_opens(tmp_path, capsys, started, m
     assert started["env"][SERVED_ENV] == str(folder)
     assert "/?model=" not in out  # the plain address opens it
     assert ("visitors choose from my-twin (every new page opens it)" in out) == share
+
+
+def test_models_dir_entries_that_will_not_open_are_named_when_the_server_starts(tmp_path, capsys, started, ckpt):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copytree(ASSETS / "tiny-post", folder / "good")
+    cut = ckpt.save_hf(ckpt.hf_model("gqa"), folder / "cut")
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[:len(data) // 2])
+    (folder / "no-tokenizer").mkdir()
+    shutil.copy(ASSETS / "tiny-post" / "explorer_config.json", folder / "no-tokenizer")
+    (folder / "outside").symlink_to(ASSETS / "tiny-pre")
+    with pytest.warns(UserWarning) as said:  # the CLI writes each as one line, "llama-explorer: warning: …"
+        assert cli.main(["serve", "--port", "8599", "--models-dir", str(folder)]) in (0, None)
+    lines = [str(w.message) for w in said]
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "outside is not offered", "cut is offered but will not open", "no-tokenizer is offered but will not open"], lines
+    assert "truncated" in lines[1] and "no tokenizer" in lines[2]
+    assert started["env"]["LLAMA_EXPLORER_MODELS_DIR"] == str(folder)  # the server starts: the good one is offered

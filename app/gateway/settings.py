@@ -15,7 +15,6 @@ from explorer_model.paths import ASSETS
 
 DEFAULT_SOURCE = "smollm2"
 DEFAULT_MAX_TOKENS = 256
-MODEL_FILES = ("config.json", "params.json", "explorer_config.json")
 
 
 def shared() -> bool:
@@ -66,21 +65,10 @@ def shipped_models() -> tuple[str, ...]:
 
 
 def folder_models(folder: str | None = None) -> dict[str, Path]:
-    """{name: path} of the models in the teacher's folder (`folder`, or the server's --models-dir); entries resolving
-    outside the folder are refused."""
-    folder = folder or os.environ.get("LLAMA_EXPLORER_MODELS_DIR")
-    if not folder or not Path(folder).is_dir():
-        return {}
-    root = Path(folder).resolve()
-    out = {}
-    for p in sorted(Path(folder).iterdir()):
-        real = p.resolve()
-        if not real.is_relative_to(root):  # a symlink out of the folder would expose any file of the server
-            continue
-        if real.suffix.lower() == ".gguf" and real.is_file() or (
-                real.is_dir() and any((real / f).is_file() for f in MODEL_FILES)):
-            out.setdefault(p.name, real)
-    return out
+    """{name: path} of the models in the teacher's folder (`folder`, or the server's --models-dir)."""
+    from explorer_model.loaders import folder_models as listed
+
+    return listed(folder or os.environ.get("LLAMA_EXPLORER_MODELS_DIR"))
 
 
 def served() -> tuple[str, str] | None:

@@ -354,11 +354,34 @@ def cmd_train_tiny(args) -> None:
 # --- end train-tiny ---
 
 
+def warn_unopenable(folder: str) -> None:
+    """A line on stderr for each entry of --models-dir a visitor could pick but not open (its config, tokenizer or
+    weights missing or cut short), and each one left out of the list (it leads outside the folder): the teacher
+    reads it before the lesson, not a student in it."""
+    import warnings
+    from pathlib import Path
+
+    from ..loaders import LoadError, check_weights, folder_models, read_tokenizer
+
+    root = Path(folder).resolve()
+    for p in sorted(Path(folder).iterdir()):
+        if not p.resolve().is_relative_to(root):
+            warnings.warn(f"--models-dir: {p.name} is not offered: it leads outside the folder")
+    for name, path in folder_models(folder).items():
+        try:
+            read_tokenizer(path)
+            check_weights(path)
+        except LoadError as e:
+            warnings.warn(f"--models-dir: {name} is offered but will not open: {e}")
+
+
 def cmd_serve(args) -> None:
     from .serve import haproxy_path, port_is_free, serve
 
     if args.models_dir and not os.path.isdir(args.models_dir):
         raise CliError(f"--models-dir {args.models_dir}: no such folder")
+    if args.models_dir:
+        warn_unopenable(args.models_dir)
     if args.source != "smollm2":  # a source that opens no model ends here, not in every visitor's page
         from ..loaders import SERVED_ENV, check_weights, read_tokenizer
 

@@ -114,6 +114,26 @@ def list_name(source: str) -> str:
     return f"{name} ({path.parent.name or '/'})" if name.lower() in (DEFAULT, *NAMED) else name
 
 
+MODEL_FILES = ("config.json", "params.json", "explorer_config.json")  # a folder holding one is a model's
+
+
+def folder_models(folder: str | os.PathLike | None) -> dict[str, Path]:
+    """{name: path} of the models in a folder (`serve --models-dir`): its .gguf files and model folders, by their
+    names; an entry resolving outside the folder is left out (a symlink out of it would expose any file)."""
+    if not folder or not Path(folder).is_dir():
+        return {}
+    root = Path(folder).resolve()
+    out = {}
+    for p in sorted(Path(folder).iterdir()):
+        real = p.resolve()
+        if not real.is_relative_to(root):
+            continue
+        if real.suffix.lower() == ".gguf" and real.is_file() or (
+                real.is_dir() and any((real / f).is_file() for f in MODEL_FILES)):
+            out.setdefault(p.name, real)
+    return out
+
+
 def read_config(source: str | os.PathLike = DEFAULT):
     """The ModelConfig of a source without loading its weights (for memory estimates before a load).
 
