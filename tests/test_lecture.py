@@ -205,6 +205,7 @@ def test_serve_refuses_a_lecture_with_one_line_per_mistake(monkeypatch, tmp_path
     assert "No such file" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("ignore:--models-dir:UserWarning")  # its empty .gguf will not open: said, as it should be
 def test_serve_refuses_what_the_page_would_refuse(monkeypatch, tmp_path, capsys):
     """The server starts only with a file every visitor's page opens: a view, a part of a view, a choice of another
     view and a What-if change are checked as the page checks them (the page listed them to the class instead)."""
