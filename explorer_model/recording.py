@@ -179,10 +179,11 @@ def rebuildable_names(cfg: ModelConfig, selected) -> dict[str, tuple[str, ...]]:
 @contextmanager
 def recorder(model: LlamaModel, names: Iterable[str] | None = None, layers: Iterable[int] | None = None,
              dtype: torch.dtype = torch.float32, attention: str = "derived") -> Iterator[Recording]:
-    """Attach caching hooks for the selected names; they are removed on exit, even on error."""
+    """Attach caching hooks for the selected names (checked as record() checks them: checked_selection); they are
+    removed on exit, even on error."""
     if attention not in ("derived", "stored"):
         raise ValueError("attention must be 'derived' or 'stored'")
-    selected = recorded_names(model, names, layers)
+    selected = recorded_names(model, *checked_selection(model, names, layers))
     store: dict[str, torch.Tensor] = {}
     rotated: dict[int, list] = {}
     last = [None, None]  # the previous hooked tensor and its kept copy
@@ -246,6 +247,8 @@ def checked_selection(model: LlamaModel, names, layers) -> tuple[list[str] | Non
         names = [names]
     if names is not None:
         names = list(names)
+        if not names:
+            raise ValueError("names is empty: nothing would be recorded (names=None records every hook point)")
         hooks = model.hook_dict
         for pattern in names:
             if pattern not in hooks and not any(fnmatch.fnmatchcase(h, pattern) for h in hooks):
@@ -274,7 +277,6 @@ def record(model: LlamaModel, tokens: torch.Tensor | list[int], names: Iterable[
         tokens = tokens[None]
     for row in tokens:  # an empty prompt, an id past the embedding: one line, not torch's IndexError
         check_ids(row.tolist(), model.cfg.vocab_size, model.cfg.max_seq_len)
-    names, layers = checked_selection(model, names, layers)
     if interventions is None:
         with torch.no_grad(), recorder(model, names, layers, dtype, attention) as rec:
             model(tokens)

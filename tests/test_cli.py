@@ -287,6 +287,13 @@ def test_bad_arguments_give_one_line(tmp_path, capsys, monkeypatch, args, needle
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.parametrize("names, hint", [(["no.such.*"], False), (["hook_embed", "tiny-pre"], True)])
+def test_names_matching_nothing_hint_at_the_model_only_when_one_stands_among_them(tmp_path, capsys, names, hint):
+    assert cli.main(["record", "--prompt", "hi", "--out", str(tmp_path / "x.npz"), "--names", *names]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("; the model goes before --names") == hint, line
+
+
 @pytest.mark.parametrize("prompt, source, needle", [
     ("The king", "The queen", "position 10 does not exist in a prompt of length 3"),
     ("The king is dead and gone, and the queen is here", "The queen", "position 10 does not exist in the patch's source prompt of length 5"),

@@ -59,7 +59,7 @@ def test_the_api_refuses_ids_a_model_cannot_run_with_the_clis_line(smol, capsys,
     """record() on an empty prompt, an id past the embedding or more ids than the context: PromptError with the line
     the CLI prints for the same ids (an empty list crashed in the RoPE table; an id past the embedding raised
     torch's "index out of range in self")."""
-    from explorer_model.recording import record
+    from explorer_model.recording import record, recorder
 
     cfg = smol.model.cfg
     for ids, needle in (([], "the prompt has no tokens"),
@@ -80,9 +80,13 @@ def test_the_api_refuses_ids_a_model_cannot_run_with_the_clis_line(smol, capsys,
             smol.tokenizer.encode_prompt(empty)
     # a selection that records nothing, or everything, is refused or read as meant, as the CLI's --names
     for kw, needle in ((dict(names=["nosuch"]), "'nosuch' matches no hook point"),
-                       (dict(layers=[cfg.n_layers]), f"layer {cfg.n_layers} does not exist")):
+                       (dict(layers=[cfg.n_layers]), f"layer {cfg.n_layers} does not exist"),
+                       (dict(names=[]), "names is empty: nothing would be recorded")):
         with pytest.raises(ValueError, match=re.escape(needle)):
             record(smol.model, [1, 2], **kw)
+        with pytest.raises(ValueError, match=re.escape(needle)):  # recorder() around a forward of one's own too
+            with recorder(smol.model, **kw):
+                pass
     assert record(smol.model, [1, 2], names="blocks.0.hook_resid_post").names == ["blocks.0.hook_resid_post", "logits"]
 
 

@@ -158,7 +158,8 @@ def cmd_record(args) -> None:
     try:  # before anything runs, as record() checks it; a model named after --names is read as one more pattern
         checked_selection(loaded.model, names, None)
     except ValueError as e:
-        raise CliError(f"--{e}; the model goes before --names") from None
+        model_like = [n for n in names or () if n in ("smollm2", "tiny-pre", "tiny-post") or os.path.exists(n)]
+        raise CliError(f"--{e}" + ("; the model goes before --names" if model_like else "")) from None
     dtype = torch.float16 if args.float16 else torch.float32
     ivs, source_ids = what_if(loaded, args, len(ids))
     size = plan(loaded.model, ids, names, dtype)
