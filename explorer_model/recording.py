@@ -128,8 +128,13 @@ class Recording(Mapping):
         return int(self.token_ids.shape[1])
 
     def stack(self, suffix: str, layers: Iterable[int] | None = None) -> torch.Tensor:
-        """The same hook across layers: stack('ln1.hook_scale') -> [layer, batch, pos, 1]."""
+        """The same hook across layers: stack('ln1.hook_scale') -> [layer, batch, pos, 1] (every layer, or `layers`)."""
         layers = range(self.cfg.n_layers) if layers is None else layers
+        held = [l for l in range(self.cfg.n_layers) if f"blocks.{l}.{suffix}" in self.names]
+        missing = [l for l in layers if l not in held]
+        if missing:
+            raise KeyError(f"stack({suffix!r}) needs layer {missing[0]}, which this recording does not hold (it "
+                           f"holds {suffix} of layers {held}: pass layers=[…] of those)")
         return torch.stack([self[f"blocks.{l}.{suffix}"] for l in layers])
 
     def pattern(self, layer: int) -> torch.Tensor:

@@ -99,3 +99,11 @@ def test_extend_keeps_rebuilding_and_equals_a_fresh_recording():
     fresh = record(model, ids)
     assert grown._rebuilt == fresh._rebuilt == expected(model.cfg, REBUILT)
     assert_close_recording(grown, fresh)  # other row counts, other kernels: within float32 rounding
+
+
+def test_stack_of_a_recording_of_some_layers_says_which_it_holds():
+    rec = record(tiny_model(), TOKENS, names=["blocks.*.attn.hook_pattern"], layers=[0, 2])
+    assert rec.stack("attn.hook_pattern", layers=[0, 2]).shape[0] == 2
+    with pytest.raises(KeyError, match=r"needs layer 1, which this recording does not hold \(it holds "
+                                       r"attn.hook_pattern of layers \[0, 2\]"):
+        rec.stack("attn.hook_pattern")
