@@ -33,7 +33,7 @@ CELL_MAX = 48  # px: a heatmap's rows are never taller than this
 HEAT_MAX_H = 560  # px: the tallest plot area of a heatmap
 PRESENTER_MAX_H = 680  # px: the tallest figure in presenter mode (the main figure fits a 1280×720 first screen)
 COLORBAR_PX = 14  # thickness of a colour bar
-PAD, TICK_GAP, STANDOFF = 8, 6, 8  # px: a heatmap's edge, between its tick labels and the plot, axis title to labels
+PAD, TICK_GAP, STANDOFF = 8, 6, 12  # px: a heatmap's edge, between its tick labels and the plot, axis title to labels
 COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colour bar of their own
 TITLE_GAP = 6  # px between a figure's title and the subplot titles under it
 MIN_SUBPLOT = 0.2  # of a row's width: side-by-side subplots are never made narrower to fit their axes' labels
@@ -184,6 +184,7 @@ def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, heigh
                 fig.update_layout(height=fig.layout.height + grow)
         _room_above(fig, len(lines), sizes)
         thin_ticks(fig, width, sizes)
+        _room_left(fig, sizes)
         _legend_under(fig, width, sizes)
     raise_fonts(fig, sizes.text)
     fig.update_layout(width=None)
@@ -433,6 +434,22 @@ def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
                     axis.update(tick0=0, dtick=fitting_step(*reach, most))
                 else:
                     axis.update(nticks=most)
+
+
+def _room_left(fig: Figure, sizes: Sizes) -> None:
+    """The left margin holds a titled y axis's tick labels and its title: left to Plotly's automargin, the title
+    stood over the labels (the margin it pushed out held the labels and left the title a few px short). An axis
+    without a title keeps Plotly's margin, which fits its labels."""
+    left = max((_label_px(fig, a, "y", a.tickfont.size or sizes.tick) for a in axes(fig, "y")
+                if a.side != "right" and a.title.text and (a.domain is None or _first_in_row(fig, a))), default=0.0)
+    if left and (fig.layout.margin.l or 0) < left + PAD:
+        fig.update_layout(margin_l=math.ceil(left + PAD))
+
+
+def _first_in_row(fig: Figure, ya) -> bool:
+    """Whether the subplot of y axis `ya` is the leftmost of its row (its labels stand in the figure's margin)."""
+    mine = [xa for xa in axes(fig, "x") if _y_of(fig, xa).plotly_name == ya.plotly_name]
+    return not mine or not mine[0].domain or mine[0].domain[0] <= 1e-6
 
 
 def _room_left_of(fig: Figure, ya, plot_w: float) -> float | None:

@@ -9,6 +9,7 @@ import pytest
 
 from browser_util import (browser, figures, open_app, page, pick_view, query, server, settle_figures,  # noqa: F401
                           shots_dir, view_errors, wait_idle)
+from layout_util import MEASURE
 
 pytestmark = pytest.mark.browser
 LINE = "Shall I compare thee to a summer's day?"
@@ -25,6 +26,12 @@ def traces(fig: dict) -> dict:
     return {t.get("meta"): t for t in fig["data"]}
 
 
+def crossings(pg) -> list[str]:
+    """Texts of different parts of a figure that overlap (an axis title on its tick labels…), as layout_util
+    measures the views' own figures."""
+    return [f"{f['key']}: {c}" for f in pg.evaluate(MEASURE) for c in f["crossings"]]
+
+
 def test_twins_side_by_side_in_three_views(server, page):  # noqa: F811
     open_app(page, server, model="tiny-pre", prompt=LINE, view="norm", layer=2, head=3)
     # B chosen in the sidebar as a visitor would: mode, then the model (the twin is offered first)
@@ -38,6 +45,7 @@ def test_twins_side_by_side_in_three_views(server, page):  # noqa: F811
     pre, post = stream["A"]["y"], stream["B"]["y"]
     assert pre[-1] > 5 * pre[0] and all(abs(v - 1) < 0.3 for v in post[1:])  # Pre grows; Post held near 1
     assert page.get_by_text("Pre-Norm (A): the residual stream").is_visible()
+    assert crossings(page) == []
     page.screenshot(path=str(shots_dir() / "compare_norm.png"))
 
     pick_view(page, "Attention")
@@ -46,6 +54,7 @@ def test_twins_side_by_side_in_three_views(server, page):  # noqa: F811
     assert set(att) == {"A", "B", "B-A"}
     a, b, d = att["A"]["z"], att["B"]["z"], att["B-A"]["z"]
     assert d[5][2] == pytest.approx(b[5][2] - a[5][2], abs=1e-6) and d[2][5] is None  # future cells stay blank
+    assert crossings(page) == []
     page.screenshot(path=str(shots_dir() / "compare_attention.png"))
 
     pick_view(page, "The block")
