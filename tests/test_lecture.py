@@ -271,3 +271,11 @@ def test_every_mistake_has_its_line_in_both_catalogs():
 
     for lang in L.LANGS:
         assert [c for c in L.ENGLISH if f"lecture.err.{c}" not in i18n.catalog(lang)] == []
+
+
+def test_the_docs_state_the_validators_limits():
+    text = " ".join((ROOT / "docs" / "lectures.md").read_text(encoding="utf-8").split())
+    for said in (f"over the size limit ({L.MAX_BYTES // 1024} KB)", f"deeper than a lecture ({L.MAX_DEPTH} levels)",
+                 f"texts over {L.MAX_TEXT:,} characters", f"prompts over {L.MAX_PROMPT:,}",
+                 f"more than {L.MAX_STEPS} steps or {L.MAX_IDS:,} token ids"):
+        assert said in text, said
