@@ -241,10 +241,10 @@ def raise_fonts(fig: Figure, least: int) -> None:
         up(axis.title.font)
     for note in lay.annotations:
         up(note.font)
-    if any(getattr(tr, "coloraxis", None) for tr in fig.data):
-        bar = lay.coloraxis.colorbar
+    for name in sorted({tr.coloraxis for tr in fig.data if getattr(tr, "coloraxis", None)}):  # coloraxis, coloraxis2…
+        bar = getattr(lay, name).colorbar
         bar.tickfont.size = max(bar.tickfont.size or 0, least)
-        up(bar.title.font)
+        bar.title.font.size = max(bar.title.font.size or 0, least)
     for tr in fig.data:
         for font in (tr.textfont, tr.insidetextfont, tr.outsidetextfont, tr.colorbar.tickfont, tr.colorbar.title.font):
             up(font)

@@ -147,14 +147,17 @@ def test_titles_wrap_short_of_the_toolbar_and_chinese_punctuation_stays_with_its
 def test_no_font_is_smaller_than_the_screen_allows(presenter):
     least = PRESENTER_MIN_TEXT if presenter else MIN_TEXT
     fig = go.Figure([go.Heatmap(z=[[1, 2]], coloraxis="coloraxis", xaxis="x", yaxis="y"),
-                     go.Heatmap(z=[[1, 2]], coloraxis="coloraxis", xaxis="x2", yaxis="y2",
+                     go.Heatmap(z=[[1, 2]], coloraxis="coloraxis2", xaxis="x2", yaxis="y2",
                                 text=[["a", "b"]], texttemplate="%{text}", textfont=dict(size=10))],
                     layout=plots.grid_layout(1, 2, ["left", "right"]))
-    fig.update_layout(xaxis_tickfont_size=9, legend_font_size=10, title=dict(text="t", font=dict(size=11)))
+    fig.update_layout(xaxis_tickfont_size=9, legend_font_size=10, title=dict(text="t", font=dict(size=11)),
+                      coloraxis=dict(colorbar=dict(title="A · B")), coloraxis2=dict(colorbar=dict(title="B − A")))
     fig.layout.annotations[0].font.size = 8
     fig = fit(fig, 800, presenter=presenter, touch=False, height=400)
+    bars = [fig.layout.coloraxis.colorbar, fig.layout.coloraxis2.colorbar]
     sizes = [fig.layout.xaxis.tickfont.size, fig.layout.legend.font.size, fig.layout.title.font.size,
-             fig.layout.annotations[0].font.size, fig.data[1].textfont.size, fig.layout.coloraxis.colorbar.tickfont.size]
+             fig.layout.annotations[0].font.size, fig.data[1].textfont.size,
+             *(bar.tickfont.size for bar in bars), *(bar.title.font.size for bar in bars)]
     assert min(sizes) >= least
 
 
