@@ -282,3 +282,14 @@ def test_the_norms_kind_and_place_are_named_as_in_both_languages():
     for lang, line in (("en", "**RMSNorm**, **Pre-Norm**."), ("zh", "**RMSNorm**，**Pre-Norm**。")):
         at = run_app(view="norm", lang=lang)
         assert not at.exception and line in all_text(at), lang
+
+
+def test_one_tokens_rows_leave_room_for_the_largest_values_labels():
+    """The labels of the largest |x| stand above (below) their bars inside the row, not on its title."""
+    from app.panels.norm import vectors_figure
+
+    x = np.array([0.1, -0.5, 0.8, 0.2, -0.1])
+    fig = vectors_figure({"x": x, "normalized": x / 0.4, "out": x * 0.3}, lambda key, **v: key)
+    for r, scale in ((1, 1.0), (2, 2.5), (3, 0.3)):
+        lo, hi = fig.layout["yaxis" + ("" if r == 1 else str(r))].range
+        assert hi >= 0.8 * scale * 1.15 and lo <= -0.5 * scale * 1.15

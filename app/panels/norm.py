@@ -114,6 +114,10 @@ def vectors_figure(v: dict, t) -> go.Figure:
                            cliponaxis=False, marker=dict(color="#e45756", size=9), xaxis=xa, yaxis=ya,
                            name=t("norm.largest_x"), showlegend=r == 1, meta=f"{k}_outliers",
                            hovertemplate=t("norm.outlier_dim") + " %{x}: %{y:.5g}<extra></extra>"))
+        # room above and below the bars for the largest ones' labels (they stood on the row's title)
+        lo, hi = min(float(v[k].min()), 0.0), max(float(v[k].max()), 0.0)
+        room = 0.2 * (hi - lo or 1.0)
+        layout["yaxis" + ya[1:]]["range"] = [lo - room * (lo < 0), hi + room * (hi > 0)]
     layout["xaxis3"]["title"] = t("norm.dim_axis")
     layout.update(height=620, bargap=0, margin=dict(l=10, r=10, t=60, b=10), title=t("norm.vectors_title"),
                   legend=dict(orientation="h", y=1.08, x=1, xanchor="right"))
