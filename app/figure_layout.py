@@ -17,23 +17,20 @@ Every function here is pure: a figure (its spec, app/figure_spec.py) and sizes i
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from app.figure_spec import Figure, Node, axes, fitting_step, log_ticks, whole_span, whole_step, x_extent
-from app.figure_text import (CHAR_EM, LINE, TITLE_TOP, TOOLBAR_CLEAR, TOOLBAR_H, Sizes, cut, cut_cell_text, place_title,
-                             presenter_fonts, raise_fonts, text_px, title_pad, wrap_subplot_titles)
+from app.figure_spec import Figure, axes, axis_categories, y_of
+from app.figure_text import (CHAR_EM, LINE, PAD, STANDOFF, TICK_GAP, TITLE_TOP, TOOLBAR_CLEAR, TOOLBAR_H, Sizes, cut,
+                             cut_cell_text, place_title, presenter_fonts, raise_fonts, text_px, title_pad,
+                             wrap_subplot_titles)
+from app.figure_ticks import LABEL_CHARS, LABEL_ROOM, NARROW_LABEL_CHARS, thin, thin_ticks
 
-LABEL_ROOM = 1.45  # × the font size: the room along an axis one line of label text needs
-LABEL_CHARS, NARROW_LABEL_CHARS = 14, 9  # longer tick labels are cut, with "…" (the hover names them whole)
-MIN_LABEL_CHARS = 7  # a label cut to fit between two subplots keeps this much ("12:␣th…")
 NARROW = 560  # px: a figure narrower than this has its colour bar under the plot
 CELL_MAX = 48  # px: a heatmap's rows are never taller than this
 HEAT_MAX_H = 560  # px: the tallest plot area of a heatmap
 PRESENTER_MAX_H = 680  # px: the tallest figure in presenter mode (the main figure fits a 1280×720 first screen)
 COLORBAR_PX = 14  # thickness of a colour bar
-PAD, TICK_GAP, STANDOFF = 8, 6, 12  # px: a heatmap's edge, between its tick labels and the plot, axis title to labels
 COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colour bar of their own
 TITLE_GAP = 6  # px between a figure's title and the subplot titles under it
 MIN_SUBPLOT = 0.2  # of a row's width: side-by-side subplots are never made narrower to fit their axes' labels
@@ -133,8 +130,8 @@ def size_heatmap(fig: Figure, width: float, sizes: Sizes, max_height: float | No
             tr.colorbar.update(orientation="v", x=1, xanchor="left", xref="paper", xpad=10, len=1, lenmode="fraction",
                                thickness=COLORBAR_PX, title_side="right",
                                nticks=max(2, int(plot_h // (sizes.text * LABEL_ROOM * 1.5))))
-    _thin(lay.xaxis, x, cell_w, sizes.tick, frame.label_chars, rotate=True)
-    _thin(lay.yaxis, y, plot_h / len(y), sizes.tick, frame.label_chars)
+    thin(lay.xaxis, x, cell_w, sizes.tick, frame.label_chars, rotate=True)
+    thin(lay.yaxis, y, plot_h / len(y), sizes.tick, frame.label_chars)
 
 
 def _text_spill(tr, cell_w: float, sizes: Sizes) -> float:
@@ -144,16 +141,6 @@ def _text_spill(tr, cell_w: float, sizes: Sizes) -> float:
     texts = [v for row in tr.text for v in (row if isinstance(row, (list, tuple)) else [row])]
     widest = max((text_px(v, max(tr.textfont.size or 0, sizes.text)) for v in texts), default=0.0)
     return max(0.0, (widest - cell_w) / 2 + 4)
-
-
-def _thin(axis, cats: list[str], px_each: float, font: int, chars: int, rotate: bool = False) -> None:
-    """Every k-th category labelled, so each label line gets LABEL_ROOM × font px along the axis."""
-    k = max(1, math.ceil(font * LABEL_ROOM / max(px_each, 0.1)))
-    shown = cats[::k]
-    axis.update(type="category", categoryarray=cats, tickmode="array", tickvals=shown,
-                ticktext=[cut(c, chars) for c in shown], tickfont=dict(size=font))
-    if rotate:
-        axis.update(tickangle=-90)
 
 
 # --------------------------------------------------------------------------- every figure
@@ -183,7 +170,7 @@ def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, heigh
             if fig.layout.height:
                 fig.update_layout(height=fig.layout.height + grow)
         _room_above(fig, len(lines), sizes)
-        thin_ticks(fig, width, sizes)
+        thin_ticks(fig, *plot_area(fig, width, sizes), sizes)
         _room_left(fig, sizes)
         _legend_under(fig, width, sizes)
     raise_fonts(fig, sizes.text)
@@ -272,7 +259,7 @@ def _room_between_rows(fig: Figure, width: float, sizes: Sizes) -> None:
                  for n in notes if abs(n.y - row[1]) < 0.01]
         labels = max((_label_px(fig, xa, "x", xa.tickfont.size or sizes.tick) for xa in axes(fig, "x")
                       if xa.showticklabels is not False and xa.side != "top" and
-                      tuple(_y_of(fig, xa).domain or ()) == above), default=0.0)
+                      tuple(y_of(fig, xa).domain or ()) == above), default=0.0)
         gaps.append(max((above[0] - row[1]) * plot_h, max(lines, default=0.0) + labels + TITLE_GAP))
     heights = [(d[1] - d[0]) * plot_h for d in rows]
     total = sum(heights) + sum(gaps)
@@ -300,7 +287,7 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
     plot_w = plot_area(fig, width, sizes)[0]
     rows: dict[tuple, list] = {}
     for xa in axes(fig, "x"):
-        ya = _y_of(fig, xa)
+        ya = y_of(fig, xa)
         if xa.domain and ya.domain:
             rows.setdefault(tuple(ya.domain), []).append((tuple(xa.domain), xa, ya))
     for row in rows.values():
@@ -323,12 +310,6 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
             for note in _subplot_titles(fig):  # the subplot's title, centred over it on the row's top
                 if abs(note.x - (old[0] + old[1]) / 2) < 0.01 and abs(note.y - top) < 0.01:
                     note.x = (new[0] + new[1]) / 2
-
-
-def _y_of(fig: Figure, xa):
-    """The y axis an x axis is anchored to (an empty one for a free axis)."""
-    anchor = xa.anchor or "y"
-    return getattr(fig.layout, "yaxis" + anchor[1:]) if re.fullmatch(r"y\d*", anchor) else Node(None)
 
 
 def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
@@ -358,21 +339,6 @@ def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
     legend.update(yref="container", y=PAD / height, yanchor="bottom")
 
 
-def _axis_categories(fig: Figure, axis, letter: str) -> list[str]:
-    if isinstance(axis.categoryarray, list) and axis.categoryarray:
-        return [str(c) for c in axis.categoryarray]
-    name = axis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
-    cats: list[str] = []
-    for tr in fig.data:
-        if (getattr(tr, letter + "axis", None) or letter) != name:
-            continue
-        values = getattr(tr, letter, None)
-        if not isinstance(values, list) or not values or not isinstance(values[0], str):
-            continue
-        cats += [str(v) for v in values if str(v) not in cats]
-    return cats
-
-
 def _colorbar_px(fig: Figure, sizes: Sizes) -> float:
     """Width of an upright colour bar at the figure's right, 0 when it has none."""
     bars = [b for b in _colorbars(fig) if b.orientation != "h"]
@@ -386,7 +352,7 @@ def _label_px(fig: Figure, axis, letter: str, font: float) -> float:
     if axis.showticklabels is False:
         labels = 0.0
     else:
-        cats = _axis_categories(fig, axis, letter)
+        cats = axis_categories(fig, axis, letter)
         longest = max((text_px(cut(c, LABEL_CHARS), font) for c in cats), default=5 * CHAR_EM * font)
         labels = font * LINE if letter == "x" and axis.tickangle in (None, 0) else longest
     title = STANDOFF + (font + 2) * LINE if axis.title.text else 0
@@ -405,37 +371,6 @@ def plot_area(fig: Figure, width: float, sizes: Sizes) -> tuple[float, float]:
     return max(plot_w, 40.0), max(plot_h, 40.0)
 
 
-def thin_ticks(fig: Figure, width: float, sizes: Sizes) -> None:
-    """Tick labels that never overlap. An axis of categories: horizontal when all fit side by side, otherwise
-    upright, every k-th. A numeric x axis: at most as many ticks as labels of five characters fit."""
-    plot_w, plot_h = plot_area(fig, width, sizes)
-    for letter in ("x", "y"):
-        for axis in axes(fig, letter):
-            axis.update(title_standoff=STANDOFF)
-            if axis.showticklabels is False:
-                continue
-            font = axis.tickfont.size or sizes.tick
-            domain = axis.domain or (0, 1)
-            length = (domain[1] - domain[0]) * (plot_w if letter == "x" else plot_h)
-            cats = _axis_categories(fig, axis, letter) if axis.type in (None, "-", "category") else []
-            room = _room_left_of(fig, axis, plot_w) if letter == "y" else None
-            if len(cats) >= 2:
-                _thin_categories(axis, cats, letter, length, font, _chars_within(cats, room, font))
-            elif axis.type == "log" and (vals := log_ticks(fig, axis, letter)):
-                axis.update(tickvals=vals)
-            elif letter == "x" and axis.tickvals is None and axis.dtick is None:
-                most = max(2, int(length // (5 * CHAR_EM * font + 24)))
-                numeric = axis.type not in ("log", "date", "category", "multicategory")
-                span = whole_span(fig, axis) if numeric else None
-                reach = (list(axis.range) if axis.range is not None else x_extent(fig, axis)) if numeric else None
-                if span:  # positions, counts: Plotly's own ticks would go to 0.5 where no point is
-                    axis.update(tick0=0, dtick=whole_step(span / most))
-                elif reach:  # as many ticks as fit inside what is drawn
-                    axis.update(tick0=0, dtick=fitting_step(*reach, most))
-                else:
-                    axis.update(nticks=most)
-
-
 def _room_left(fig: Figure, sizes: Sizes) -> None:
     """The left margin holds a titled y axis's tick labels and its title: left to Plotly's automargin, the title
     stood over the labels (the margin it pushed out held the labels and left the title a few px short). An axis
@@ -448,48 +383,5 @@ def _room_left(fig: Figure, sizes: Sizes) -> None:
 
 def _first_in_row(fig: Figure, ya) -> bool:
     """Whether the subplot of y axis `ya` is the leftmost of its row (its labels stand in the figure's margin)."""
-    mine = [xa for xa in axes(fig, "x") if _y_of(fig, xa).plotly_name == ya.plotly_name]
+    mine = [xa for xa in axes(fig, "x") if y_of(fig, xa).plotly_name == ya.plotly_name]
     return not mine or not mine[0].domain or mine[0].domain[0] <= 1e-6
-
-
-def _room_left_of(fig: Figure, ya, plot_w: float) -> float | None:
-    """px between the subplot of y axis `ya` and its left neighbour in the same row, where its tick labels stand;
-    None for the first subplot of a row (its labels stand in the figure's margin)."""
-    mine = [xa for xa in axes(fig, "x") if xa.domain and _y_of(fig, xa).plotly_name == ya.plotly_name]
-    if not mine or not ya.domain or ya.side == "right":
-        return None
-    lefts = [xa.domain[1] for xa in axes(fig, "x") if xa.domain and xa.domain[1] <= mine[0].domain[0]
-             and tuple(_y_of(fig, xa).domain or ()) == tuple(ya.domain)]
-    return (mine[0].domain[0] - max(lefts)) * plot_w if lefts else None
-
-
-def _chars_within(cats: list[str], room: float | None, font: float) -> int:
-    """The most characters (up to LABEL_CHARS, at least MIN_LABEL_CHARS: a position and a few letters) every label
-    keeps where `room` px is all a subplot's labels have."""
-    n = LABEL_CHARS
-    while room is not None and n > MIN_LABEL_CHARS and max(text_px(cut(c, n), font) for c in cats) + 8 + PAD > room:
-        n -= 1
-    return n
-
-
-def _thin_categories(axis, cats: list[str], letter: str, length: float, font: float, chars: int = LABEL_CHARS) -> None:
-    if axis.range is None and axis.autorange is None:  # the categories span the axis (a line's label widens it)
-        axis.update(range=[-0.5, len(cats) - 0.5])
-    each = length / len(cats)
-    widest = max(text_px(cut(c, chars), font) for c in cats)
-    if letter == "x" and widest + 8 <= each:
-        axis.update(tickangle=0, tickmode="array", tickvals=cats, ticktext=[cut(c, chars) for c in cats])
-        return
-    k = max(_panel_step(axis, cats), math.ceil(font * LABEL_ROOM / max(each, 0.1)))
-    shown = cats[::k]
-    axis.update(tickmode="array", tickvals=shown, ticktext=[cut(c, chars) for c in shown])
-    if letter == "x":
-        axis.update(tickangle=-90)
-
-
-def _panel_step(axis, cats: list[str]) -> int:
-    """The step of a panel's own choice of tick labels (every k-th category), 1 when it made none."""
-    vals = axis.tickvals if isinstance(axis.tickvals, list) else []
-    if len(vals) < 2 or vals[0] not in cats or vals[1] not in cats:
-        return 1
-    return max(1, cats.index(vals[1]) - cats.index(vals[0]))

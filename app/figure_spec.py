@@ -215,3 +215,24 @@ def log_ticks(fig: Figure, axis, letter: str) -> list[float] | None:
     if len(inside) >= 3:
         return inside
     return sorted({float(f"{10 ** x:.2g}") for x in np.linspace(lo, hi, 4)})
+
+
+def y_of(fig: Figure, xa):
+    """The y axis an x axis is anchored to (an empty one for a free axis)."""
+    anchor = xa.anchor or "y"
+    return getattr(fig.layout, "yaxis" + anchor[1:]) if re.fullmatch(r"y\d*", anchor) else Node(None)
+
+
+def axis_categories(fig: Figure, axis, letter: str) -> list[str]:
+    if isinstance(axis.categoryarray, list) and axis.categoryarray:
+        return [str(c) for c in axis.categoryarray]
+    name = axis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
+    cats: list[str] = []
+    for tr in fig.data:
+        if (getattr(tr, letter + "axis", None) or letter) != name:
+            continue
+        values = getattr(tr, letter, None)
+        if not isinstance(values, list) or not values or not isinstance(values[0], str):
+            continue
+        cats += [str(v) for v in values if str(v) not in cats]
+    return cats

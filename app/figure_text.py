@@ -15,6 +15,7 @@ from app.figure_spec import Figure, axes
 FONT, PRESENTER_FONT = 12, 16  # tick labels (px)
 MIN_TEXT, PRESENTER_MIN_TEXT = 12, 14  # no text of a figure is smaller (px)
 TITLE_FONT, PRESENTER_TITLE_FONT = 16, 22
+PAD, TICK_GAP, STANDOFF = 8, 6, 12  # px: a heatmap's edge, between its tick labels and the plot, axis title to labels
 CHAR_EM, WIDE_EM = 0.62, 1.0  # width of a character in font sizes (Latin with room to spare; CJK)
 # a title's Latin characters: its words average 0.43 font sizes in Chromium ("Next-token probabilities at the", bold,
 # 295 px at 22 px); CHAR_EM wrapped titles at two thirds of their room, in three lines where two fit

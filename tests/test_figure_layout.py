@@ -407,7 +407,8 @@ def test_labels_between_side_by_side_subplots_are_cut_to_the_room_left_when_subp
     """Compare mode's A, B and B − A on a laptop: B − A's rows ("4:␣river→␣loan") stood over B's last cells, since
     making room would have left the subplots narrower than MIN_SUBPLOT; they get what room is left, and the
     labels are cut to it."""
-    from app.figure_layout import MIN_LABEL_CHARS, MIN_SUBPLOT
+    from app.figure_layout import MIN_SUBPLOT
+    from app.figure_ticks import MIN_LABEL_CHARS
 
     a, b = ["0:The", "1:␣bank", "2:␣of", "3:␣the", "4:␣river"], ["0:The", "1:␣bank", "2:␣approved", "3:␣the", "4:␣loan"]
     diff = ["0:The", "1:␣bank", "2:␣of→␣approved", "3:␣the", "4:␣river→␣loan"]
