@@ -24,7 +24,7 @@ from app.figure_spec import Figure, axes, axis_categories, y_of
 from app.figure_text import (CHAR_EM, LINE, PAD, STANDOFF, TICK_GAP, TITLE_TOP, TOOLBAR_CLEAR, TOOLBAR_H, Sizes, cut,
                              cut_cell_text, place_title, presenter_fonts, raise_fonts, text_px, title_pad,
                              wrap_subplot_titles)
-from app.figure_ticks import LABEL_CHARS, LABEL_ROOM, NARROW_LABEL_CHARS, thin, thin_ticks
+from app.figure_ticks import LABEL_CHARS, LABEL_ROOM, NARROW_LABEL_CHARS, room_left_of, thin, thin_ticks
 
 NARROW = 560  # px: a figure narrower than this has its colour bar under the plot
 CELL_MAX = 48  # px: a heatmap's rows are never taller than this
@@ -376,12 +376,7 @@ def _room_left(fig: Figure, sizes: Sizes) -> None:
     stood over the labels (the margin it pushed out held the labels and left the title a few px short). An axis
     without a title keeps Plotly's margin, which fits its labels."""
     left = max((_label_px(fig, a, "y", a.tickfont.size or sizes.tick) for a in axes(fig, "y")
-                if a.side != "right" and a.title.text and (a.domain is None or _first_in_row(fig, a))), default=0.0)
+                if a.side != "right" and a.title.text and room_left_of(fig, a, 1.0) is None), default=0.0)
     if left and (fig.layout.margin.l or 0) < left + PAD:
         fig.update_layout(margin_l=math.ceil(left + PAD))
 
-
-def _first_in_row(fig: Figure, ya) -> bool:
-    """Whether the subplot of y axis `ya` is the leftmost of its row (its labels stand in the figure's margin)."""
-    mine = [xa for xa in axes(fig, "x") if y_of(fig, xa).plotly_name == ya.plotly_name]
-    return not mine or not mine[0].domain or mine[0].domain[0] <= 1e-6

@@ -34,7 +34,7 @@ def thin_ticks(fig: Figure, plot_w: float, plot_h: float, sizes: Sizes) -> None:
             domain = axis.domain or (0, 1)
             length = (domain[1] - domain[0]) * (plot_w if letter == "x" else plot_h)
             cats = axis_categories(fig, axis, letter) if axis.type in (None, "-", "category") else []
-            room = _room_left_of(fig, axis, plot_w) if letter == "y" else None
+            room = room_left_of(fig, axis, plot_w) if letter == "y" else None
             if len(cats) >= 2:
                 _thin_categories(axis, cats, letter, length, font, _chars_within(cats, room, font))
             elif axis.type == "log" and (vals := log_ticks(fig, axis, letter)):
@@ -52,7 +52,7 @@ def thin_ticks(fig: Figure, plot_w: float, plot_h: float, sizes: Sizes) -> None:
                     axis.update(nticks=most)
 
 
-def _room_left_of(fig: Figure, ya, plot_w: float) -> float | None:
+def room_left_of(fig: Figure, ya, plot_w: float) -> float | None:
     """px between the subplot of y axis `ya` and its left neighbour in the same row, where its tick labels stand;
     None for the first subplot of a row (its labels stand in the figure's margin)."""
     mine = [xa for xa in axes(fig, "x") if xa.domain and y_of(fig, xa).plotly_name == ya.plotly_name]
