@@ -12,7 +12,7 @@ import streamlit as st
 from app import gateway
 from app.plots import waiting
 from app.sidebar import tr
-from explorer_model.memory import gb
+from explorer_model.memory import size_text
 
 TIME_KEYS = {"instant": "big.time.instant", "seconds": "big.time.seconds", "minute": "big.time.minute",
              "minutes": "big.time.minutes"}
@@ -21,7 +21,7 @@ TIME_KEYS = {"instant": "big.time.instant", "seconds": "big.time.seconds", "minu
 def cost_line(cost: dict) -> str:
     """The sidebar's line: tokens, recording size, time class (or "recorded" when it is already cached)."""
     when = tr("big.cached") if cost["cached"] else tr(TIME_KEYS[cost["time_class"]])
-    return tr("big.cost", tokens=cost["tokens"], size=gb(cost["recording"]), when=when)
+    return tr("big.cost", tokens=cost["tokens"], size=size_text(cost["recording"]), when=when)
 
 
 def recording_or_refusal(source: str, ids: list[int]):
@@ -29,8 +29,8 @@ def recording_or_refusal(source: str, ids: list[int]):
     cost = gateway.prompt_cost(source, ids)
     st.sidebar.caption(cost_line(cost))
     if cost["refused"]:
-        st.error(tr("big.refused", tokens=cost["tokens"], size=gb(cost["recording"]),
-                    budget=gb(max(cost["budget"], 0))))
+        st.error(tr("big.refused", tokens=cost["tokens"], size=size_text(cost["recording"]),
+                    budget=size_text(max(cost["budget"], 0))))
         return None
     if cost["too_long"]:
         st.error(tr("run.too_long", seconds=f"{cost['seconds']:.0f}", bound=f"{cost['bound']:.0f}"))

@@ -26,7 +26,7 @@ import torch
 
 from .export_path import ExportError, check_target
 from .memory import available_bytes as available_memory  # MemAvailable, or the cgroup limit if lower
-from .memory import gb, hook_shapes
+from .memory import hook_shapes, size_text
 from .recording import as_numpy, recorded_names
 
 
@@ -83,10 +83,10 @@ def check_fits(p: Plan, path: Path, memory: int | None = None, disk: int | None 
     memory = available_memory() if memory is None else memory
     hint = "record fewer hooks with --names (e.g. 'blocks.*.hook_resid_post') or use a shorter prompt"
     if p.file_bytes > disk:
-        raise ExportError(f"{path} would take {gb(p.file_bytes)} but only {gb(disk)} is free on that disk; {hint}")
+        raise ExportError(f"{path} would take {size_text(p.file_bytes)} but only {size_text(disk)} is free on that disk; {hint}")
     if memory is not None and p.peak_bytes > memory:
-        raise ExportError(f"recording to {path} needs about {gb(p.peak_bytes)} of memory (largest array "
-                          f"{p.largest}) but only {gb(memory)} is available; {hint}")
+        raise ExportError(f"recording to {path} needs about {size_text(p.peak_bytes)} of memory (largest array "
+                          f"{p.largest}) but only {size_text(memory)} is available; {hint}")
 
 
 ABOUT = "about"  # the member that says what a file holds: JSON text, json.loads(np.load(file)["about"].item())

@@ -206,8 +206,8 @@ class Estimate:
         return self.weights + self.runtime
 
     def __str__(self) -> str:
-        return (f"{dtype_name(self.dtype)}: {gb(self.total)} (weights {gb(self.weights)} + "
-                f"{gb(self.runtime)} to run {self.n_tokens} tokens)")
+        return (f"{dtype_name(self.dtype)}: {size_text(self.total)} (weights {size_text(self.weights)} + "
+                f"{size_text(self.runtime)} to run {self.n_tokens} tokens)")
 
 
 def estimate(cfg: ModelConfig, dtype: torch.dtype, n_tokens: int = DEFAULT_TOKENS) -> Estimate:
@@ -312,11 +312,12 @@ def count_text(n: int) -> str:
     return str(n)
 
 
-def gb(n: int) -> str:
-    """A size as people read it: GB from a tenth of one, MB from one, KB under (never "0 MB" for a small file)."""
+def size_text(n: int) -> str:
+    """A size in binary units, as the machine's memory is counted and as the shapes table writes them: GiB from a
+    tenth of one, MiB from one, KiB under (never "0 MiB" for a small file)."""
     if n >= 2**30 / 10:
-        return f"{n / 2**30:.1f} GB"
-    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{-(-n // 2**10)} KB"  # a few bytes are 1 KB
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{-(-n // 2**10)} KiB"  # a few bytes are 1 KiB
 
 
 # --------------------------------------------------------------------------- what the machine has
@@ -406,9 +407,9 @@ def refusal(cfg: ModelConfig, dtype: torch.dtype, mapped: bool, n_tokens: int = 
     if need <= room:
         return None
     smaller = [estimate(cfg, dt, n_tokens) for dt in (torch.bfloat16, torch.float16) if itemsize(dt) < itemsize(dtype)]
-    hint = f"; {dtype_name(smaller[0].dtype)} would need {gb(smaller[0].total)}" if smaller and not mapped else ""
-    what = f"{gb(est.runtime)} to run {n_tokens} tokens" if mapped else str(est)
-    return f"{cfg.name} needs about {gb(need)} of memory ({what}), but only {gb(room)} is available{hint}"
+    hint = f"; {dtype_name(smaller[0].dtype)} would need {size_text(smaller[0].total)}" if smaller and not mapped else ""
+    what = f"{size_text(est.runtime)} to run {n_tokens} tokens" if mapped else str(est)
+    return f"{cfg.name} needs about {size_text(need)} of memory ({what}), but only {size_text(room)} is available{hint}"
 
 
 # --------------------------------------------------------------------------- progress through the layers

@@ -60,13 +60,13 @@ def test_the_cost_is_stated_before_running(deep):
     assert not at.exception and not at.error, [e.value for e in at.error]
     for text in (prompt, prompt + " logits"):  # the first prompt, then an edited one: each said before it runs
         ids = loaded.tokenizer.encode(text)
-        size = memory.gb(unique_bytes(record(loaded.model, ids)))
+        size = memory.size_text(unique_bytes(record(loaded.model, ids)))
         assert t("big.cost", "en", tokens=len(ids), size=size, when=t("big.time.instant", "en")) in \
             [c.value for c in at.sidebar.caption]
         at.text_area(key="prompt").set_value(prompt + " logits").run()
     at.text_area(key="prompt").set_value(prompt).run()  # back to a recorded prompt: nothing to run
     ids = loaded.tokenizer.encode(prompt)
-    size = memory.gb(unique_bytes(record(loaded.model, ids)))
+    size = memory.size_text(unique_bytes(record(loaded.model, ids)))
     assert t("big.cost", "en", tokens=len(ids), size=size, when=t("big.cached", "en")) in \
         [c.value for c in at.sidebar.caption]
 
@@ -81,10 +81,10 @@ def test_a_prompt_that_cannot_fit_is_refused_without_running(deep, monkeypatch, 
     at = run_app(model=folder, prompt=prompt, view="tokens", lang=lang)
     assert not at.exception
     ids = loaded.tokenizer.encode(prompt)
-    need = memory.gb(unique_bytes(record(loaded.model, ids)))
+    need = memory.size_text(unique_bytes(record(loaded.model, ids)))
     runtime = memory.runtime_bytes(loaded.cfg, len(ids), torch.float32) - memory.OVERHEAD
     assert [e.value for e in at.error] == [t("big.refused", lang, tokens=len(ids), size=need,
-                                              budget=memory.gb(max(2**20 - runtime, 0)))]
+                                              budget=memory.size_text(max(2**20 - runtime, 0)))]
     assert gateway.FORWARDS["count"] == before and not at.get("plotly_chart")
     with pytest.raises(gateway.PromptTooBig, match=f"recording these {len(ids)} tokens would need about {need}"):
         gateway.recording(folder, ids)  # the gateway refuses too, whoever asks

@@ -101,7 +101,7 @@ def test_refusal_states_estimate_and_available_memory(hf_folder, monkeypatch):
     with pytest.raises(LoadError) as e:
         load(hf_folder, dtype="float32")  # bf16 on disk -> float32 copies: must fit
     msg = str(e.value)
-    assert memory.gb(need) in msg and "100 MB" in msg and "\n" not in msg
+    assert memory.size_text(need) in msg and "100 MiB" in msg and "\n" not in msg
     assert need > 100 * 2**20 and need == memory.estimate(cfg, torch.float32, memory.DEFAULT_TOKENS).total
 
 
@@ -164,7 +164,7 @@ def test_cli_dtype(hf_folder, tmp_path, capsys, monkeypatch):
     n = min(512, cfg.max_seq_len)  # its context, when shorter than the 512 tokens a load leaves room for
     assert n < 512 and out.startswith(f"memory to run {n} tokens") and "bfloat16]" in out
     for name, est in memory.estimates(cfg, n).items():
-        assert f"{name:<16} {memory.gb(est.total):>9}" in out
+        assert f"{name:<16} {memory.size_text(est.total):>9}" in out
     assert main(["record", str(hf_folder), "--prompt", "The capital", "--out", str(tmp_path / "r.npz"),
                  "--dtype", "float16", "--progress"]) == 0
     err = capsys.readouterr().err
@@ -172,7 +172,7 @@ def test_cli_dtype(hf_folder, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(memory.AVAILABLE_ENV, "10MB")
     assert main(["generate", str(hf_folder), "--prompt", "The", "--dtype", "float32"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs about" in err and "only 10 MB is available" in err
+    assert err.count("\n") == 1 and "needs about" in err and "only 10 MiB is available" in err
 
 
 def test_cache_writer_is_safetensors(tmp_path):

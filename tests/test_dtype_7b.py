@@ -95,8 +95,8 @@ def test_refusal_with_estimate_unless_mapped_in_place(folders, monkeypatch):
     with pytest.raises(LoadError) as e:
         load(folders["hf"], dtype="float32")  # 2.7 GB of float32 copies cannot fit in 2 GB
     msg = str(e.value)
-    assert f"needs about {memory.gb(f32.total)}" in msg and "only 2.0 GB is available" in msg
-    assert f"bfloat16 would need {memory.gb(memory.estimate(cfg, torch.bfloat16).total)}" in msg
+    assert f"needs about {memory.size_text(f32.total)}" in msg and "only 2.0 GiB is available" in msg
+    assert f"bfloat16 would need {memory.size_text(memory.estimate(cfg, torch.bfloat16).total)}" in msg
     # The same limit with the weights used in place from the mapped bf16 files: they are paged from disk
     loaded = load(folders["hf"], dtype="bfloat16")
     assert torch.isfinite(loaded.model(PROMPT[:, :3])).all()
@@ -107,5 +107,5 @@ def test_refusal_of_the_real_7b_config(monkeypatch):
     cfg = FAMILIES["LLaMA-1 7B"]
     msg = memory.refusal(cfg, torch.bfloat16, mapped=False)
     est = memory.estimate(cfg, torch.bfloat16)
-    assert est.weights == 2 * 6738415616 and f"needs about {memory.gb(est.total)}" in msg and "8.0 GB" in msg
+    assert est.weights == 2 * 6738415616 and f"needs about {memory.size_text(est.total)}" in msg and "8.0 GiB" in msg
     assert memory.refusal(cfg, torch.bfloat16, mapped=True) is None  # only the runtime must fit

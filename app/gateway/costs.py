@@ -52,7 +52,7 @@ def admit(source: str, seconds: float, keeps: int = 0, runtime_tokens: int = 0) 
         runtime = _memory.runtime_bytes(cfg, max(1, runtime_tokens), dtype) - _memory.OVERHEAD
         budget = _recording_budget(runtime)
         if budget is not None and keeps > budget:
-            raise RunRefused("run.too_big", size=_memory.gb(keeps), budget=_memory.gb(max(budget, 0)))
+            raise RunRefused("run.too_big", size=_memory.size_text(keeps), budget=_memory.size_text(max(budget, 0)))
 
 
 def prompt_cost(source: str, ids) -> dict:
@@ -91,8 +91,8 @@ def _record_measured(source: str, ids: tuple, progress, prefix=None) -> Recordin
     prefix: (a cached recording, n) whose first n positions are those of ids: only the rest runs (extend)."""
     cost = prompt_cost(source, ids)
     if cost["refused"]:
-        raise PromptTooBig("big.refused", tokens=cost["tokens"], size=_memory.gb(cost["recording"]),
-                           budget=_memory.gb(max(cost["budget"], 0)))
+        raise PromptTooBig("big.refused", tokens=cost["tokens"], size=_memory.size_text(cost["recording"]),
+                           budget=_memory.size_text(max(cost["budget"], 0)))
     if cost["too_long"] and prefix is None:  # a step after a cached prefix runs only its new positions
         raise RunRefused("run.too_long", seconds=f"{cost['seconds']:.0f}", bound=f"{cost['bound']:.0f}")
     loaded = gw._model(source)

@@ -57,7 +57,7 @@ def check_export(source: str, n_tokens: int) -> None:
     """RunRefused ("export.too_big") when this download would be over the cap: said in the page, before a click."""
     size, cap = npz_bytes(source, n_tokens), export_cap_bytes()
     if size > cap:
-        raise RunRefused("export.too_big", size=_memory.gb(size), cap=_memory.gb(cap))
+        raise RunRefused("export.too_big", size=_memory.size_text(size), cap=_memory.size_text(cap))
 
 
 def npz_file(source: str, n_tokens: int, get_recording, changes=(), source_ids=()):
@@ -71,7 +71,7 @@ def npz_file(source: str, n_tokens: int, get_recording, changes=(), source_ids=(
     size, cap = npz_bytes(source, n_tokens), export_cap_bytes()
     with _BUILDING_LOCK:
         if _BUILDING["bytes"] + size > cap:
-            raise RunRefused("export.too_big", size=_memory.gb(_BUILDING["bytes"] + size), cap=_memory.gb(cap))
+            raise RunRefused("export.too_big", size=_memory.size_text(_BUILDING["bytes"] + size), cap=_memory.size_text(cap))
         _BUILDING["bytes"] += size
     try:
         rec = get_recording()

@@ -58,12 +58,12 @@ def prompt_ids(cfg, tokenizer, text: str | None, token_ids: str | None, flag: st
 
 def memory_lines(cfg) -> list[str]:
     """What each dtype needs, and what this machine has, before anything is loaded."""
-    from ..memory import DEFAULT_TOKENS, available_bytes, estimates, gb
+    from ..memory import DEFAULT_TOKENS, available_bytes, estimates, size_text
 
     room, n = available_bytes(), min(DEFAULT_TOKENS, cfg.max_seq_len)  # a model's context may be shorter
-    lines = [f"memory to run {n} tokens (available: {gb(room) if room is not None else 'unknown'}):"]
+    lines = [f"memory to run {n} tokens (available: {size_text(room) if room is not None else 'unknown'}):"]
     for name, est in estimates(cfg, n).items():
-        lines.append(f"  {name:<16} {gb(est.total):>9}  (weights {gb(est.weights)} + runtime {gb(est.runtime)})")
+        lines.append(f"  {name:<16} {size_text(est.total):>9}  (weights {size_text(est.weights)} + runtime {size_text(est.runtime)})")
     return lines
 
 
@@ -148,7 +148,7 @@ def cmd_record(args) -> None:
     loaded = _load(args.source, args.dtype)
     import torch
 
-    from ..export import about, check_fits, gb, plan, save_npz
+    from ..export import about, check_fits, plan, save_npz, size_text
     from ..interventions import format_list
     from ..memory import layer_progress, text_progress
     from ..recording import checked_selection, record
@@ -165,7 +165,7 @@ def cmd_record(args) -> None:
     size = plan(loaded.model, ids, names, dtype)
     check_fits(size, target)
     print(printable(f"recording {len(ids)} token{'s' if len(ids) != 1 else ''}: {target} will take "
-                    f"{gb(size.file_bytes)}"), flush=True)
+                    f"{size_text(size.file_bytes)}"), flush=True)
     bar = args.progress or sys.stderr.isatty()
     try:
         with layer_progress(loaded.model, text_progress("recording")) if bar else contextlib.nullcontext():

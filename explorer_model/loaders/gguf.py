@@ -358,7 +358,7 @@ def cached_header(path: Path, cache_dir=None) -> dict | None:
 def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str, source: str) -> None:
     """The cache, unless the disk would keep less than CACHE_SPARE free after it (then a warning: the next load
     converts again); written to a temporary name, then renamed."""
-    from ..memory import gb
+    from ..memory import size_text
 
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     need = sum(t.numel() * t.element_size() for t in state.values())
@@ -366,8 +366,8 @@ def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, not
         file.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(file.parent).free
         if free - need < CACHE_SPARE:
-            warnings.warn(f"not caching the weights in {file.parent}: they take {gb(need)} and {gb(free)} is free "
-                          f"(a cache leaves {gb(CACHE_SPARE)}); the next load converts the file again", stacklevel=3)
+            warnings.warn(f"not caching the weights in {file.parent}: they take {size_text(need)} and {size_text(free)} is free "
+                          f"(a cache leaves {size_text(CACHE_SPARE)}); the next load converts the file again", stacklevel=3)
             return
         info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
                 "tokenizer": json.dumps(tok_fields), "note": note, "source": source}
