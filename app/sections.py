@@ -7,8 +7,8 @@ widgets exist) names the part to land on, or the top of the page; `landing` puts
 the main area as little as brings the whole part into the first screen (its top first, when it is taller than the
 screen: what is above it stays in view when there is room; a lecture's player, pinned under the page's header, is
 counted as covering the top; an element that would stand half under the header or the player is scrolled past
-whole), and holds it there while figures above it still settle and the page runs again for its screen, until the
-visitor scrolls, clicks or types. Each request carries a number, so a page run that only redraws never scrolls.
+whole), and holds it there while figures above it still settle and the page runs again for its screen (on a slow
+device, up to a minute after the run), until the visitor scrolls, clicks or types. Each request carries a number, so a page run that only redraws never scrolls.
 A lecture step about no part lands on its view's first part, the main figure.
 
 A page that shows a comparison of A and B (app/compare.py) and names no part lands on the comparison's figures
@@ -206,9 +206,14 @@ LAND_JS = """(function (target, number) {
     const main = doc.querySelector('[data-testid="stMain"]');
     const app = doc.querySelector('[data-testid="stApp"]');
     // a page whose probe has just reported its screen (app/screen_probe.js) is about to run again, for that screen:
-    // what that run changes (the player's height and pinning, the parts above) is still to come
-    const running = !app || app.getAttribute("data-test-script-state") === "running" ||
-      doc.documentElement.dataset.screen === "reported";
+    // what that run changes (the player's height and pinning, the parts above) is still to come. So is the page's
+    // own drawing on a slow device: the probe, mounted with the page's components, has not measured yet, or an
+    // element loaded on demand (a figure) still stands as a skeleton. A device can take tens of seconds for that
+    // after the run has ended; it is waited for up to a minute.
+    const screen = doc.documentElement.dataset.screen;
+    const drawing = (!screen || !!doc.querySelector('[data-testid="stSkeleton"]')) && now - begun < 60000;
+    const running = !app || app.getAttribute("data-test-script-state") === "running" || screen === "reported" ||
+      drawing;
     const el = target ? doc.querySelector(".st-key-" + target) : null;
     let offset = null;
     if (main && (!target || (!el && !running))) {  // the top, or a part the finished run did not draw

@@ -267,3 +267,47 @@ def test_on_a_phone_the_player_leaves_most_of_the_screen_to_the_view(server, bro
     for above, below in zip([lines[0]] + [b["bottom"] for b in lines[1:-1]], lines[1:]):
         assert above <= below["top"] + 1, parts
     forget(pg)
+
+
+# A page as Streamlit lays it out, standing in for a slow device: the run has ended, but the screen probe has not
+# measured yet and a figure above the part is still a skeleton (components load on demand).
+SLOW_PAGE = """<div data-testid="stApp" data-test-script-state="notRunning">
+  <div data-testid="stMain" style="height: 600px; overflow: auto">
+    <div data-testid="stElementContainer" id="above" style="height: 1500px">
+      <div data-testid="stSkeleton"></div></div>
+    <div class="st-key-part" style="height: 200px">the part</div>
+    <div style="height: 3000px"></div>
+  </div></div>"""
+
+
+def part_top(pg) -> float:
+    return pg.evaluate("document.querySelector('.st-key-part').getBoundingClientRect().top - "
+                       "document.querySelector('[data-testid=\"stMain\"]').getBoundingClientRect().top")
+
+
+@pytest.mark.parametrize("probe_mounts_after_s", [20, 70])
+def test_a_landing_waits_for_a_slow_device_to_draw_the_page(browser, probe_mounts_after_s):
+    """On a slow device (a phone, a busy laptop) the page draws for tens of seconds after its run: the landing keeps
+    the part in place until the page is drawn for its screen, and it stops waiting after a minute. (Fake time:
+    Playwright's clock runs the landing's timers.)"""
+    from app.sections import LAND_JS
+
+    pg = browser.new_page(viewport={"width": 800, "height": 700})
+    try:
+        pg.clock.install()
+        pg.set_content(SLOW_PAGE)
+        pg.evaluate(f"{LAND_JS}('part', 1)")
+        pg.clock.run_for(1_000)
+        assert abs(part_top(pg) - 8) <= 1, part_top(pg)  # landed under the page's top edge
+        pg.clock.run_for(probe_mounts_after_s * 1_000)
+        # the figure is drawn, taller than its skeleton, and the probe finds the page drawn for its screen
+        pg.evaluate("""() => { document.querySelector('[data-testid="stSkeleton"]').remove();
+            document.getElementById('above').style.height = '1900px';
+            document.documentElement.dataset.screen = 'drawn'; }""")
+        pg.clock.run_for(3_000)
+        if probe_mounts_after_s < 60:
+            assert abs(part_top(pg) - 8) <= 1, f"the part was left at {part_top(pg)} px when the figure above drew"
+        else:  # past the minute: the landing had stopped, and the page stays where the visitor found it
+            assert abs(part_top(pg) - 408) <= 1, part_top(pg)
+    finally:
+        pg.close()
