@@ -7,7 +7,8 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
 - the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
   room a label's line needs (1.33 font sizes), so labels never overlap; a numeric x axis as many ticks as fit, a
   log axis over less than a decade enough to read by;
-- a legend under the plot: at the figure's foot, below the x axis's labels and title, the figure grown for its rows;
+- a legend: on one row of a wide figure above the plot, under the title; else at the figure's foot, below the x
+  axis's labels and title, the figure grown for its rows;
 - subplots side by side: room between them for each one's y axis labels and title; between rows, room for the
   lower row's titles; above the first row, room for the title's lines and the subplot titles' lines;
 - its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
@@ -172,7 +173,7 @@ def fit_figure(fig: Figure, width: float, *, presenter: bool, touch: bool, heigh
         _room_above(fig, len(lines), sizes)
         thin_ticks(fig, *plot_area(fig, width, sizes), sizes)
         _room_left(fig, sizes)
-        _legend_under(fig, width, sizes)
+        _place_legend(fig, width, sizes, len(lines))
     raise_fonts(fig, sizes.text)
     fig.update_layout(width=None)
     if touch:  # a finger on a figure scrolls the page; Plotly's drag modes would hold it
@@ -227,15 +228,20 @@ def _bottom_labels_px(fig: Figure, sizes: Sizes) -> float:
                default=0.0)
 
 
+def _title_px(fig: Figure, title_lines: int, sizes: Sizes) -> float:
+    """px from the figure's top that its title takes (without a title, the toolbar's row)."""
+    size = fig.layout.title.font.size or sizes.title
+    # the title's top is padded (n - 1) half lines down (place_title); its lines then take n lines or fewer
+    return title_pad(title_lines, size) + title_lines * size * LINE if title_lines else TOOLBAR_H
+
+
 def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
     """The top margin holds the title's lines (or, without a title, the toolbar's row) and under them the first
     row's subplot titles (growing upwards from the plot): the figure grows by what is missing (a phone wraps)."""
     notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]  # the first row's
     if not notes:
         return
-    size = fig.layout.title.font.size or sizes.title
-    # the title's top is padded (n - 1) half lines down (place_title); its lines then take n lines or fewer
-    title = title_pad(title_lines, size) + title_lines * size * LINE if title_lines else TOOLBAR_H
+    title = _title_px(fig, title_lines, sizes)
     below = max(len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE for n in notes)
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
     missing = math.ceil(title + below + TITLE_GAP - top)
@@ -312,12 +318,15 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
                     note.x = (new[0] + new[1]) / 2
 
 
-def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
-    """A horizontal legend under the plot goes to the figure's foot, below the x axis's tick labels and title, and
-    the figure grows by its rows. Placed a fraction of the plot's height below the plot (Plotly's paper
-    coordinates), it landed on the axis title whenever the labels were long (upright token names) or the plot
-    short (a phone). A legend above the plot goes there too on a phone or when it needs more than one row: it
-    grew into the title and the plot."""
+def _place_legend(fig: Figure, width: float, sizes: Sizes, title_lines: int) -> None:
+    """A horizontal legend. On one row of a wide figure it stands above the plot, under the title (unless the panel
+    put it beside the title): read before the lines, and on a projector's first screen whatever the figure's height
+    (at the foot, a tall figure under a lecture's player left its lines without names). More rows, a phone, or a
+    first row of subplot titles (which stand where it would) send it to the figure's foot, below the x axis's tick
+    labels and title, and the figure grows by its rows. Placed a fraction of the plot's height below the plot
+    (Plotly's paper coordinates), it landed on the axis title whenever the labels were long (upright token names)
+    or the plot short (a phone); one placed above the plot with more than one row grew into the title and the
+    plot."""
     legend = fig.layout.legend
     if legend.orientation != "h" or legend.y is None or legend.yref == "container":
         return
@@ -329,14 +338,29 @@ def _legend_under(fig: Figure, width: float, sizes: Sizes) -> None:
     items = [LEGEND_ITEM_PX + text_px(name, font) for name in names]
     # one row when every item fits side by side; otherwise Plotly lays them in columns as wide as the widest
     rows = 1 if sum(items) <= plot_w else math.ceil(len(items) / max(1, int(plot_w // max(items))))
-    if legend.y >= 0 and rows == 1 and width >= NARROW:  # one row above the plot, beside a title that fits: kept
-        return
+    if rows == 1 and width >= NARROW:
+        if legend.y >= 0:  # one row beside a title that fits: kept
+            return
+        if not any(n.y >= 0.99 for n in _subplot_titles(fig)):
+            _legend_on_top(fig, font, sizes, title_lines)
+            return
     rows_px = int(rows * font * LEGEND_ROW + PAD)
     labels = _bottom_labels_px(fig, sizes)
     height = (fig.layout.height or 450) + rows_px
     b = fig.layout.margin.b
     fig.update_layout(height=height, margin_b=int(max(b if b is not None else 80, labels)) + rows_px)
     legend.update(yref="container", y=PAD / height, yanchor="bottom")
+
+
+def _legend_on_top(fig: Figure, font: float, sizes: Sizes, title_lines: int) -> None:
+    """A legend's one row on the plot's top edge, left-aligned, the top margin holding the title's lines (or the
+    toolbar's row) and the legend's row under them; the figure grows by what is missing."""
+    title = _title_px(fig, title_lines, sizes)
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
+    missing = math.ceil(title + font * LEGEND_ROW + PAD - top)
+    if missing > 0:
+        fig.update_layout(margin_t=top + missing, height=(fig.layout.height or 450) + missing)
+    fig.layout.legend.update(y=1, yanchor="bottom", yref="paper", x=0, xanchor="left")
 
 
 def _colorbar_px(fig: Figure, sizes: Sizes) -> float:

@@ -11,7 +11,7 @@ import pytest
 from app import plots
 from app.figure_spec import Figure, fitting_step, spec
 from app.figure_layout import HEAT_MAX_H, LABEL_ROOM, PAD, PRESENTER_MAX_H, fit_figure, plot_area
-from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, PRESENTER_MIN_TEXT, TITLE_EM, TOOLBAR_H, Sizes, text_px,
+from app.figure_text import (CHAR_EM, LINE, MIN_TEXT, TITLE_TOP, PRESENTER_MIN_TEXT, TITLE_EM, TOOLBAR_H, Sizes, text_px,
                              title_pad, toolbar_px, wrap)
 from app.screen import DESKTOP, PHONE, TABLET, Screen, from_cookie, from_report, guess
 
@@ -175,25 +175,56 @@ def test_a_bar_chart_of_many_categories_turns_and_thins_its_labels_for_a_phone()
     assert few.layout.xaxis.tickangle == 0 and list(few.layout.xaxis.tickvals) == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("width", [PHONE.main, DESKTOP.main])
-def test_a_legend_under_the_plot_lies_at_the_figure_s_foot_below_the_axis_labels_and_title(width):
-    """Four series over upright token labels: the legend's rows take the bottom of the figure, and the margin above
-    them holds the longest label and the axis title (a legend placed a share of the plot's height below the plot
-    lay on the axis title)."""
+def four_series(width: float, title: str = "") -> go.Figure:
     fig = go.Figure([go.Bar(x=TOKENS, y=np.arange(len(TOKENS)) + s, name=name)
                      for s, name in enumerate(["raw (49152)", "Temperature (49152)", "top-k (50)", "top-p (23)"])],
                     layout=dict(height=400, margin=dict(l=10, r=10, t=50, b=10), xaxis_title="token (rank: text)",
-                                legend=dict(orientation="h", y=-0.3)))
-    fig = fit(fig, width, presenter=False, touch=width == PHONE.main)
-    lay = fig.layout
+                                legend=dict(orientation="h", y=-0.3), title=title))
+    return fit(fig, width, presenter=False, touch=width == PHONE.main)
+
+
+def test_a_legend_under_the_plot_lies_at_the_figure_s_foot_below_the_axis_labels_and_title():
+    """Four series over upright token labels on a phone: the legend's rows take the bottom of the figure, and the
+    margin above them holds the longest label and the axis title (a legend placed a share of the plot's height below
+    the plot lay on the axis title)."""
+    width = PHONE.main
+    lay = four_series(width).layout
     assert (lay.legend.yref, lay.legend.yanchor, lay.legend.y * lay.height) == ("container", "bottom",
                                                                                 pytest.approx(PAD))
-    grown = lay.height - 400  # the legend's rows: one on a desktop, more on a phone
+    grown = lay.height - 400  # the legend's rows
     rows = round((grown - PAD) / (12 * 1.6))
-    assert rows == (1 if width == DESKTOP.main else 4)
+    assert rows == 4
     labels = max(text_px(t, 12) for t in lay.xaxis.ticktext)  # upright: their length reaches down
     assert lay.xaxis.tickangle == -90
     assert lay.margin.b - grown >= labels + (12 + 2) * LINE  # the labels and the title above the legend
+
+
+@pytest.mark.parametrize("title", ["", "Next-token probabilities after each change",
+                                   "Next-token probabilities after each change, token by token, with its rank and"
+                                   " the probability every sampling rule leaves it"])
+def test_a_legend_of_one_row_on_a_wide_figure_stands_above_the_plot_under_the_title(title):
+    """Where a projector's first screen shows it (at the foot, a tall figure under a lecture's player left its lines
+    without names): the plot's top edge, the top margin holding the title's lines (or the toolbar's row) above it;
+    the figure grows by that row at most, and its foot stays as it was."""
+    lay = four_series(DESKTOP.main, title).layout
+    assert (lay.legend.y, lay.legend.yanchor, lay.legend.yref, lay.legend.x, lay.legend.xanchor) == (
+        1, "bottom", "paper", 0, "left")
+    lines = len(lay.title.text.split("<br>")) if title else 0
+    size = lay.title.font.size or Sizes.for_screen(False).title  # (the page's title size when the figure sets none)
+    title_px = TITLE_TOP + (lines - 1) * size * LINE / 2 + lines * size * LINE if title else 30  # the toolbar's row
+    assert lay.margin.t >= title_px + 12 * 1.6  # the title's lines, then the legend's row
+    assert lay.height - 400 <= lay.margin.t - 50  # grown at the top only, by what the margin lacked
+    assert lay.margin.b == 10  # the foot as the panel set it (Plotly widens it for the labels), no legend row
+
+
+def test_a_legend_goes_to_the_foot_when_subplot_titles_stand_above_the_plot():
+    layout = plots.grid_layout(1, 2, ["A", "B"], hspace=0.1)
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name="unchanged"),
+                     go.Scatter(x=[0, 1], y=[1, 0], name="changed", xaxis="x2", yaxis="y2")],
+                    layout=dict(layout, height=300, margin=dict(l=10, r=10, t=50, b=10),
+                                legend=dict(orientation="h", y=-0.2)))
+    lay = fit(fig, DESKTOP.main, presenter=False, touch=False).layout
+    assert (lay.legend.yref, lay.legend.yanchor) == ("container", "bottom")
 
 
 def test_a_legend_above_the_plot_stays_there_on_one_row_and_goes_to_the_foot_on_a_phone():
