@@ -7,8 +7,8 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
 - the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
   room a label's line needs (1.33 font sizes), so labels never overlap; a numeric x axis as many ticks as fit, a
   log axis over less than a decade enough to read by;
-- a legend: on one row of a wide figure above the plot, under the title; else at the figure's foot, below the x
-  axis's labels and title, the figure grown for its rows;
+- a legend: on a wide figure above the plot, under the title; on a phone at the figure's foot, below the x
+  axis's labels and title; the figure grown for its rows;
 - subplots side by side: room between them for each one's y axis labels and title; between rows, room for the
   lower row's titles; above the first row, room for the title's lines and the subplot titles' lines;
 - its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
@@ -319,14 +319,13 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
 
 
 def _place_legend(fig: Figure, width: float, sizes: Sizes, title_lines: int) -> None:
-    """A horizontal legend. On one row of a wide figure it stands above the plot, under the title (unless the panel
-    put it beside the title): read before the lines, and on a projector's first screen whatever the figure's height
-    (at the foot, a tall figure under a lecture's player left its lines without names). More rows, a phone, or a
-    first row of subplot titles (which stand where it would) send it to the figure's foot, below the x axis's tick
-    labels and title, and the figure grows by its rows. Placed a fraction of the plot's height below the plot
-    (Plotly's paper coordinates), it landed on the axis title whenever the labels were long (upright token names)
-    or the plot short (a phone); one placed above the plot with more than one row grew into the title and the
-    plot."""
+    """A horizontal legend. On a wide figure it stands above the plot, under the title (one row beside a title that
+    fits, where a panel put it, is kept): read before the lines, and on a projector's first screen whatever the
+    figure's height (at the foot, a tall figure under a lecture's player left its lines without names). On a phone
+    it lies at the figure's foot, below the x axis's tick labels and title, and the figure grows by its rows. (Placed
+    a fraction of the plot's height below the plot, in Plotly's paper coordinates, it landed on the axis title
+    whenever the labels were long or the plot short; one placed above the plot with more than one row grew into the
+    title and the plot.)"""
     legend = fig.layout.legend
     if legend.orientation != "h" or legend.y is None or legend.yref == "container":
         return
@@ -338,12 +337,11 @@ def _place_legend(fig: Figure, width: float, sizes: Sizes, title_lines: int) -> 
     items = [LEGEND_ITEM_PX + text_px(name, font) for name in names]
     # one row when every item fits side by side; otherwise Plotly lays them in columns as wide as the widest
     rows = 1 if sum(items) <= plot_w else math.ceil(len(items) / max(1, int(plot_w // max(items))))
-    if rows == 1 and width >= NARROW:
-        if legend.y >= 0:  # one row beside a title that fits: kept
-            return
-        if not any(n.y >= 0.99 for n in _subplot_titles(fig)):
-            _legend_on_top(fig, font, sizes, title_lines)
-            return
+    if width >= NARROW and (legend.y < 0 or rows > 1):
+        _legend_on_top(fig, font, sizes, title_lines, rows)
+        return
+    if width >= NARROW:  # one row beside a title that fits: kept
+        return
     rows_px = int(rows * font * LEGEND_ROW + PAD)
     labels = _bottom_labels_px(fig, sizes)
     height = (fig.layout.height or 450) + rows_px
@@ -352,14 +350,22 @@ def _place_legend(fig: Figure, width: float, sizes: Sizes, title_lines: int) -> 
     legend.update(yref="container", y=PAD / height, yanchor="bottom")
 
 
-def _legend_on_top(fig: Figure, font: float, sizes: Sizes, title_lines: int) -> None:
-    """A legend's one row on the plot's top edge, left-aligned, the top margin holding the title's lines (or the
-    toolbar's row) and the legend's row under them; the figure grows by what is missing."""
+def _legend_on_top(fig: Figure, font: float, sizes: Sizes, title_lines: int, rows: int) -> None:
+    """A legend's rows, left-aligned, under the title's lines (or the toolbar's row): on the plot's top edge, the
+    top margin holding both; or, over a first row of subplot titles (which stand on that edge), between the title and
+    them, the margin grown by the rows. The figure grows by what is added."""
     title = _title_px(fig, title_lines, sizes)
+    row = rows * font * LEGEND_ROW + PAD
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
-    missing = math.ceil(title + font * LEGEND_ROW + PAD - top)
+    height = fig.layout.height or 450
+    if any(n.y >= 0.99 for n in _subplot_titles(fig)):
+        grow = math.ceil(row)
+        fig.update_layout(margin_t=top + grow, height=height + grow)
+        fig.layout.legend.update(y=1 - title / (height + grow), yanchor="top", yref="container", x=0, xanchor="left")
+        return
+    missing = math.ceil(title + row - top)
     if missing > 0:
-        fig.update_layout(margin_t=top + missing, height=(fig.layout.height or 450) + missing)
+        fig.update_layout(margin_t=top + missing, height=height + missing)
     fig.layout.legend.update(y=1, yanchor="bottom", yref="paper", x=0, xanchor="left")
 
 

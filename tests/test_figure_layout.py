@@ -217,14 +217,21 @@ def test_a_legend_of_one_row_on_a_wide_figure_stands_above_the_plot_under_the_ti
     assert lay.margin.b == 10  # the foot as the panel set it (Plotly widens it for the labels), no legend row
 
 
-def test_a_legend_goes_to_the_foot_when_subplot_titles_stand_above_the_plot():
-    layout = plots.grid_layout(1, 2, ["A", "B"], hspace=0.1)
-    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name="unchanged"),
-                     go.Scatter(x=[0, 1], y=[1, 0], name="changed", xaxis="x2", yaxis="y2")],
-                    layout=dict(layout, height=300, margin=dict(l=10, r=10, t=50, b=10),
-                                legend=dict(orientation="h", y=-0.2)))
-    lay = fit(fig, DESKTOP.main, presenter=False, touch=False).layout
-    assert (lay.legend.yref, lay.legend.yanchor) == ("container", "bottom")
+def test_a_legend_over_subplot_titles_stands_between_them_and_the_title():
+    def figure(names):
+        return go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name=names[0]),
+                          go.Scatter(x=[0, 1], y=[1, 0], name=names[1], xaxis="x2", yaxis="y2")],
+                         layout=dict(plots.grid_layout(1, 2, ["A", "B"], hspace=0.1), height=300, title="two runs",
+                                     margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.2)))
+    unnamed = fit(figure(["", ""]), DESKTOP.main, presenter=False, touch=False).layout  # no legend
+    lay = fit(figure(["unchanged", "changed"]), DESKTOP.main, presenter=False, touch=False).layout
+    assert (lay.legend.yref, lay.legend.yanchor, lay.legend.xanchor) == ("container", "top", "left")
+    size = lay.title.font.size or Sizes.for_screen(False).title
+    legend_top = (1 - lay.legend.y) * lay.height
+    assert legend_top == pytest.approx(TITLE_TOP + size * LINE)  # right under the title's line
+    # the subplot titles, on the plot's top edge, stand a whole legend row lower than the legend's top
+    assert lay.margin.t - legend_top >= 12 * 1.6 + 12 * LINE
+    assert 0 < lay.height - unnamed.height <= 12 * 1.6 + PAD + 1 and lay.margin.b == 10  # grown by its row
 
 
 def test_a_legend_above_the_plot_stays_there_on_one_row_and_goes_to_the_foot_on_a_phone():
