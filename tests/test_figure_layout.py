@@ -217,6 +217,18 @@ def test_a_legend_of_one_row_on_a_wide_figure_stands_above_the_plot_under_the_ti
     assert lay.margin.b == 10  # the foot as the panel set it (Plotly widens it for the labels), no legend row
 
 
+def test_a_legend_of_several_rows_on_a_wide_figure_stands_above_the_plot_in_its_rows():
+    names = [f"softmax(q·k / √d_k) of layer {i}: the model as it runs, every head" for i in range(6)]
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[i, i + 1], name=n) for i, n in enumerate(names)],
+                    layout=dict(height=400, margin=dict(l=10, r=10, t=50, b=10), title="six long names",
+                                legend=dict(orientation="h", y=-0.2)))
+    lay = fit(fig, DESKTOP.main, presenter=False, touch=False).layout
+    assert (lay.legend.y, lay.legend.yanchor, lay.legend.yref) == (1, "bottom", "paper")
+    size = lay.title.font.size or Sizes.for_screen(False).title
+    rows = (lay.margin.t - TITLE_TOP - size * LINE) / (12 * 1.6)
+    assert rows >= 3  # each name is wider than a third of the plot: at least three rows, all in the top margin
+
+
 def test_a_legend_over_subplot_titles_stands_between_them_and_the_title():
     def figure(names):
         return go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name=names[0]),
