@@ -46,6 +46,17 @@ def test_meta_scaled_rope(ckpt, tmp_path):
     assert max_diff(L.load(folder).model(tokens), ckpt.hf_logits(model, tokens)) <= TOL
 
 
+def test_the_description_names_what_the_file_holds_beside_the_dtype_it_runs_in(ckpt, tmp_path):
+    """`info` and the sidebar read the file's tensor type here (GGUF's name their own): a bfloat16 folder run in
+    float32 said only float32."""
+    hf = ckpt.save_hf(ckpt.hf_model(seed=2).to(torch.bfloat16), tmp_path / "hf")
+    loaded = L.load(hf, dtype="float32")
+    assert (loaded.description.rsplit("; ", 1)[1], loaded.dtype_name) == ("HF safetensors BF16", "float32")
+    meta = ckpt.write_meta(ckpt.hf_model(seed=2).to(torch.float16), tmp_path / "meta", shards=2)
+    loaded = L.load(meta, dtype="float32")
+    assert (loaded.description.rsplit("; ", 1)[1], loaded.dtype_name) == ("Meta F16, 2 shards", "float32")
+
+
 # --------------------------------------------------------------------------- GGUF
 @pytest.mark.parametrize("vocab", ["gpt2", "llama"])
 @pytest.mark.parametrize("case", ["gqa", "tied_llama3", "linear", "head_dim"])

@@ -123,6 +123,15 @@ def model_name(path: os.PathLike | str) -> str:
     return _WEIGHTS_TAG.sub("", stem) or stem
 
 
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def tensor_type(dtype: torch.dtype | None) -> str:
+    """A checkpoint's tensor type as safetensors and GGUF name theirs (BF16, F16, F32): what the file holds, which
+    the loaded model's dtype need not be."""
+    return "" if dtype is None else _ST_DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
 def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> str:
     size = count_text(model.param_counts()["total"])
     heads = f"{cfg.n_heads} heads" + (f" ({cfg.n_kv_heads} KV)" if cfg.n_kv_heads != cfg.n_heads else "")
@@ -132,7 +141,6 @@ def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> 
             f"vocab {cfg.vocab_size}{tied}; {origin}")
 
 
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
 
 def save_streaming(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

@@ -15,7 +15,7 @@ import torch
 from ..config import ConfigError, ModelConfig
 from ..rope import hf_to_adjacent
 from .common import (LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line,
-                     plan_dtype, rename_blocks)
+                     plan_dtype, rename_blocks, tensor_type)
 
 _TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "ln_final.weight",
         "lm_head.weight": "unembed.weight"}
@@ -172,4 +172,4 @@ def load_hf(folder: Path, dtype=None):
     dtype = plan_dtype(cfg, dtype, stored, folder, mapped=True)
     model = build_model(cfg, to_canonical(state, cfg, folder), folder, dtype)
     tokenizer = load_tokenizer(Tokenizer.from_path, folder, folder)
-    return model, tokenizer, describe(cfg, model, "HF", kind)
+    return model, tokenizer, describe(cfg, model, "HF", f"{kind} {tensor_type(stored)}".strip())

@@ -11,7 +11,7 @@ import torch
 
 from ..config import ConfigError, ModelConfig
 from .common import (LoadError, read_json_object, build_model, check_sizes, describe, load_tokenizer, one_line,
-                     plan_dtype, rename_blocks, stored_dtype)
+                     plan_dtype, rename_blocks, stored_dtype, tensor_type)
 from .hf import load_torch_file
 
 _TOP = {"tok_embeddings.weight": "embed.weight", "norm.weight": "ln_final.weight", "output.weight": "unembed.weight"}
@@ -126,9 +126,10 @@ def load_meta(folder: Path, dtype=None):
     check_sizes(cfg, shapes, folder)  # before plan_dtype's estimate builds the config's model on the meta device
     # One shard is used in place; several are concatenated into memory in the chosen dtype (a copy that cannot
     # be avoided: each matrix is split across the files).
-    dtype = plan_dtype(cfg, dtype, stored_dtype(shapes), folder, mapped=len(files) == 1)
+    stored = stored_dtype(shapes)
+    dtype = plan_dtype(cfg, dtype, stored, folder, mapped=len(files) == 1)
     state = rename_blocks(merge_shards(shards, folder, dtype), "layers.", _BLOCK, _TOP, skip=_SKIP)
     del shards
     model = build_model(cfg, state, folder, dtype)
     shards = f"{len(files)} shards" if len(files) > 1 else "1 shard"
-    return model, tokenizer, describe(cfg, model, "Meta", shards)
+    return model, tokenizer, describe(cfg, model, "Meta", f"{tensor_type(stored)}, {shards}".lstrip(", "))
