@@ -50,6 +50,8 @@ def read_once() -> list[str]:
             sections.request(ss.view, q["section"])
         else:
             bad.append("section")
+    elif "cmp" in q and not ss.get("_landing"):
+        sections.request(ss.view, None)  # a comparison's link lands on its figures (sections.landing), not the top
     return bad
 
 

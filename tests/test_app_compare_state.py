@@ -69,6 +69,9 @@ def test_the_url_holds_b_and_a_link_reopens_it(twins):
     fig = by_id(at, "compare_attention")
     again = run_app(**params)  # the copied link
     assert by_id(again, "compare_attention")["data"] == fig["data"]
+    # it lands on the comparison's figures (sections.landing), where the page that made it showed them, not on the
+    # top of the page; a link without a comparison asks for no landing
+    assert again.session_state["_landing"] == 1 and "_landing" not in at.session_state
     at.sidebar.selectbox(key="_w_cmp").set_value("prompt").run()
     at.sidebar.text_area(key="_w_cmp_prompt").input("Shall I compare thee to a winter's night?").run()
     assert at.query_params["cmp_prompt"] == "Shall I compare thee to a winter's night?" and "cmp_model" not in at.query_params
