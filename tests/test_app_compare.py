@@ -231,6 +231,24 @@ def test_rope_off_scores_and_difference():
     assert js[1, 2] == pytest.approx(expected, rel=1e-6)
 
 
+def test_a_post_norm_side_s_flat_first_layer_scores_are_explained(twins):
+    """The twins at layer 0: B (Post-Norm) reads its embeddings with no norm before its first attention, so its
+    scores are almost flat; the caption says so with the embeddings' RMS, written out from B's recording. At another
+    layer, or for the Pre-Norm side, it says nothing of the kind."""
+    (_, ra), (_, rb) = twins
+    embed = rb["hook_embed"][0].double()
+    rms = float((torch.linalg.vector_norm(embed, dim=-1) / embed.shape[-1] ** 0.5).mean())
+    assert rms < 0.1
+    first = all_text(run_app(view="rope", **dict(TWINS, layer=0)))
+    assert f"B is Post-Norm: no norm stands before its first attention, so layer 0 reads the embeddings as they are, " \
+           f"of RMS {rms:.2f}" in first and "A is Post-Norm" not in first
+    sb = rb.scores(0)[0, TWINS["head"]].double().numpy()
+    sa = ra.scores(0)[0, TWINS["head"]].double().numpy()
+    low = np.tril(np.ones_like(sb, dtype=bool))
+    assert np.ptp(sb[low]) < 0.1 * np.ptp(sa[low])  # what the sentence explains: B's map is nearly flat
+    assert "is Post-Norm" not in all_text(run_app(view="rope", **TWINS))  # layer 2
+
+
 def test_minimal_pair_map_on_the_bank_pair(loaded):
     """Two prompts on SmolLM2 that swap three tokens: ‖Δ resid‖ / ‖resid‖ per block and aligned position."""
     ids_a, ids_b = (loaded.tokenizer.encode(t) for t in (BANK_A, BANK_B))

@@ -121,9 +121,26 @@ def draw_attention(pair: Pair) -> None:
     _csv(pair, "attention", ["layer", "head", "query", "key", "weight"], rows)
 
 
+# a Post-Norm side's first attention reads its embeddings unnormalised: below this RMS (a norm gives 1) its q·k are
+# a tenth or less of a normalised input's, and its map looks flat; the page says why
+RAW_EMBED_RMS = 0.3
+
+
+def raw_first_layer(pair: Pair) -> list[tuple[str, float]]:
+    """(side, its embeddings' RMS) of each Post-Norm side shown at layer 0 whose embeddings are small."""
+    out = []
+    for side, ctx, c in zip("AB", (pair.a, pair.b), S.pair_curves(pair)):
+        if c.norm_placement == "post" and ctx.layer == 0 and c.stream_rms[0] < RAW_EMBED_RMS:
+            out.append((side, float(c.stream_rms[0])))
+    return out
+
+
 def draw_rope(pair: Pair) -> None:
     no_rope = any(iv.kind == "no-rope" for iv in I.parse_list(pair.specs_b)) if pair.specs_b else False
-    st.caption(pair.t("compare.rope_caption") + (" " + pair.t("compare.rope_caption_no_rope") if no_rope else ""))
+    gap = "" if pair.a.lang == "zh" else " "  # between two sentences
+    st.caption(gap.join([pair.t("compare.rope_caption")] + [pair.t("compare.rope_caption_no_rope")] * no_rope +
+                        [pair.t("compare.rope_raw_embeddings", side=side, rms=rms)
+                         for side, rms in raw_first_layer(pair)]))
     m = _matrix_figure(pair, "scores", "compare_rope")
     rows = []
     for side, ctx, z in (("A", pair.a, m["a"]), ("B", pair.b, m["b"])):
