@@ -7,8 +7,7 @@ Plotly is told no width: a figure fills its column, whatever the screen. What th
 - the tick labels of every axis: of categories every k-th one, k from the px each label gets along its axis and the
   room a label's line needs (1.33 font sizes), so labels never overlap; a numeric x axis as many ticks as fit, a
   log axis over less than a decade enough to read by;
-- a legend: on a wide figure above the plot, under the title; on a phone at the figure's foot, below the x
-  axis's labels and title; the figure grown for its rows;
+- a legend: above the plot, under the title, the figure grown for its rows;
 - subplots side by side: room between them for each one's y axis labels and title; between rows, room for the
   lower row's titles; above the first row, room for the title's lines and the subplot titles' lines;
 - its text (app/figure_text.py): titles wrapped to the width, nothing smaller than the screen allows.
@@ -36,6 +35,7 @@ COLOR_TRACES = ("heatmap", "contour", "histogram2d")  # traces that draw a colou
 TITLE_GAP = 6  # px between a figure's title and the subplot titles under it
 MIN_SUBPLOT = 0.2  # of a row's width: side-by-side subplots are never made narrower to fit their axes' labels
 LEGEND_ITEM_PX, LEGEND_ROW = 46, 1.6  # a legend item's symbol and gaps (px), a row's height (× its font size)
+LEGEND_GROUP_GAP = 10  # px Plotly leaves between groups of legend items (legend.tracegroupgap's default)
 
 
 # --------------------------------------------------------------------------- heatmaps
@@ -319,54 +319,47 @@ def _room_for_y_labels(fig: Figure, width: float, sizes: Sizes) -> None:
 
 
 def _place_legend(fig: Figure, width: float, sizes: Sizes, title_lines: int) -> None:
-    """A horizontal legend. On a wide figure it stands above the plot, under the title (one row beside a title that
-    fits, where a panel put it, is kept): read before the lines, and on a projector's first screen whatever the
-    figure's height (at the foot, a tall figure under a lecture's player left its lines without names). On a phone
-    it lies at the figure's foot, below the x axis's tick labels and title, and the figure grows by its rows. (Placed
-    a fraction of the plot's height below the plot, in Plotly's paper coordinates, it landed on the axis title
-    whenever the labels were long or the plot short; one placed above the plot with more than one row grew into the
-    title and the plot.)"""
+    """A horizontal legend stands above the plot, left-aligned under the title, in as many rows as it needs: read
+    before the lines, and on a projector's first screen whatever the figure's height (at the foot, a tall figure
+    under a lecture's player left its lines without names; at the title's right, Plotly's toolbar covered it).
+    Placed a fraction of the plot's height away, in Plotly's paper coordinates, it landed on the axis title or the
+    figure's title whenever the labels were long or the plot short; its rows are counted here instead."""
     legend = fig.layout.legend
-    if legend.orientation != "h" or legend.y is None or legend.yref == "container":
+    if legend.orientation != "h" or legend.y is None:
         return
-    font = legend.font.size or fig.layout.font.size or sizes.text
-    names = [tr.name for tr in fig.data if tr.name and tr.showlegend is not False]
-    if not names:
+    font = max(legend.font.size or fig.layout.font.size or sizes.text, sizes.text)  # (raise_fonts lifts it later)
+    shown = [tr for tr in fig.data if tr.name and tr.showlegend is not False]
+    if not shown:
         return
     plot_w = plot_area(fig, width, sizes)[0]
-    items = [LEGEND_ITEM_PX + text_px(name, font) for name in names]
+    # each item: its symbol and gaps, its text, and Plotly's gap between groups when items are grouped (which
+    # parts their rows too)
+    gap = LEGEND_GROUP_GAP if any(getattr(tr, "legendgroup", None) for tr in shown) else 0
+    items = [LEGEND_ITEM_PX + gap + text_px(tr.name, font) for tr in shown]
     # one row when every item fits side by side; otherwise Plotly lays them in columns as wide as the widest
     rows = 1 if sum(items) <= plot_w else math.ceil(len(items) / max(1, int(plot_w // max(items))))
-    if width >= NARROW and (legend.y < 0 or rows > 1):
-        _legend_on_top(fig, font, sizes, title_lines, rows)
-        return
-    if width >= NARROW:  # one row beside a title that fits: kept
-        return
-    rows_px = int(rows * font * LEGEND_ROW + PAD)
-    labels = _bottom_labels_px(fig, sizes)
-    height = (fig.layout.height or 450) + rows_px
-    b = fig.layout.margin.b
-    fig.update_layout(height=height, margin_b=int(max(b if b is not None else 80, labels)) + rows_px)
-    legend.update(yref="container", y=PAD / height, yanchor="bottom")
+    _legend_on_top(fig, font * LEGEND_ROW + gap, sizes, title_lines, rows)
 
 
-def _legend_on_top(fig: Figure, font: float, sizes: Sizes, title_lines: int, rows: int) -> None:
-    """A legend's rows, left-aligned, under the title's lines (or the toolbar's row): on the plot's top edge, the
-    top margin holding both; or, over a first row of subplot titles (which stand on that edge), between the title and
-    them, the margin grown by the rows. The figure grows by what is added."""
+def _legend_on_top(fig: Figure, row_px: float, sizes: Sizes, title_lines: int, rows: int) -> None:
+    """A legend's rows, left-aligned, under the title's lines (or the toolbar's row): on the plot's top edge, or over
+    a first row of subplot titles (which stand on that edge), just above them. The top margin holds the title, the
+    legend and those titles; the figure grows by what is missing."""
     title = _title_px(fig, title_lines, sizes)
-    row = rows * font * LEGEND_ROW + PAD
+    row = rows * row_px + PAD
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
     height = fig.layout.height or 450
-    if any(n.y >= 0.99 for n in _subplot_titles(fig)):
-        grow = math.ceil(row)
-        fig.update_layout(margin_t=top + grow, height=height + grow)
-        fig.layout.legend.update(y=1 - title / (height + grow), yanchor="top", yref="container", x=0, xanchor="left")
-        return
-    missing = math.ceil(title + row - top)
-    if missing > 0:
-        fig.update_layout(margin_t=top + missing, height=height + missing)
-    fig.layout.legend.update(y=1, yanchor="bottom", yref="paper", x=0, xanchor="left")
+    notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]
+    below = max((len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE
+                 for n in notes), default=0)
+    below = below + TITLE_GAP if notes else 0
+    missing = max(0, math.ceil(title + row + below - top))
+    fig.update_layout(margin_t=top + missing, height=height + missing)
+    if notes:  # its foot on the subplot titles' top, in the figure's px from its top
+        fig.layout.legend.update(y=1 - (top + missing - below) / (height + missing), yanchor="bottom",
+                                 yref="container", x=0, xanchor="left")
+    else:
+        fig.layout.legend.update(y=1, yanchor="bottom", yref="paper", x=0, xanchor="left")
 
 
 def _colorbar_px(fig: Figure, sizes: Sizes) -> float:

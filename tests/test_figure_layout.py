@@ -183,20 +183,14 @@ def four_series(width: float, title: str = "") -> go.Figure:
     return fit(fig, width, presenter=False, touch=width == PHONE.main)
 
 
-def test_a_legend_under_the_plot_lies_at_the_figure_s_foot_below_the_axis_labels_and_title():
-    """Four series over upright token labels on a phone: the legend's rows take the bottom of the figure, and the
-    margin above them holds the longest label and the axis title (a legend placed a share of the plot's height below
-    the plot lay on the axis title)."""
-    width = PHONE.main
-    lay = four_series(width).layout
-    assert (lay.legend.yref, lay.legend.yanchor, lay.legend.y * lay.height) == ("container", "bottom",
-                                                                                pytest.approx(PAD))
-    grown = lay.height - 400  # the legend's rows
-    rows = round((grown - PAD) / (12 * 1.6))
-    assert rows == 4
-    labels = max(text_px(t, 12) for t in lay.xaxis.ticktext)  # upright: their length reaches down
-    assert lay.xaxis.tickangle == -90
-    assert lay.margin.b - grown >= labels + (12 + 2) * LINE  # the labels and the title above the legend
+def test_on_a_phone_a_legend_s_rows_stand_above_the_plot_and_the_foot_stays_the_panel_s():
+    """Four series over upright token labels on a phone: four rows of names above the plot, under the toolbar's
+    row; the foot keeps the panel's margin (Plotly widens it for the labels and the axis title)."""
+    lay = four_series(PHONE.main).layout
+    assert (lay.legend.y, lay.legend.yanchor, lay.legend.yref, lay.legend.x) == (1, "bottom", "paper", 0)
+    rows = (lay.margin.t - TOOLBAR_H - PAD) / (12 * 1.6)
+    assert rows == pytest.approx(4, abs=0.1)  # each name on its own row: one is wider than half the plot
+    assert lay.height - 400 == lay.margin.t - 50 and lay.margin.b == 10
 
 
 @pytest.mark.parametrize("title", ["", "Next-token probabilities after each change",
@@ -237,26 +231,25 @@ def test_a_legend_over_subplot_titles_stands_between_them_and_the_title():
                                      margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=-0.2)))
     unnamed = fit(figure(["", ""]), DESKTOP.main, presenter=False, touch=False).layout  # no legend
     lay = fit(figure(["unchanged", "changed"]), DESKTOP.main, presenter=False, touch=False).layout
-    assert (lay.legend.yref, lay.legend.yanchor, lay.legend.xanchor) == ("container", "top", "left")
+    assert (lay.legend.yref, lay.legend.yanchor, lay.legend.xanchor) == ("container", "bottom", "left")
     size = lay.title.font.size or Sizes.for_screen(False).title
-    legend_top = (1 - lay.legend.y) * lay.height
-    assert legend_top == pytest.approx(TITLE_TOP + size * LINE)  # right under the title's line
-    # the subplot titles, on the plot's top edge, stand a whole legend row lower than the legend's top
-    assert lay.margin.t - legend_top >= 12 * 1.6 + 12 * LINE
+    foot = (1 - lay.legend.y) * lay.height  # px from the figure's top
+    # its row between the title's line and the subplot titles' line on the plot's top edge
+    assert foot - 12 * 1.6 - PAD == pytest.approx(TITLE_TOP + size * LINE, abs=1)  # (the margin in whole px)
+    assert lay.margin.t - foot >= 12 * LINE
     assert 0 < lay.height - unnamed.height <= 12 * 1.6 + PAD + 1 and lay.margin.b == 10  # grown by its row
 
 
-def test_a_legend_above_the_plot_stays_there_on_one_row_and_goes_to_the_foot_on_a_phone():
-    def figure():
-        return go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name="q·k(Δ)"),
-                          go.Scatter(x=[0, 1], y=[1, 0], name="envelope (smoothed max |q·k|)")],
-                         layout=dict(height=360, margin=dict(l=10, r=10, t=40, b=10), title="score by distance",
-                                     legend=dict(orientation="h", y=1.12, x=1, xanchor="right")))
-    wide, narrow = fit(figure(), DESKTOP.main, presenter=False, touch=False), fit(figure(), PHONE.main,
-                                                                                   presenter=False, touch=True)
-    assert (wide.layout.legend.y, wide.layout.legend.yref, wide.layout.height) == (1.12, None, 360)
-    assert (narrow.layout.legend.yref, narrow.layout.legend.yanchor) == ("container", "bottom")
-    assert narrow.layout.height > 360  # grown by the legend's rows
+@pytest.mark.parametrize("width", [PHONE.main, DESKTOP.main])
+def test_a_legend_a_panel_put_beside_the_title_moves_under_it_out_of_the_toolbar_s_way(width):
+    """At the title's right, Plotly's toolbar (shown while the pointer is on the figure) covered the names."""
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name="q·k(Δ)"),
+                     go.Scatter(x=[0, 1], y=[1, 0], name="envelope (smoothed max |q·k|)")],
+                    layout=dict(height=360, margin=dict(l=10, r=10, t=40, b=10), title="score by distance",
+                                legend=dict(orientation="h", y=1.12, x=1, xanchor="right")))
+    lay = fit(fig, width, presenter=False, touch=width == PHONE.main).layout
+    assert (lay.legend.y, lay.legend.yref, lay.legend.x, lay.legend.xanchor) == (1, "paper", 0, "left")
+    assert lay.margin.t >= TITLE_TOP + (lay.title.font.size or Sizes.for_screen(False).title) * LINE + 12 * 1.6
 
 
 def test_side_by_side_subplots_keep_room_for_the_right_one_s_axis_and_the_title_for_both_rows_of_titles():

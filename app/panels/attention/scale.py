@@ -45,8 +45,8 @@ def study_figure(t, s: A.ScaleStudy) -> go.Figure:
     raw, scaled = t("attention.scale.raw"), t("attention.scale.scaled")
     ent_s, ent_u = s.entropy_scaled.mean(-1), s.entropy_unscaled.mean(-1)
     traces = [
-        go.Scatter(x=layers, y=s.raw_std, name=raw, meta="raw_std", mode="lines+markers", legendgroup="a"),
-        go.Scatter(x=layers, y=s.scaled_std, name=scaled, meta="scaled_std", mode="lines+markers", legendgroup="a"),
+        go.Scatter(x=layers, y=s.raw_std, name=raw, meta="raw_std", mode="lines+markers"),
+        go.Scatter(x=layers, y=s.scaled_std, name=scaled, meta="scaled_std", mode="lines+markers"),
         go.Scatter(x=layers, y=np.full(layers.size, np.sqrt(s.d_k)), meta="sqrt_dk", mode="lines",
                    name=t("attention.scale.sqrt_dk", d_k=s.d_k, root=float(np.sqrt(s.d_k))),
                    line=dict(dash="dash", color="#555")),
