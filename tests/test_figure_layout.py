@@ -240,6 +240,19 @@ def test_a_legend_over_subplot_titles_stands_between_them_and_the_title():
     assert 0 < lay.height - unnamed.height <= 12 * 1.6 + PAD + 1 and lay.margin.b == 10  # grown by its row
 
 
+def test_grouped_legend_items_get_plotly_s_gap_between_groups_in_their_rows():
+    """Grouped items (a run's curve and its faint seeds) stand 10 px further apart, across and down: the normlab
+    race's four names took four rows of 29 px on a phone, and the last reached into the title."""
+    def figure(grouped: bool):
+        names = ["Pre-Norm, warmup", "Pre-Norm, no warmup", "Post-Norm, warmup", "Post-Norm, no warmup"]
+        return go.Figure([go.Scatter(x=[0, 1], y=[i, i], name=n, legendgroup=n if grouped else None)
+                          for i, n in enumerate(names)],
+                         layout=dict(height=420, margin=dict(l=10, r=10, t=50, b=10), title="Training loss",
+                                     legend=dict(orientation="h", y=-0.2)))
+    plain, grouped = (fit(figure(g), PHONE.main, presenter=False, touch=True).layout for g in (False, True))
+    assert grouped.margin.t - plain.margin.t == 4 * 10  # four rows (one name each on a phone), 10 px more each
+
+
 @pytest.mark.parametrize("width", [PHONE.main, DESKTOP.main])
 def test_a_legend_a_panel_put_beside_the_title_moves_under_it_out_of_the_toolbar_s_way(width):
     """At the title's right, Plotly's toolbar (shown while the pointer is on the figure) covered the names."""
