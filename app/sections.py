@@ -8,8 +8,9 @@ the main area as little as brings the whole part into the first screen (its top 
 screen: what is above it stays in view when there is room; a lecture's player, pinned under the page's header, is
 counted as covering the top; an element that would stand half under the header or the player is scrolled past
 whole), and holds it there while figures above it still settle and the page runs again for its screen (on a slow
-device, up to a minute after the run), until the visitor scrolls, clicks or types. Each request carries a number, so a page run that only redraws never scrolls.
-A lecture step about no part lands on its view's first part, the main figure.
+device, up to a minute after the run), until the visitor scrolls, clicks or types. Each request carries a number,
+so a page run that only redraws never scrolls. A lecture step about no part lands on its view's first part, the main
+figure.
 
 A page that shows a comparison of A and B (app/compare.py) and names no part lands on the comparison's figures
 (COMPARISON), not on the top of the page, where the lesson's sentence, the view selector and the comparison's

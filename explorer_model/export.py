@@ -83,7 +83,8 @@ def check_fits(p: Plan, path: Path, memory: int | None = None, disk: int | None 
     memory = available_memory() if memory is None else memory
     hint = "record fewer hooks with --names (e.g. 'blocks.*.hook_resid_post') or use a shorter prompt"
     if p.file_bytes > disk:
-        raise ExportError(f"{path} would take {size_text(p.file_bytes)} but only {size_text(disk)} is free on that disk; {hint}")
+        raise ExportError(f"{path} would take {size_text(p.file_bytes)} but only {size_text(disk)} is free on that "
+                          f"disk; {hint}")
     if memory is not None and p.peak_bytes > memory:
         raise ExportError(f"recording to {path} needs about {size_text(p.peak_bytes)} of memory (largest array "
                           f"{p.largest}) but only {size_text(memory)} is available; {hint}")

@@ -407,7 +407,8 @@ def refusal(cfg: ModelConfig, dtype: torch.dtype, mapped: bool, n_tokens: int = 
     if need <= room:
         return None
     smaller = [estimate(cfg, dt, n_tokens) for dt in (torch.bfloat16, torch.float16) if itemsize(dt) < itemsize(dtype)]
-    hint = f"; {dtype_name(smaller[0].dtype)} would need {size_text(smaller[0].total)}" if smaller and not mapped else ""
+    hint = (f"; {dtype_name(smaller[0].dtype)} would need {size_text(smaller[0].total)}"
+            if smaller and not mapped else "")
     what = f"{size_text(est.runtime)} to run {n_tokens} tokens" if mapped else str(est)
     return f"{cfg.name} needs about {size_text(need)} of memory ({what}), but only {size_text(room)} is available{hint}"
 

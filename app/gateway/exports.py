@@ -71,7 +71,8 @@ def npz_file(source: str, n_tokens: int, get_recording, changes=(), source_ids=(
     size, cap = npz_bytes(source, n_tokens), export_cap_bytes()
     with _BUILDING_LOCK:
         if _BUILDING["bytes"] + size > cap:
-            raise RunRefused("export.too_big", size=_memory.size_text(_BUILDING["bytes"] + size), cap=_memory.size_text(cap))
+            raise RunRefused("export.too_big", size=_memory.size_text(_BUILDING["bytes"] + size),
+                             cap=_memory.size_text(cap))
         _BUILDING["bytes"] += size
     try:
         rec = get_recording()

@@ -63,7 +63,8 @@ def memory_lines(cfg) -> list[str]:
     room, n = available_bytes(), min(DEFAULT_TOKENS, cfg.max_seq_len)  # a model's context may be shorter
     lines = [f"memory to run {n} tokens (available: {size_text(room) if room is not None else 'unknown'}):"]
     for name, est in estimates(cfg, n).items():
-        lines.append(f"  {name:<16} {size_text(est.total):>9}  (weights {size_text(est.weights)} + runtime {size_text(est.runtime)})")
+        lines.append(f"  {name:<16} {size_text(est.total):>9}  (weights {size_text(est.weights)} + runtime "
+                     f"{size_text(est.runtime)})")
     return lines
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..memory import count_text
+from ..memory import count_text, dtype_name
 from ..model import LlamaModel
 from .errors import LoadError, one_line, read_json_object  # noqa: F401  (the loaders import them from here)
 
@@ -129,7 +129,7 @@ _ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"
 def tensor_type(dtype: torch.dtype | None) -> str:
     """A checkpoint's tensor type as safetensors and GGUF name theirs (BF16, F16, F32): what the file holds, which
     the loaded model's dtype need not be."""
-    return "" if dtype is None else _ST_DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+    return "" if dtype is None else _ST_DTYPES.get(dtype, dtype_name(dtype))
 
 
 def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> str:
@@ -139,8 +139,6 @@ def describe(cfg: ModelConfig, model: LlamaModel, fmt: str, extra: str = "") -> 
     origin = f"{fmt} {extra}" if extra else fmt
     return (f"{cfg.name}: {size} parameters, {cfg.n_layers} layers, d_model {cfg.d_model}, {heads}, "
             f"vocab {cfg.vocab_size}{tied}; {origin}")
-
-
 
 
 def save_streaming(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

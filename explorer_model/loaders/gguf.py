@@ -366,8 +366,9 @@ def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, not
         file.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(file.parent).free
         if free - need < CACHE_SPARE:
-            warnings.warn(f"not caching the weights in {file.parent}: they take {size_text(need)} and {size_text(free)} is free "
-                          f"(a cache leaves {size_text(CACHE_SPARE)}); the next load converts the file again", stacklevel=3)
+            warnings.warn(f"not caching the weights in {file.parent}: they take {size_text(need)} and "
+                          f"{size_text(free)} is free (a cache leaves {size_text(CACHE_SPARE)}); the next load "
+                          "converts the file again", stacklevel=3)
             return
         info = {"cache_version": CACHE_VERSION, "config": json.dumps(cfg.to_dict()),
                 "tokenizer": json.dumps(tok_fields), "note": note, "source": source}
