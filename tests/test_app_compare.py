@@ -321,3 +321,10 @@ def test_a_figure_s_legend_says_what_each_side_is():
                  cmp="prompt", cmp_prompt="The animal did not cross the street because it was too wide.")
     names = [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]]
     assert names == ["A · …it was too tired.”", "B · …it was too wide.”"]
+    # a list of changes longer than a legend line: each kind once, with its count (cut, it named one norm of twelve)
+    norms = ",".join(f"norm-identity:blocks.{l}.{n}" for l in range(3) for n in ("ln1", "ln2"))
+    at = run_app(view="norm", model="tiny-pre", prompt="The bank of the river", cmp="whatif", cmp_iv=norms + ",no-mask")
+    names = [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]]
+    assert names == [f"A · {t('whatif.unchanged', 'en')}", "B · norm-identity ×6, no-mask"]
+    at = run_app(view="norm", model="tiny-pre", prompt="The bank of the river", cmp="whatif", cmp_iv="gate-off,no-mask")
+    assert [tr["name"] for tr in by_id(at, "compare_norm_stream")["data"]][1] == "B · gate-off,no-mask"

@@ -33,6 +33,18 @@ def stacked_row(ctx: ViewContext, n_rows: int) -> int | None:
 LEGEND_CHARS = 32  # of a side's name in a legend: a long prompt or path is cut, with an ellipsis
 
 
+def changes_line(specs: str) -> str:
+    """A list of changes as a legend can hold it: as written when it fits, else each kind once with its count
+    ("norm-identity ×12"): cut in the middle, twelve norms switched off read "norm-identity:blocks.0.ln1,norm…"."""
+    if len(specs) <= LEGEND_CHARS:
+        return specs
+    kinds: dict[str, int] = {}
+    for item in specs.split(","):
+        kind = item.strip().split(":")[0].split("=")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return ", ".join(f"{kind} ×{n}" if n > 1 else kind for kind, n in kinds.items())
+
+
 @dataclass
 class Pair:
     a: ViewContext
@@ -54,7 +66,7 @@ class Pair:
         if self.a.source != self.b.source:
             what = Path(ctx.source).name or ctx.source
         elif self.specs_b:
-            what = self.specs_b if side == "B" else self.t("whatif.unchanged")
+            what = changes_line(self.specs_b) if side == "B" else self.t("whatif.unchanged")
         else:  # the prompt's text, without its special tokens (a BOS), from where it differs from the other's
             def text(c: ViewContext) -> str:
                 return "“" + c.facts.decode([i for i in c.ids if not c.facts.is_special(i)]).strip() + "”"
