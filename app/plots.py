@@ -181,10 +181,16 @@ def finish(fig: go.Figure | dict, ctx: ViewContext, height: int | None, width: i
     return plotly.io.to_json(done.spec, validate=False), size  # encoded as Streamlit encodes a figure's dict
 
 
+# On a phone a table of this many rows or fewer is an HTML table, its headers wrapped to the screen's width: the
+# grid sizes each column to its header and left the last ones off the screen (What if…'s shuffled-order table).
+PHONE_TABLE_ROWS = 12
+
+
 def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None = None,
           labels: dict | None = None, formats: dict | None = None) -> None:
     """A table: on a visitor's screen Streamlit's interactive grid (sortable, scrolling); in presenter mode an HTML
-    table, whose text the page's style makes large enough for a room (the grid draws 14 px text on a canvas).
+    table, whose text the page's style makes large enough for a room (the grid draws 14 px text on a canvas), and
+    on a phone an HTML table when it is short (PHONE_TABLE_ROWS).
     `data`: a DataFrame or a dict of columns, or a function of no arguments that returns one. The Arrow table the
     page sends is kept in the gateway's cache, named by the values (or by what the function closes over, as
     plots.show names a figure): a page run that asks for it again converts nothing, and given a function, builds
@@ -194,10 +200,16 @@ def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None 
     if sections.unsent():
         return
     labels, formats = labels or {}, formats or {}
-    shown = gateway.table(data if callable(data) else (lambda: data),  # named by its values when given them
-                          lambda built: arrow_table(built, ctx.presenter, labels, formats),
-                          (ctx.presenter, tuple(labels.items()), tuple(formats.items())))
-    if not ctx.presenter:
+    build = data if callable(data) else (lambda: data)  # named by its values when given them
+
+    def shown_as(html: bool):
+        return gateway.table(build, lambda built: arrow_table(built, html, labels, formats),
+                             (html, tuple(labels.items()), tuple(formats.items())))
+    html = ctx.presenter
+    shown = shown_as(html)
+    if not html and ctx.screen.stacked and shown.num_rows <= PHONE_TABLE_ROWS:
+        html, shown = True, shown_as(True)
+    if not html:
         config = {c: st.column_config.NumberColumn(labels.get(c, c), format=formats[c]) if c in formats
                   else st.column_config.Column(labels[c]) for c in {*labels, *formats}}
         st.dataframe(shown, hide_index=True, key=key, height=height or "auto", column_config=config or None)
@@ -205,15 +217,15 @@ def table(ctx: ViewContext, data, *, key: str | None = None, height: int | None 
         st.table(shown, hide_index=True, height=height or "content")
 
 
-def arrow_table(data, presenter: bool, labels: dict, formats: dict):
-    """The Arrow table Streamlit sends for `data` (its own conversion of a DataFrame); in presenter mode with the
+def arrow_table(data, html: bool, labels: dict, formats: dict):
+    """The Arrow table Streamlit sends for `data` (its own conversion of a DataFrame); for an HTML table with the
     numbers already written in their formats, yes and no as ✓ and ✗ (the grid draws a ticked or empty box; an HTML
     table wrote English "true" and "false" on a Chinese page) and the headers renamed (an HTML table has no column
     settings)."""
     from streamlit.dataframe_util import convert_pandas_df_to_arrow_table
 
     df = data if isinstance(data, pd.DataFrame) else pd.DataFrame(data)
-    if presenter:
+    if html:
         df = df.copy()
         for c, fmt in formats.items():
             df[c] = [fmt % v for v in df[c]]

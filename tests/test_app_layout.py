@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from apptest_util import all_text, by_id, decode, fig_with, figures, run_app, select
+from app.i18n import t
+from app.plots import PHONE_TABLE_ROWS
 from app.figure_text import MIN_TEXT, text_px
 from app.screen import DESKTOP, PHONE
 from app.token_window import TOUCH_CELL
@@ -149,6 +151,18 @@ def test_a_phone_stacks_compare_modes_a_b_and_b_minus_a(view, fig_id, b):
     assert len(titles) == 3 and not any("<br>" in t for t in titles)  # each on one line
     bars = [lay[k]["colorbar"] for k in ("coloraxis", "coloraxis2")]
     assert all(bar["orientation"] == "h" for bar in bars) and bars[0]["y"] != bars[1]["y"]  # under, not on each other
+
+
+def test_a_phone_shows_a_short_table_as_html_its_headers_wrapped_to_the_screen():
+    """What if…'s shuffled-order table (three rows, four columns): the grid sized each column to its header and left
+    the last ones off a phone's screen; an HTML table wraps its headers. A long table keeps the scrolling grid."""
+    phone, desktop = (on(screen, view="whatif", whatif="no-rope") for screen in (PHONE, DESKTOP))
+    header = [t("whatif.model"), t("whatif.top_token_prompt"), t("whatif.top_token_shuffled"), t("whatif.max_logit")]
+    assert [list(x.value.columns) for x in phone.table if list(x.value.columns) == header]
+    assert not [x for x in desktop.table if list(x.value.columns) == header]
+    assert [x for x in desktop.dataframe if list(x.value.columns) == header]
+    long = on(PHONE, view="tokens")  # the tokens table: a row per token of the prompt
+    assert [x for x in long.dataframe if len(x.value) > PHONE_TABLE_ROWS]
 
 
 def test_whatifs_attention_matrices_stand_one_under_another_on_a_phone():
