@@ -227,8 +227,7 @@ def test_exact_name_is_written_and_named(tmp_path, capsys):
 def test_sizes_read_as_people_read_them():
     from explorer_model.memory import size_text
 
-    assert [size_text(n) for n in (0, 700, 50_000, 3 * 2**20, 2**30)] == ["0 KiB", "1 KiB", "49 KiB", "3 MiB",
-                                                                        "1.0 GiB"]
+    assert [size_text(n) for n in (0, 700, 50_000, 3 << 20, 1 << 30)] == ["0 KiB", "1 KiB", "49 KiB", "3 MiB", "1.0 GiB"]
 
 
 def test_streamed_npz_equals_savez_and_the_plan(smol, tmp_path):

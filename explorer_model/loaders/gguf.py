@@ -25,6 +25,7 @@ import torch
 
 from ..cache_folder import cache_root, one_at_a_time, remove_stale_temporaries
 from ..config import ConfigError, ModelConfig, RopeScaling
+from ..memory import DTYPES, size_text
 from .common import (LoadError, build_model, check_sizes, check_tokenizer_fits, describe, load_tokenizer, model_name,
                      one_line, plan_dtype, save_streaming)
 
@@ -339,8 +340,6 @@ def read_cache(file: Path):
 def cached_header(path: Path, cache_dir=None) -> dict | None:
     """The header of a cache of this GGUF (any dtype: config and tokenizer fields), or None; no weight is read or
     checksummed (a load does that), nor the GGUF's vocabulary parsed (~1 s for SmolLM2's)."""
-    from ..memory import DTYPES
-
     with open(path, "rb") as f:  # anything else is refused by the parse, before a hash of all its bytes
         if f.read(4) != b"GGUF":
             return None
@@ -358,7 +357,6 @@ def cached_header(path: Path, cache_dir=None) -> dict | None:
 def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str, source: str) -> None:
     """The cache, unless the disk would keep less than CACHE_SPARE free after it (then a warning: the next load
     converts again); written to a temporary name, then renamed."""
-    from ..memory import size_text
 
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     need = sum(t.numel() * t.element_size() for t in state.values())
