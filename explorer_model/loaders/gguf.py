@@ -357,7 +357,6 @@ def cached_header(path: Path, cache_dir=None) -> dict | None:
 def write_cache(file: Path, cfg: ModelConfig, state: dict, tok_fields: dict, note: str, source: str) -> None:
     """The cache, unless the disk would keep less than CACHE_SPARE free after it (then a warning: the next load
     converts again); written to a temporary name, then renamed."""
-
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     need = sum(t.numel() * t.element_size() for t in state.values())
     try:
