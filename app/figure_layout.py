@@ -235,14 +235,19 @@ def _title_px(fig: Figure, title_lines: int, sizes: Sizes) -> float:
     return title_pad(title_lines, size) + title_lines * size * LINE if title_lines else TOOLBAR_H
 
 
+def _first_row_titles_px(fig: Figure, sizes: Sizes) -> float:
+    """px the first row's subplot titles take above the plot (they grow upwards from it); 0 without them."""
+    return max((len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE
+                for n in _subplot_titles(fig) if n.y >= 0.99), default=0.0)
+
+
 def _room_above(fig: Figure, title_lines: int, sizes: Sizes) -> None:
     """The top margin holds the title's lines (or, without a title, the toolbar's row) and under them the first
     row's subplot titles (growing upwards from the plot): the figure grows by what is missing (a phone wraps)."""
-    notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]  # the first row's
-    if not notes:
+    below = _first_row_titles_px(fig, sizes)
+    if not below:
         return
     title = _title_px(fig, title_lines, sizes)
-    below = max(len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE for n in notes)
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
     missing = math.ceil(title + below + TITLE_GAP - top)
     if missing > 0:
@@ -349,13 +354,11 @@ def _legend_on_top(fig: Figure, row_px: float, sizes: Sizes, title_lines: int, r
     row = rows * row_px + PAD
     top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
     height = fig.layout.height or 450
-    notes = [n for n in _subplot_titles(fig) if n.y >= 0.99]
-    below = max((len(n.text.split("<br>")) * (n.font.size or fig.layout.font.size or sizes.tick) * LINE
-                 for n in notes), default=0)
-    below = below + TITLE_GAP if notes else 0
+    below = _first_row_titles_px(fig, sizes)
+    below = below + TITLE_GAP if below else 0
     missing = max(0, math.ceil(title + row + below - top))
     fig.update_layout(margin_t=top + missing, height=height + missing)
-    if notes:  # its foot on the subplot titles' top, in the figure's px from its top
+    if below:  # its foot on the subplot titles' top, in the figure's px from its top
         fig.layout.legend.update(y=1 - (top + missing - below) / (height + missing), yanchor="bottom",
                                  yref="container", x=0, xanchor="left")
     else:
